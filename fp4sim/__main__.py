@@ -1,0 +1,44 @@
+"""Command line: ``python -m fp4sim {reproduce, golden, figures, bench}``.
+
+Argument parsing only. Each subcommand's work lives in the module named in ``_COMMANDS``; that
+module exposes ``add_arguments(parser)`` and ``run(args) -> int`` and is imported only when its
+subcommand runs, so ``--help`` stays fast and loads no GPU backend or matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, one-line help)
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "reproduce": ("fp4sim.report", "recompute the seeds' tables on the emulator; write a Markdown report and figures"),
+    "golden": ("fp4sim.golden", "write or check the golden vectors (tests/golden by default)"),
+    "figures": ("fp4sim.figures", "regenerate every figure under figures/"),
+    "bench": ("fp4sim.bench", "benchmarks: formats, microscaling, attention, training (CPU) and gpu (H200)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m fp4sim",
+        description="fp4sim: bit-exact FP4/FP8 microscaled attention emulation and GPU kernels.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in _COMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip().splitlines()[0])
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args._module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The array-namespace shim every emulator is written against.
+
+One implementation per algorithm: functions take NumPy or JAX arrays and ask :func:`namespace`
+which module (``numpy`` or ``jax.numpy``) to use. The few operations whose spelling differs
+between the two (bit reinterpretation, functional updates) live here so the algorithms read the
+same for both. Nothing here does floating-point arithmetic, so XLA's flush-to-zero and fused
+multiply-add choices cannot change a result: the emulators do their rounding on integers.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+__all__ = ["namespace", "is_jax", "bitcast", "asarray_like", "to_numpy"]
+
+
+def is_jax(x: Any) -> bool:
+    """True for jax arrays and tracers (without importing jax when it is not loaded)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(x, jax.Array)
+
+
+def namespace(*arrays: Any) -> ModuleType:
+    """``jax.numpy`` if any argument is a jax array or tracer, else ``numpy``."""
+    if any(is_jax(a) for a in arrays):
+        import jax.numpy as jnp
+
+        return jnp
+    return np
+
+
+def bitcast(x: Any, dtype: Any) -> Any:
+    """Reinterpret the bits of ``x`` as ``dtype`` (same itemsize), for NumPy or jax arrays."""
+    dtype = np.dtype(dtype)
+    if is_jax(x):
+        from jax import lax
+
+        return lax.bitcast_convert_type(x, dtype)
+    x = np.asarray(x)
+    if x.dtype.itemsize != dtype.itemsize:
+        raise TypeError(f"bitcast: itemsize of {x.dtype} differs from {dtype}")
+    return x.view(dtype)
+
+
+def asarray_like(value: Any, like: Any, dtype: Any = None) -> Any:
+    """``value`` as an array of the same namespace as ``like``."""
+    return namespace(like).asarray(value, dtype=dtype)
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A NumPy copy of a NumPy or (concrete) jax array."""
+    return np.asarray(x)

@@ -1,0 +1,3 @@
+"""Attention emulation: exact reference, recipes, probability converters, tiled forward/backward."""
+
+__all__: list[str] = []

@@ -1,0 +1,11 @@
+"""Element formats, block scaling, packing and scale layouts, block-scaled matmul emulation.
+
+Everything here is written once against the array namespace (:mod:`fp4sim._xp`): NumPy arrays in
+give NumPy arrays out; jax arrays (also under ``jax.jit``/``vmap``) give jax arrays with the same
+bits.
+"""
+
+from fp4sim.formats.spec import *  # noqa: F401,F403
+from fp4sim.formats import spec as _spec
+
+__all__ = list(_spec.__all__)
