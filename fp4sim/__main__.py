@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 
 # subcommand -> (module, one-line help)
@@ -27,8 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in _COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if importlib.util.find_spec(module_name) is None:
+            p.set_defaults(_module=None, _missing=module_name)
+            continue
         module = importlib.import_module(module_name)
-        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip().splitlines()[0])
         module.add_arguments(p)
         p.set_defaults(_module=module)
     return parser
@@ -37,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args._module is None:
+        parser.error(f"{args.command}: module {args._missing} is not part of this build")
     return int(args._module.run(args) or 0)
 
 

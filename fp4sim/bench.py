@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 
 SUITES: dict[str, str] = {
     "formats": "element encode/decode on this CPU: NumPy and jitted JAX vs an ml_dtypes cast",
@@ -22,11 +23,19 @@ SUITES: dict[str, str] = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="suite", metavar="SUITE", required=True)
     for name, help_text in SUITES.items():
-        module = importlib.import_module(f"fp4sim.benchmarks.{name}")
         p = sub.add_parser(name, help=help_text, description=help_text)
+        # Import each suite when building the parser so its own options show in --help; a suite
+        # whose module is absent from this build is reported when chosen, never at start-up.
+        module_name = f"fp4sim.benchmarks.{name}"
+        if importlib.util.find_spec(module_name) is None:
+            p.set_defaults(_suite=None, _missing=module_name)
+            continue
+        module = importlib.import_module(module_name)
         module.add_arguments(p)
         p.set_defaults(_suite=module)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args._suite is None:
+        raise SystemExit(f"bench {args.suite}: module {args._missing} is not part of this build")
     return int(args._suite.run(args) or 0)

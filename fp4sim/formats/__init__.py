@@ -7,5 +7,7 @@ bits.
 
 from fp4sim.formats.spec import *  # noqa: F401,F403
 from fp4sim.formats import spec as _spec
+from fp4sim.formats.codec import *  # noqa: F401,F403
+from fp4sim.formats import codec as _codec
 
-__all__ = list(_spec.__all__)
+__all__ = list(_spec.__all__) + list(_codec.__all__)

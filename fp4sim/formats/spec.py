@@ -119,8 +119,8 @@ class FloatFormat:
     def emax(self) -> int:
         """Unbiased exponent of the largest finite binade."""
         top = (1 << self.ebits) - 1
-        if self.nan is NanEncoding.IEEE:
-            top -= 1
+        if self.nan is NanEncoding.IEEE or (self.nan is NanEncoding.ALL_ONES and self.mbits == 0):
+            top -= 1  # the top exponent field holds only Inf/NaN (E5M2) or only NaN (UE8M0)
         return top - self.bias
 
     @property
@@ -133,9 +133,7 @@ class FloatFormat:
         """Largest finite value."""
         mant_top = (1 << self.mbits) - 1
         if self.nan is NanEncoding.ALL_ONES and self.mbits > 0:
-            mant_top -= 1  # the all-ones pattern is NaN
-        if self.nan is NanEncoding.ALL_ONES and self.mbits == 0:
-            return math.ldexp(1.0, self.emax - 1)  # UE8M0: 0xFF is NaN, 0xFE = 2^127
+            mant_top -= 1  # the all-ones pattern is NaN (UE8M0's NaN took its whole binade)
         return math.ldexp(1.0 + mant_top / (1 << self.mbits), self.emax)
 
     @property
@@ -229,7 +227,7 @@ class Overflow(enum.Enum):
 class NanPolicy(enum.Enum):
     """What a NaN input becomes."""
 
-    PROPAGATE = "propagate"  # the format's NaN; formats without NaN reject NaN input (ValueError)
+    PROPAGATE = "propagate"  # the format's NaN; formats without NaN: ValueError on NumPy, +max under jax
     ZERO = "zero"  # +0 (TransformerEngine's E2M1 reference)
     MAX = "max"  # +max (what satfinite conversions of NaN to E2M1 give on some hardware)
     RAISE = "raise"  # ValueError when a NaN is present (NumPy only; under jit it is PROPAGATE)
@@ -248,7 +246,8 @@ class Policy:
 
     ``flush_inputs``: inputs below the float32 normal range (|x| < 2^-126) are treated as zero
     before conversion (what ``.ftz`` instructions do). ``flush_outputs``: results that would be
-    subnormal in the *target* format become zero of the same sign.
+    subnormal in the *target* format (after rounding) become zero of the same sign.
+    The exact semantics of every field are in :mod:`fp4sim.formats.codec`.
     """
 
     rounding: Rounding = Rounding.NEAREST_EVEN

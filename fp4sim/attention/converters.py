@@ -1,0 +1,299 @@
+"""Probability converters: log2-domain scores of one key tile → P codes, block scales, MMA operand.
+
+Input of every converter: ``t`` (..., rows, keys) float32, ``t = fl(u − m)`` with ``u = fl(c·z)``
+the scaled scores and ``m`` the running row max (recipe module docstring); masked keys are −inf.
+Output: a :class:`PTile` with
+
+* ``codes``: the P element codes (uint8; uint16 BF16 patterns; uint32 float32 patterns),
+* ``scales``: the block scale codes (UE8M0 or UE4M3, uint8, one per ``block`` keys) or None,
+* ``values``: the float32 operand the PV product multiplies inside a scale block (the decoded
+  payload, times the UE4M3 block scale where the scale is not a power of two: exact),
+* ``exps``: int32 power-of-two exponent per block applied to each block's partial product (or
+  None), plus the constant ``factor_exp`` (a fixed power-of-two P scale such as cuDNN's 1/16),
+* ``pdiv``: the constant the payload convention divides by (6 for Direct-P MXFP4 P, ``α·q/6``;
+  else 1): the represented weight of key j is ``values_j · 2^(exps_B + factor_exp) / pdiv``,
+* ``mismatched``: (..., rows) the converter's own float32 denominator contribution from the
+  *unquantized* weights in the same units as ``values · 2^exps · 2^factor_exp`` (only when asked),
+* ``k``: (..., rows, blocks) the block exponent actually used (Direct-P k_B, HAO b_g, RCEIL e_B).
+
+The converters (seed_algorithms.md §2), with the float32 evaluation order that defines them:
+
+``ExactP`` + MXFP4  (Direct-P family) ``k_B`` per :class:`BlockExponent`, ``x = fl(t + fl(log2 6 − k_B))``,
+                    payload ``RN_E2M1_sat(exp2(x))``, scale code ``k_B + 127``, ``pdiv = 6``.
+``AffineP``         same ``x``; payload ``RN_E2M1_sat(max(0, fl(fl(a·x) + b)))``.
+``MitchellP``       same ``x``; ``y = fl(x − shift)``, value bits ``floor(y·2^23) + 127·2^23``
+                    (0 below y = −126), payload ``RN_E2M1_sat(value)``.
+``ExactP`` + MXFP8  ``e_B = ceil(fl(max t − log2 448))`` (TE/cuDNN RCEIL), payload
+                    ``RN_E4M3(exp2(fl(t − e_B)))`` in (224, 448] for the block max.
+``ExactP`` + NVFP4  ``p = exp2(t)``, ``sf = RN_UE4M3(fl(max p / 6))``, payload ``RN_E2M1(fl(p / sf))``
+                    (payload 0 where sf = 0), values ``payload·sf``.
+``ExactP`` + FP8 / BF16 / FLOAT32: ``RN(exp2(t))`` in E4M3 / BF16 / float32 (no scale).
+``LogGroupP``       HAO (§2.2): ``s = fl(t + off)``, ``off = log2 6`` (NVFP4, 16 keys) or ``log2 448``
+                    (MXFP8, 32 keys); ``b = fl(max(max s, clamp) − off)``, ceil'ed for MXFP8;
+                    ``P = exp2(fl(s − b))``; NVFP4 scale ``RN_UE4M3(exp2(b))``, MXFP8 scale code
+                    ``b + 127``; mismatched sum ``Σ_g fl(exp2(b) · Σ_j P_j)``.
+``SageTwoLevelP``   (§2.3): ``P̂ = exp2(fl(t + log2 2688))``, ``A_g = exp2(fl(max_g t + log2 448))``,
+                    payload ``RN_E2M1(fl(P̂ / A_g))``, scale ``RN_UE4M3(A_g)``; mismatched ``Σ P̂``.
+``FixedScaleP``     (§2.5): payload ``RN_E4M3(p · scale)``, ``factor_exp = −log2 scale``.
+``SchraudolphP``    (§2.9): code pattern ``floor(2^mb·fl(t + fl(scale_log2 − shift))) + bias·2^mb``.
+
+Sums over keys inside a converter (the mismatched denominators) use the fixed pairwise tree of
+:func:`fp4sim.attention._f32.tree_sum` over each scale group (or the whole tile), then add the
+groups in key order. NaN scores give NaN codes where the format has NaN and are otherwise
+carried by the forward (a row with a NaN score has NaN output; :mod:`fp4sim.attention.forward`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fp4sim._xp import bitcast, namespace
+from fp4sim.attention import _f32
+from fp4sim.attention.exp2 import exp2_model, exp2_rn
+from fp4sim.attention.recipe import (
+    AffineP,
+    AttentionRecipe,
+    BlockExponent,
+    Exp2Model,
+    ExactP,
+    FixedScaleP,
+    LogGroupP,
+    MitchellP,
+    PFormat,
+    SageTwoLevelP,
+    SchraudolphP,
+)
+from fp4sim.formats.codec import decode, encode
+from fp4sim.formats.spec import E2M1, E4M3, UE4M3, NanPolicy, Policy
+
+__all__ = ["PTile", "convert_tile", "direct_p_payload", "direct_p_coordinate", "bf16_round",
+           "LOG2_6", "LOG2_448", "LOG2_2688"]
+
+LOG2_6 = np.float32(math.log2(6.0))
+LOG2_448 = np.float32(math.log2(448.0))
+LOG2_2688 = np.float32(math.log2(2688.0))
+_E2M1_POLICY = Policy(nan=NanPolicy.ZERO)  # NaN rows are handled by the forward
+
+
+class PTile(NamedTuple):
+    """One key tile of P (see the module docstring for every field)."""
+
+    codes: Any
+    scales: Any
+    values: Any
+    exps: Any
+    block: int
+    factor_exp: int
+    pdiv: float
+    mismatched: Any
+    k: Any
+
+
+def _blocks(xp: Any, t: Any, block: int) -> Any:
+    *lead, n = t.shape
+    if n % block:
+        raise ValueError(f"tile of {n} keys is not a multiple of the P block {block}")
+    return xp.reshape(t, (*lead, n // block, block))
+
+
+def _unblock(xp: Any, tb: Any) -> Any:
+    *lead, nb, b = tb.shape
+    return xp.reshape(tb, (*lead, nb * b))
+
+
+def _block_max(xp: Any, tb: Any) -> Any:
+    """Max over each block, NaN-propagating (−inf for fully masked blocks)."""
+    return xp.max(tb, axis=-1)
+
+
+def _ceil_exp(xp: Any, m: Any, lo: int = -127, hi: int = 127) -> Any:
+    """int32 ceil(m) clamped to [lo, hi]; −inf/NaN give lo."""
+    ok = xp.isfinite(m)
+    c = xp.ceil(xp.where(ok, xp.clip(m, np.float32(lo), np.float32(hi)), np.float32(lo)))
+    return c.astype(np.int32)
+
+
+def _group_sum(xp: Any, vals_b: Any, weight: Any = None, exps: Any = None) -> Any:
+    """Σ_groups fl(weight_g · tree_sum_g(vals)) (or ``· 2^exps_g``), groups added in key order
+    (float32, FTZ)."""
+    partial = _f32.tree_sum(vals_b, axis=-1)  # (..., rows, nb)
+    if weight is not None:
+        partial = _f32.mul(partial, weight)
+    if exps is not None:
+        partial = _f32.ldexp(partial, exps)
+    acc = partial[..., 0]
+    for g in range(1, partial.shape[-1]):
+        acc = _f32.add(acc, partial[..., g])
+    return acc
+
+
+def bf16_round(x: Any) -> Any:
+    """uint16 bfloat16 patterns of float32 ``x``, round to nearest even (NaN stays NaN)."""
+    xp = namespace(x)
+    b = bitcast(xp.asarray(x, dtype=np.float32), np.uint32)
+    rounded = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    nan = (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    out = xp.where(nan, (b >> np.uint32(16)) | np.uint32(0x40), rounded)
+    return out.astype(np.uint16)
+
+
+def _bf16_values(xp: Any, codes: Any) -> Any:
+    return bitcast(codes.astype(np.uint32) << np.uint32(16), np.float32)
+
+
+def direct_p_coordinate(t: Any, k: Any) -> Any:
+    """Direct-P coordinate ``x = fl(t + fl(log2 6 − k))`` (k broadcast against t)."""
+    xp = namespace(t, k)
+    bias = xp.asarray(LOG2_6) - xp.asarray(k).astype(np.float32)
+    return xp.asarray(t, dtype=np.float32) + bias
+
+
+def direct_p_payload(converter: Any, x: Any, *, exp2: Exp2Model = Exp2Model(),
+                     fragment: int = 32, tile: int = 128) -> Any:
+    """E2M1 payload codes (uint8) of the Direct-P family (ExactP, AffineP, MitchellP) from the
+    coordinate ``x`` (float32, any shape; −inf gives code 0)."""
+    xp = namespace(x)
+    x = xp.asarray(x, dtype=np.float32)
+    if isinstance(converter, ExactP):
+        value = exp2_model(x, exp2, fragment=fragment, tile=tile) if x.ndim else exp2_rn(x)
+    elif isinstance(converter, AffineP):
+        value = xp.maximum(_f32.mul(np.float32(converter.a), x) + np.float32(converter.b),
+                           np.float32(0.0))
+    elif isinstance(converter, MitchellP):
+        y = x - np.float32(converter.shift)
+        ok = y >= np.float32(-126.0)
+        ys = xp.where(ok, xp.minimum(y, np.float32(127.0)), np.float32(0.0))
+        i = xp.floor(ys * np.float32(2.0**23)).astype(np.int32) + np.int32(127 << 23)
+        value = xp.where(ok, bitcast(i.astype(np.uint32), np.float32), np.float32(0.0))
+    else:
+        raise TypeError(f"converter={converter!r} is not a Direct-P converter; allowed: "
+                        f"ExactP, AffineP, MitchellP")
+    value = xp.where(xp.isnan(x), np.float32(0.0), value)
+    return encode(value, E2M1, _E2M1_POLICY)
+
+
+def convert_tile(recipe: AttentionRecipe, t: Any, *, need_mismatched: bool = False) -> PTile:
+    """P of one key tile ``t`` (..., rows, keys) per ``recipe`` (converter, P format, block
+    exponent rule, exp2 model, fragment and tile sizes). Pure; the backward calls it to rebuild
+    P bit-identically from the same ``t``."""
+    xp = namespace(t)
+    t = xp.asarray(t, dtype=np.float32)
+    conv, fmt = recipe.converter, recipe.p_format
+    tile = t.shape[-1]
+
+    def ex2(v: Any) -> Any:
+        return exp2_model(v, recipe.exp2, fragment=recipe.fragment, tile=tile)
+
+    # --- Direct-P family: E2M1 with a power-of-two amplitude per 32 keys -----------------
+    if fmt is PFormat.MXFP4:
+        tb = _blocks(xp, t, 32)
+        if recipe.block_exponent is BlockExponent.BLOCK_MAX_CEIL:
+            k = _ceil_exp(xp, _block_max(xp, tb))
+        else:
+            k = xp.zeros(tb.shape[:-1], dtype=np.int32)
+        x = _unblock(xp, direct_p_coordinate(tb, k[..., None]))
+        codes = direct_p_payload(conv, x, exp2=recipe.exp2, fragment=recipe.fragment, tile=tile)
+        mism = None
+        if need_mismatched:
+            mism = _group_sum(xp, _blocks(xp, ex2(x), 32), exps=k)
+        return PTile(codes, (k + 127).astype(np.uint8), decode(codes, E2M1), k, 32, 0, 6.0,
+                     mism, k)
+
+    if isinstance(conv, ExactP):
+        p = ex2(t)
+        mism = _group_sum(xp, _blocks(xp, p, 32 if tile % 32 == 0 else tile)) \
+            if need_mismatched else None
+        if fmt is PFormat.MXFP8:
+            tb = _blocks(xp, t, 32)
+            e = _ceil_exp(xp, _block_max(xp, tb) - LOG2_448)
+            pb = ex2(tb - e[..., None].astype(np.float32))
+            codes = _unblock(xp, encode(pb, E4M3))
+            return PTile(codes, (e + 127).astype(np.uint8), decode(codes, E4M3), e, 32, 0, 1.0,
+                         mism, e)
+        if fmt is PFormat.NVFP4:
+            pb = _blocks(xp, p, 16)
+            sf_codes = encode(_f32.div(_block_max(xp, pb), np.float32(6.0)), UE4M3)
+            sf = decode(sf_codes, UE4M3)[..., None]
+            q = encode(xp.where(sf > 0, _f32.div(pb, xp.where(sf > 0, sf, np.float32(1.0))),
+                                np.float32(0.0)), E2M1, _E2M1_POLICY)
+            vals = decode(q, E2M1) * sf  # exact: 2 x 4 significant bits
+            return PTile(_unblock(xp, q), sf_codes, _unblock(xp, vals), None, 16, 0, 1.0, mism,
+                         None)
+        if fmt is PFormat.FP8:
+            codes = encode(p, E4M3)
+            return PTile(codes, None, decode(codes, E4M3), None, 1, 0, 1.0, mism, None)
+        if fmt is PFormat.BF16:
+            codes = bf16_round(p)
+            return PTile(codes, None, _bf16_values(xp, codes), None, 1, 0, 1.0, mism, None)
+        # FLOAT32
+        return PTile(bitcast(p, np.uint32), None, p, None, 1, 0, 1.0, mism, None)
+
+    if isinstance(conv, LogGroupP):
+        off, g = (LOG2_6, 16) if fmt is PFormat.NVFP4 else (LOG2_448, 32)
+        sb = _blocks(xp, t + off, g)
+        mg = _block_max(xp, sb)
+        mg = xp.where(xp.isnan(mg), mg, xp.maximum(mg, np.float32(conv.clamp)))
+        b = mg - off
+        if fmt is PFormat.MXFP8:
+            bi = _ceil_exp(xp, b)
+            b = bi.astype(np.float32)
+        P = ex2(sb - b[..., None])
+        sf = exp2_rn(b)
+        mism = _group_sum(xp, P, sf) if need_mismatched else None
+        if fmt is PFormat.NVFP4:
+            q = encode(P, E2M1, _E2M1_POLICY)
+            sf_codes = encode(sf, UE4M3)
+            vals = decode(q, E2M1) * decode(sf_codes, UE4M3)[..., None]
+            return PTile(_unblock(xp, q), sf_codes, _unblock(xp, vals), None, 16, 0, 1.0, mism,
+                         None)
+        q = encode(P, E4M3)
+        return PTile(_unblock(xp, q), (bi + 127).astype(np.uint8), _unblock(xp, decode(q, E4M3)),
+                     bi, 32, 0, 1.0, mism, bi)
+
+    if isinstance(conv, SageTwoLevelP):
+        tb = _blocks(xp, t, 16)
+        phat = ex2(tb + LOG2_2688)
+        am = exp2_rn(_block_max(xp, tb) + LOG2_448)[..., None]
+        q = encode(xp.where(am > 0, _f32.div(phat, xp.where(am > 0, am, np.float32(1.0))),
+                            np.float32(0.0)), E2M1, _E2M1_POLICY)
+        sf_codes = encode(am[..., 0], UE4M3)
+        vals = decode(q, E2M1) * decode(sf_codes, UE4M3)[..., None]
+        mism = _group_sum(xp, phat) if need_mismatched else None
+        return PTile(_unblock(xp, q), sf_codes, _unblock(xp, vals), None, 16, 0, 1.0, mism, None)
+
+    if isinstance(conv, FixedScaleP):
+        p = ex2(t)
+        codes = encode(p * np.float32(conv.scale), E4M3)  # power-of-two scale: exact
+        fe = -int(round(math.log2(conv.scale)))
+        mism = _group_sum(xp, _blocks(xp, p, 32 if tile % 32 == 0 else tile)) \
+            if need_mismatched else None
+        return PTile(codes, None, decode(codes, E4M3), None, 1, fe, 1.0, mism, None)
+
+    if isinstance(conv, SchraudolphP):
+        mb, bias, top = (7, 127, 0x7F7F) if fmt is PFormat.BF16 else (3, 7, 0x7E)
+        y = t + (np.float32(conv.scale_log2) - np.float32(conv.shift))
+        ok = y > np.float32(-bias - 1)
+        ys = xp.where(ok, xp.minimum(y, np.float32(130.0)), np.float32(-bias - 1))
+        i = xp.floor(ys * np.float32(2.0**mb)).astype(np.int32) + np.int32(bias << mb)
+        i = xp.clip(i, 0, top)
+        i = xp.where(xp.isnan(t), np.int32(top), i)
+        if fmt is PFormat.BF16:
+            codes = i.astype(np.uint16)
+            vals = _bf16_values(xp, codes)
+        else:
+            codes = i.astype(np.uint8)
+            vals = decode(codes, E4M3)
+        mism = None
+        if need_mismatched:  # the same piecewise-linear exp2 at float32 resolution
+            y23 = xp.where(y >= np.float32(-126.0), xp.minimum(y, np.float32(127.0)),
+                           np.float32(-127.0))
+            i23 = xp.floor(y23 * np.float32(2.0**23)).astype(np.int32) + np.int32(127 << 23)
+            lin = xp.where(y >= np.float32(-126.0), bitcast(i23.astype(np.uint32), np.float32),
+                           np.float32(0.0))
+            mism = _group_sum(xp, _blocks(xp, lin, 32 if tile % 32 == 0 else tile))
+        return PTile(codes, None, vals, None, 1, -conv.scale_log2, 1.0, mism, None)
+
+    raise TypeError(f"recipe.converter={conv!r} is not a known converter")  # pragma: no cover

@@ -1,0 +1,153 @@
+"""exp2 models: a correctly rounded float32 exp2 and FA4's polynomial ex2 emulation, bit-exact.
+
+Both run on NumPy and under ``jax.jit`` with identical bits: they use only float32 operations
+whose results are exact or correctly rounded by construction (:mod:`fp4sim.attention._f32`),
+integer bit manipulation, and flush-to-zero of results below 2^-126.
+
+:func:`exp2_rn` — "exact" exp2 of fp4sim (seed_algorithms.md §11 item 7): the float32 nearest
+(ties to even) to the real 2^x, with results below 2^-126 flushed to +0 (the SIMT path is FTZ);
+x ≥ 128 gives +Inf, x = −Inf gives +0, NaN gives NaN. Method: ``x = n + r`` with
+``n = rint(x)``, ``r = j/256 + s`` (exact), ``2^r = T_j·e^{s·ln 2}`` with the table
+``T_j = 2^{j/256}`` stored as three float32 words (from 50-digit decimal arithmetic), the
+exponential of ``|s·ln 2| ≤ 2^-9.5`` by a degree-5 series in double-float32 arithmetic built from
+error-free transformations, and one final rounding. The approximation error before that rounding
+is below 2^-53 relative, so a result can only be misrounded when 2^x lies within 2^-53 relative
+of a midpoint between two float32 numbers; the tests compare against float64 ``exp2`` rounded
+to float32 on millions of inputs, including every float32 in chosen intervals.
+
+:func:`exp2_fa4` — FA4's software ex2 (Dao-AILab ``flash_attn/cute/utils.py``; §2.6):
+``xc = max(x, −127)``, ``n = floor(xc)``, ``f = fl(xc − n)``,
+``p = fma(fma(fma(c3, f, c2), f, c1), f, c0)`` with the degree-3 coefficients ``POLY_EX2``, and
+the result bits ``(n << 23) + bits(p)`` (integer add into the exponent field). The FMAs are
+emulated exactly (:func:`fp4sim.attention._f32.fma`).
+
+:func:`exp2_model` applies an :class:`~fp4sim.attention.recipe.Exp2Model` to a tile: FA4's
+schedule picks, per fragment and element pair, which elements use the polynomial.
+"""
+
+from __future__ import annotations
+
+import decimal
+from typing import Any
+
+import numpy as np
+
+from fp4sim._xp import bitcast, namespace
+from fp4sim.attention import _f32
+from fp4sim.attention.recipe import Exp2Kind, Exp2Model
+
+__all__ = ["exp2_rn", "exp2_fa4", "exp2_model", "fa4_emulated_mask", "POLY_EX2"]
+
+POLY_EX2 = (np.float32(1.0), np.float32(0.6951461434364319), np.float32(0.22756439447402954),
+            np.float32(0.07711908966302872))
+"""FA4's degree-3 ex2 polynomial coefficients c0..c3 (float32)."""
+
+
+def _build_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.float32, np.float32]:
+    ctx = decimal.Context(prec=60)
+    words = np.zeros((3, 257), dtype=np.float32)
+    for j in range(-128, 129):
+        t = ctx.power(decimal.Decimal(2), ctx.divide(decimal.Decimal(j), decimal.Decimal(256)))
+        for w in range(3):
+            word = np.float32(float(t))
+            words[w, j + 128] = word
+            t = ctx.subtract(t, decimal.Decimal(float(word)))
+    ln2 = decimal.Decimal(2).ln(ctx)
+    ln2_0 = np.float32(float(ln2))
+    ln2_1 = np.float32(float(ctx.subtract(ln2, decimal.Decimal(float(ln2_0)))))
+    return words[0], words[1], words[2], ln2_0, ln2_1
+
+
+_T0, _T1, _T2, _LN2_0, _LN2_1 = _build_tables()
+_INV6 = np.float32(1 / 6)
+_INV24 = np.float32(1 / 24)
+_INV120 = np.float32(1 / 120)
+
+
+def exp2_rn(x: Any) -> Any:
+    """Correctly rounded float32 ``2^x`` with flush-to-zero of results below 2^-126."""
+    xp = namespace(x)
+    x = _f32.ftz(xp.asarray(x, dtype=np.float32))
+    finite = xp.isfinite(x)
+    xs = xp.where(finite, xp.clip(x, np.float32(-127.0), np.float32(128.0)), np.float32(0.0))
+    n = xp.round(xs)  # half to even: exact integer
+    r = xs - n  # exact, |r| <= 1/2
+    j = xp.round(r * np.float32(256.0))  # exact scaling, |j| <= 128
+    s = r - j * np.float32(1.0 / 256)  # exact
+    ji = (j.astype(np.int32) + 128)
+    t0, t1, t2 = (xp.asarray(t)[ji] for t in (_T0, _T1, _T2))
+
+    # w = s ln2 in double-float32
+    w, we = _f32.two_prod(s, _LN2_0)
+    we = _f32.add(we, _f32.mul(s, _LN2_1))
+    # delta = e^w - 1 = w + w^2/2 + w^3/6 + w^4/24 + w^5/120
+    q, qe = _f32.two_prod(w, w)
+    tail = _f32.mul(_f32.mul(q, w), _f32.add(_INV6, _f32.mul(w, _f32.add(_INV24, _f32.mul(w, _INV120)))))
+    small = _f32.add(_f32.add(we, _f32.add(_f32.mul(qe, np.float32(0.5)), _f32.mul(w, we))), tail)
+    d_hi, d_e = _f32.two_sum(w, _f32.mul(q, np.float32(0.5)))
+    d_lo = _f32.add(d_e, small)
+    d_hi, d_lo = _f32.two_sum(d_hi, d_lo)
+    # 2^r = T (1 + delta)
+    m, me = _f32.two_prod(t0, d_hi)
+    c_small = _f32.add(_f32.add(me, _f32.mul(t0, d_lo)), _f32.add(_f32.mul(t1, d_hi), t2))
+    c_hi, c_e = _f32.two_sum(m, t1)
+    c_lo = _f32.add(c_e, c_small)
+    s_hi, s_e = _f32.two_sum(t0, c_hi)
+    res = _f32.add(s_hi, _f32.add(s_e, c_lo))  # one rounding of the double-float32 value
+
+    # scale by 2^n on the bit pattern (exact; below 2^-126 -> 0, above max -> Inf)
+    rb = bitcast(res, np.uint32).astype(np.int32)
+    field = (rb >> 23) + n.astype(np.int32)
+    out_bits = (rb & np.int32(0x7FFFFF)) | (xp.clip(field, 0, 255) << 23)
+    out = bitcast(out_bits.astype(np.uint32), np.float32)
+    out = xp.where(field <= 0, np.float32(0.0), xp.where(field >= 255, np.float32(np.inf), out))
+    out = xp.where(x < np.float32(-126.0), np.float32(0.0), out)
+    out = xp.where(x >= np.float32(128.0), np.float32(np.inf), out)
+    return xp.where(finite | xp.isnan(x), xp.where(xp.isnan(x), x, out),
+                    xp.where(x > 0, np.float32(np.inf), np.float32(0.0)))
+
+
+def exp2_fa4(x: Any) -> Any:
+    """FA4's polynomial ``ex2`` emulation, bit-exact (see the module docstring), flushed.
+    Valid for x <= 127 (larger x wraps, as on the GPU); NaN gives NaN, −Inf gives +0."""
+    xp = namespace(x)
+    x = _f32.ftz(xp.asarray(x, dtype=np.float32))
+    xc = xp.maximum(xp.where(xp.isnan(x), np.float32(0.0), x), np.float32(-127.0))
+    xc = xp.minimum(xc, np.float32(127.0))
+    n = xp.floor(xc)
+    f = _f32.ftz(xc - n)
+    c0, c1, c2, c3 = POLY_EX2
+    p = _f32.fma(_f32.fma(_f32.fma(xp.full_like(f, c3), f, c2), f, c1), f, c0)
+    bits = (n.astype(np.int32) << 23) + bitcast(p, np.uint32).astype(np.int32)
+    out = _f32.ftz(bitcast(bits.astype(np.uint32), np.float32))
+    return xp.where(xp.isnan(x), x, out)
+
+
+def fa4_emulated_mask(n_keys: int, model: Exp2Model, *, fragment: int, tile: int) -> np.ndarray:
+    """bool (n_keys,): True where FA4's schedule emulates the exp2 of a key position.
+
+    Keys are split into tiles of ``tile`` and fragments of ``fragment``; within a fragment,
+    the pair starting at even element k is emulated iff ``k mod freq >= freq − res`` and the
+    fragment is not among the last ``native_last_fragments`` of its tile."""
+    pos = np.arange(n_keys)
+    k = pos % fragment
+    frag = (pos % tile) // fragment
+    n_frag = tile // fragment
+    pair = k - (k % 2)
+    emulate = (pair % model.emulate_freq) >= (model.emulate_freq - model.emulate_res)
+    native_tail = frag >= n_frag - model.native_last_fragments
+    return emulate & ~native_tail
+
+
+def exp2_model(t: Any, model: Exp2Model, *, fragment: int, tile: int) -> Any:
+    """exp2 of a tile ``t`` (..., keys) under ``model``: correctly rounded everywhere, or FA4's
+    polynomial on the pairs its schedule picks (the rest correctly rounded)."""
+    if model.kind is Exp2Kind.CORRECTLY_ROUNDED:
+        return exp2_rn(t)
+    xp = namespace(t)
+    mask = fa4_emulated_mask(t.shape[-1], model, fragment=fragment, tile=tile)
+    if mask.all():
+        return exp2_fa4(t)
+    if not mask.any():
+        return exp2_rn(t)
+    return xp.where(xp.asarray(mask), exp2_fa4(t), exp2_rn(t))

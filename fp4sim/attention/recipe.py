@@ -1,0 +1,459 @@
+"""Attention recipes: the frozen, hashable description of one low-precision attention forward.
+
+An :class:`AttentionRecipe` names every numerical choice between the raw inputs and the output
+(seed_algorithms.md §2-§4); it is a static ``jax.jit`` argument. It owns no arithmetic: the
+converters live in :mod:`fp4sim.attention.converters`, the forward in
+:mod:`fp4sim.attention.forward`.
+
+Notation (seed_algorithms.md §2.0). ``z`` raw scores ``q·k`` (float32), ``u = fl(c·z)`` with
+``c = softmax_scale·log2(e)`` (float32), row running max ``m = max u`` over the keys seen so far,
+log2-domain score ``t = fl(u − m) ≤ 0`` (−inf for masked keys), probability ``p = 2^t``. Key
+blocks are 32 keys (MX) or 16 keys (NV). ``fl`` is float32 round-to-nearest-even.
+
+Fields of :class:`AttentionRecipe`:
+
+* ``qk``: :class:`QKFormat` of Q and K (quantized along the head dimension, per token), and
+  ``qk_global``: the NVFP4 FP32 global factor mode (:class:`GlobalScale`).
+* ``converter``: one of :class:`ExactP`, :class:`AffineP`, :class:`MitchellP`,
+  :class:`SchraudolphP`, :class:`LogGroupP`, :class:`SageTwoLevelP`, :class:`FixedScaleP`;
+  ``p_format``: :class:`PFormat` of P; ``block_exponent``: :class:`BlockExponent` (the Direct-P
+  ``k_B`` rule, §11 item 1).
+* ``v``: :class:`VFormat` of V (quantized along tokens where it has blocks).
+* ``normalization``: :class:`Normalization` (consistent / mismatched / exact, §4.1).
+* Tiles: ``block_kv`` keys per online-softmax tile, ``fragment`` keys per softmax fragment (the
+  N32 fragments of seed 000; the FA4 exp2 schedule runs per fragment), ``pv_group`` keys per PV
+  instruction (the K64 groups of seed 000: block partial sums of one group are added together
+  before they reach the float32 accumulator), ``block_q`` query rows per tile (kept for kernels;
+  no route here depends on it numerically).
+* ``exp2``: :class:`Exp2Model` (correctly rounded, or FA4's polynomial on a share of pairs).
+* ``rescale_threshold``: the running max moves only when a tile's max exceeds it by more than
+  this many log2 units (FA4/HAO use 0 with quantized P, cuDNN's reference 4.0, §2.5).
+* ``ftz``: the float32 SIMT arithmetic (softmax, normalizer, rescale) flushes results below
+  2^-126 to zero, like ``.ftz`` instructions (§4.3). The emulator always flushes explicitly, so
+  NumPy and XLA agree; ``ftz=False`` keeps subnormal exp2/normalizer results on NumPy only and is
+  therefore rejected under jit (see :mod:`fp4sim.attention.forward`).
+* ``hadamard``: rotate Q and K by the orthonormal Walsh-Hadamard matrix along the head
+  dimension before quantization (§2.10).
+
+Decisions on the open ambiguities (seed_algorithms.md §11), all documented here once:
+
+1. Direct-P ``k_B``: default ``BlockExponent.BLOCK_MAX_CEIL`` (``k_B = ceil(max_{j∈B} t_j)``,
+   clamped to [−127, 127]); ``ROW_ANCHOR`` sets ``k_B = 0`` (anchored at the running row max).
+   The payload is ``RN_E2M1_sat(u)`` (cvt.rn.satfinite semantics, ties to even).
+2. Code comparisons count every element (:func:`fp4sim.attention.metrics.code_match_rate`).
+3. Mitchell shift default ``log2(1.25) − 1/4`` (boundary aligned), value path then RNE.
+4. Schraudolph: code = ``floor(2^mbits·(t + scale_log2 − shift)) + bias·2^mbits`` taken directly
+   as the BF16 / E4M3 bit pattern, clamped to [0, max]; shift default 0.0576 (zero mean).
+5. V in MXFP4 uses the Direct-P amplitude convention ``β·q/6`` with ``β = 2^ceil(log2 amax)``.
+6. NVFP4 global factor: ``GlobalScale.NONE`` (constant 1, causal-safe) by default.
+7. exp2 "exact" = correctly rounded float32 exp2 with flush of results below 2^-126
+   (:mod:`fp4sim.attention.exp2`); MUFU ``ex2.approx`` is not modelled bit-exactly, so the FA4
+   schedule's "native" pairs use the correctly rounded exp2.
+8. cuDNN's fixed P scale: 16 by default (``FixedScaleP.scale``), 256 available.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Any, Union
+
+__all__ = [
+    "QKFormat",
+    "GlobalScale",
+    "VFormat",
+    "PFormat",
+    "BlockExponent",
+    "Normalization",
+    "Exp2Kind",
+    "Exp2Model",
+    "ExactP",
+    "AffineP",
+    "MitchellP",
+    "SchraudolphP",
+    "LogGroupP",
+    "SageTwoLevelP",
+    "FixedScaleP",
+    "Converter",
+    "CONVERTER_TYPES",
+    "MITCHELL_BOUNDARY_SHIFT",
+    "SCHRAUDOLPH_ZERO_MEAN_SHIFT",
+    "AttentionRecipe",
+    "EXACT_F32",
+    "HW_FP4_DIRECT_P",
+    "HW_FP4_DIRECT_P_MITCHELL",
+    "HW_FP4_FP8_PV",
+    "HAO_LOG_NVFP4",
+    "HAO_LOG_MXFP8",
+    "SAGE3_TWO_LEVEL",
+    "CUDNN_FP8_FIXED",
+    "FLAMIA_MXFP8",
+    "FLAMIA_NVFP4",
+    "PRESETS",
+    "preset_by_name",
+]
+
+MITCHELL_BOUNDARY_SHIFT = math.log2(1.25) - 0.25
+"""Shift (log2 units) aligning Mitchell's 1.0/1.5 E2M1 boundary with exp2's: 0x1.269a3c...p-4."""
+SCHRAUDOLPH_ZERO_MEAN_SHIFT = 0.0576
+"""Shift (log2 units) making Schraudolph's piecewise-linear 2^x error zero-mean (§2.8 table)."""
+
+
+class QKFormat(enum.Enum):
+    """Representation of Q and K (always per token: scale groups run along the head dim)."""
+
+    FLOAT32 = "float32"  # unquantized (the convergence baseline)
+    BF16 = "bf16"  # round to nearest even bfloat16
+    FP8_PER_TENSOR = "fp8_per_tensor"  # E4M3 payload, one FP32 scale amax/448 per (batch, head)
+    MXFP8 = "mxfp8"  # E4M3 payload, UE8M0 per 32 along head dim, 2^ceil(log2(amax/448))
+    NVFP4 = "nvfp4"  # E2M1 payload, UE4M3 per 16 along head dim (RNE), FP32 global factor
+    TOKEN_BLOCK_FP8 = "token_block_fp8"  # E4M3, one power-of-two exponent per 32 tokens x D
+
+
+class GlobalScale(enum.Enum):
+    """The NVFP4 FP32 global factor ``s_enc = 6·448/amax`` (seed_algorithms.md §1.3)."""
+
+    NONE = "none"  # s_enc = s_dec = 1 (SageAttention3; causal-safe)
+    PER_TENSOR = "per_tensor"  # amax over each (batch, head) tensor: leaks the future if causal
+    PER_TOKEN = "per_token"  # amax over each token's row (causal-safe)
+
+
+class VFormat(enum.Enum):
+    """Representation of V (scale groups run along tokens, the PV contraction axis)."""
+
+    FLOAT32 = "float32"
+    BF16 = "bf16"
+    FP8 = "fp8"  # plain E4M3 cast, no scale (HAO's "FP8 PV")
+    MXFP8_TOKENS = "mxfp8_tokens"  # E4M3, UE8M0 per 32 tokens per column, 2^ceil(log2(amax/448))
+    MXFP4_TOKENS = "mxfp4_tokens"  # E2M1, beta=2^ceil(log2 amax) per 32 tokens, value beta*q/6
+    NVFP4_TOKENS = "nvfp4_tokens"  # E2M1, UE4M3 RN(amax/6) per 16 tokens per column, no global
+    TOKEN_BLOCK_FP8 = "token_block_fp8"  # E4M3, one 2^ceil(log2(amax/448)) per 32 tokens x Dv
+
+
+class PFormat(enum.Enum):
+    """Representation of the probabilities P that enter the PV product."""
+
+    FLOAT32 = "float32"  # unquantized float32 p (exact converter only)
+    BF16 = "bf16"  # BF16 bit patterns (uint16 codes)
+    FP8 = "fp8"  # E4M3, no per-block scale (a fixed or no scale)
+    MXFP8 = "mxfp8"  # E4M3, UE8M0 per 32 keys
+    MXFP4 = "mxfp4"  # E2M1, UE8M0 amplitude alpha per 32 keys, value alpha*q/6 (Direct-P)
+    NVFP4 = "nvfp4"  # E2M1, UE4M3 per 16 keys
+
+    @property
+    def block(self) -> int:
+        """Keys per scale block (1 for formats without block scales)."""
+        return {PFormat.MXFP8: 32, PFormat.MXFP4: 32, PFormat.NVFP4: 16}.get(self, 1)
+
+
+class BlockExponent(enum.Enum):
+    """How the Direct-P amplitude exponent ``k_B`` of a P block is chosen."""
+
+    BLOCK_MAX_CEIL = "block_max_ceil"  # k_B = ceil(max_{j in B} t_j): block max payload in (3, 6]
+    ROW_ANCHOR = "row_anchor"  # k_B = 0: every block anchored at the running row max
+
+
+class Normalization(enum.Enum):
+    """Which weights the softmax denominator sums (seed_algorithms.md §4.1)."""
+
+    CONSISTENT = "consistent"  # the represented weights the PV product consumes (Direct-P)
+    MISMATCHED = "mismatched"  # the unquantized float32 weights (HAO, Sage, cuDNN, Attn-QAT)
+    EXACT = "exact"  # unquantized p in numerator and denominator: P is not quantized at all
+
+
+class Exp2Kind(enum.Enum):
+    """Model of the hardware exp2."""
+
+    CORRECTLY_ROUNDED = "correctly_rounded"  # float32 exp2 correctly rounded, FTZ output
+    FA4_POLY = "fa4_poly"  # FA4's degree-3 polynomial emulation on the scheduled pairs
+
+
+def _check_int(owner: str, name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{owner}.{name}={value!r} must be an int")
+    if value < lo or (hi is not None and value > hi):
+        raise ValueError(f"{owner}.{name}={value!r} out of range; allowed {lo}..{hi if hi is not None else 'inf'}")
+
+
+def _check_float(owner: str, name: str, value: Any, *, positive: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"{owner}.{name}={value!r} must be a finite float")
+    if positive and value <= 0:
+        raise ValueError(f"{owner}.{name}={value!r} must be > 0")
+
+
+def _check_enum(owner: str, name: str, value: Any, kind: type[enum.Enum]) -> None:
+    if not isinstance(value, kind):
+        raise TypeError(f"{owner}.{name}={value!r} must be a {kind.__name__} member; "
+                        f"allowed: {[m.name for m in kind]}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Exp2Model:
+    """exp2 model. With ``FA4_POLY``, FA4's schedule picks the emulated element pairs: within
+    each fragment, the pair starting at even element ``k`` is emulated iff
+    ``k mod emulate_freq ≥ emulate_freq − emulate_res`` and the fragment is not among the last
+    ``native_last_fragments`` of its tile (seed_algorithms.md §2.6; FA4 defaults 16, 4, 1 give
+    25 % emulated). ``emulate_res = emulate_freq`` and ``native_last_fragments = 0`` emulate all.
+    """
+
+    kind: Exp2Kind = Exp2Kind.CORRECTLY_ROUNDED
+    emulate_freq: int = 16
+    emulate_res: int = 4
+    native_last_fragments: int = 1
+
+    def __post_init__(self) -> None:
+        _check_enum("Exp2Model", "kind", self.kind, Exp2Kind)
+        _check_int("Exp2Model", "emulate_freq", self.emulate_freq, 2)
+        if self.emulate_freq % 2:
+            raise ValueError(f"Exp2Model.emulate_freq={self.emulate_freq} must be even (pairs)")
+        _check_int("Exp2Model", "emulate_res", self.emulate_res, 0, self.emulate_freq)
+        _check_int("Exp2Model", "native_last_fragments", self.native_last_fragments, 0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ExactP:
+    """exp2 (per :class:`Exp2Model`) then round-to-nearest-even into the P format (§2.1)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class AffineP:
+    """Direct-P affine classifier ``payload = RN_E2M1_sat(max(0, a·x + b))`` (§2.7).
+
+    ``x = fl(t + fl(log2(6) − k_B))``; ``a·x + b`` is evaluated as ``fl(fl(a·x) + b)``.
+    """
+
+    a: float = 1.5
+    b: float = 1.2
+
+    def __post_init__(self) -> None:
+        _check_float("AffineP", "a", self.a, positive=True)
+        _check_float("AffineP", "b", self.b)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class MitchellP:
+    """Mitchell-P: ``y = fl(x − shift)``, value ``bitcast_f32(floor(y·2^23) + 127·2^23)``
+    (= ``2^floor(y)·(1 + frac(y))``), then ``RN_E2M1_sat`` (§2.8)."""
+
+    shift: float = MITCHELL_BOUNDARY_SHIFT
+
+    def __post_init__(self) -> None:
+        _check_float("MitchellP", "shift", self.shift)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SchraudolphP:
+    """Schraudolph's integer exp2 for 8/16-bit P (§2.9): the code bit pattern is
+    ``floor(2^mbits·(t + scale_log2 − shift)) + bias·2^mbits`` clamped to [0, largest finite],
+    for P in BF16 (mbits 7, bias 127) or E4M3 (mbits 3, bias 7). ``scale_log2`` is a fixed
+    power-of-two scale on P (FA4 FP8 uses +8); the PV product divides it out exactly.
+    """
+
+    shift: float = SCHRAUDOLPH_ZERO_MEAN_SHIFT
+    scale_log2: int = 0
+
+    def __post_init__(self) -> None:
+        _check_float("SchraudolphP", "shift", self.shift)
+        _check_int("SchraudolphP", "scale_log2", self.scale_log2, -64, 64)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class LogGroupP:
+    """HAO's log-domain group quantizer (§2.2). ``offset`` log2(6) (NVFP4 P) or log2(448)
+    (MXFP8 P) is implied by the P format; ``clamp`` is the fully-masked-group guard (−100)."""
+
+    clamp: float = -100.0
+
+    def __post_init__(self) -> None:
+        _check_float("LogGroupP", "clamp", self.clamp)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SageTwoLevelP:
+    """SageAttention3's two-level P quantizer (§2.3): row factor 448·6, per-16 E4M3 scale."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class FixedScaleP:
+    """cuDNN's fixed-scale FP8 P (§2.5): ``E4M3(p·scale)``; ``scale`` a power of two."""
+
+    scale: float = 16.0
+
+    def __post_init__(self) -> None:
+        _check_float("FixedScaleP", "scale", self.scale, positive=True)
+        m, _ = math.frexp(self.scale)
+        if m != 0.5:
+            raise ValueError(f"FixedScaleP.scale={self.scale!r} must be a power of two")
+
+
+Converter = Union[ExactP, AffineP, MitchellP, SchraudolphP, LogGroupP, SageTwoLevelP, FixedScaleP]
+CONVERTER_TYPES = (ExactP, AffineP, MitchellP, SchraudolphP, LogGroupP, SageTwoLevelP, FixedScaleP)
+
+# Which P formats each converter can produce.
+_CONVERTER_P_FORMATS: dict[type, tuple[PFormat, ...]] = {
+    ExactP: tuple(PFormat),
+    AffineP: (PFormat.MXFP4,),
+    MitchellP: (PFormat.MXFP4,),
+    SchraudolphP: (PFormat.BF16, PFormat.FP8),
+    LogGroupP: (PFormat.NVFP4, PFormat.MXFP8),
+    SageTwoLevelP: (PFormat.NVFP4,),
+    FixedScaleP: (PFormat.FP8,),
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class AttentionRecipe:
+    """One low-precision attention forward (see the module docstring for every field)."""
+
+    qk: QKFormat = QKFormat.NVFP4
+    qk_global: GlobalScale = GlobalScale.NONE
+    converter: Converter = AffineP()
+    p_format: PFormat = PFormat.MXFP4
+    block_exponent: BlockExponent = BlockExponent.BLOCK_MAX_CEIL
+    v: VFormat = VFormat.MXFP4_TOKENS
+    normalization: Normalization = Normalization.CONSISTENT
+    block_q: int = 128
+    block_kv: int = 128
+    fragment: int = 32
+    pv_group: int = 64
+    exp2: Exp2Model = Exp2Model()
+    rescale_threshold: float = 0.0
+    ftz: bool = True
+    hadamard: bool = False
+
+    def __post_init__(self) -> None:
+        own = "AttentionRecipe"
+        _check_enum(own, "qk", self.qk, QKFormat)
+        _check_enum(own, "qk_global", self.qk_global, GlobalScale)
+        _check_enum(own, "p_format", self.p_format, PFormat)
+        _check_enum(own, "block_exponent", self.block_exponent, BlockExponent)
+        _check_enum(own, "v", self.v, VFormat)
+        _check_enum(own, "normalization", self.normalization, Normalization)
+        if not isinstance(self.converter, CONVERTER_TYPES):
+            raise TypeError(f"{own}.converter={self.converter!r} must be one of "
+                            f"{[t.__name__ for t in CONVERTER_TYPES]}")
+        allowed = _CONVERTER_P_FORMATS[type(self.converter)]
+        if self.p_format not in allowed:
+            raise ValueError(f"{own}: converter {type(self.converter).__name__} cannot produce "
+                             f"p_format={self.p_format.name}; allowed: {[f.name for f in allowed]}")
+        if self.p_format is PFormat.FLOAT32 and self.normalization is Normalization.MISMATCHED:
+            raise ValueError(f"{own}: normalization=MISMATCHED needs a quantized P; "
+                             f"p_format=FLOAT32 allows CONSISTENT or EXACT")
+        if not isinstance(self.exp2, Exp2Model):
+            raise TypeError(f"{own}.exp2={self.exp2!r} must be an Exp2Model")
+        for name in ("block_q", "block_kv", "fragment", "pv_group"):
+            _check_int(own, name, getattr(self, name), 1)
+        pb = max(self.p_format.block, 32 if self.v in (VFormat.MXFP8_TOKENS, VFormat.MXFP4_TOKENS,
+                                                       VFormat.TOKEN_BLOCK_FP8) else 1,
+                 16 if self.v is VFormat.NVFP4_TOKENS else 1)
+        if self.fragment % pb:
+            raise ValueError(f"{own}.fragment={self.fragment} must be a multiple of the P/V "
+                             f"scale block {pb}")
+        if self.pv_group % pb:
+            raise ValueError(f"{own}.pv_group={self.pv_group} must be a multiple of the P/V "
+                             f"scale block {pb}")
+        if self.block_kv % self.fragment or self.block_kv % self.pv_group:
+            raise ValueError(f"{own}.block_kv={self.block_kv} must be a multiple of fragment="
+                             f"{self.fragment} and pv_group={self.pv_group}")
+        _check_float(own, "rescale_threshold", self.rescale_threshold)
+        if self.rescale_threshold < 0:
+            raise ValueError(f"{own}.rescale_threshold={self.rescale_threshold!r} must be >= 0")
+        if isinstance(self.converter, FixedScaleP):
+            limit = math.log2(448.0 / self.converter.scale)
+            if self.rescale_threshold > limit:
+                raise ValueError(f"{own}.rescale_threshold={self.rescale_threshold} lets "
+                                 f"p·{self.converter.scale} exceed E4M3's 448; allowed <= {limit:.3f}")
+        for name in ("ftz", "hadamard"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{own}.{name}={getattr(self, name)!r} must be a bool")
+        if self.qk_global is not GlobalScale.NONE and self.qk is not QKFormat.NVFP4:
+            raise ValueError(f"{own}.qk_global={self.qk_global.name} applies only to "
+                             f"qk=NVFP4, not {self.qk.name}")
+
+    @property
+    def qk_block(self) -> int:
+        """Head-dim elements per Q/K scale group (the head dim must be a multiple)."""
+        return {QKFormat.MXFP8: 32, QKFormat.NVFP4: 16}.get(self.qk, 1)
+
+    @property
+    def v_block(self) -> int:
+        """Tokens per V scale group along the key axis (1 if V has no token groups)."""
+        return {VFormat.MXFP8_TOKENS: 32, VFormat.MXFP4_TOKENS: 32, VFormat.NVFP4_TOKENS: 16,
+                VFormat.TOKEN_BLOCK_FP8: 32}.get(self.v, 1)
+
+    def replace(self, **changes: Any) -> "AttentionRecipe":
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+# --- named presets for the published routes ------------------------------------------------
+EXACT_F32 = AttentionRecipe(qk=QKFormat.FLOAT32, converter=ExactP(), p_format=PFormat.FLOAT32,
+                            v=VFormat.FLOAT32, normalization=Normalization.EXACT)
+"""Every format float32: converges to the float64 reference up to float32 rounding."""
+
+HW_FP4_DIRECT_P = AttentionRecipe()
+"""HW-FP4 fast forward [B]: NVFP4 Q/K, Direct-P affine (1.5, 1.2) into MXFP4 P with
+``k_B = ceil(block max)``, MXFP4 V along tokens (β·q/6), consistent normalization."""
+
+HW_FP4_DIRECT_P_MITCHELL = AttentionRecipe(converter=MitchellP())
+"""The same route with the Mitchell-P converter (98.7 % code match) [B]."""
+
+HW_FP4_FP8_PV = AttentionRecipe(converter=ExactP(), p_format=PFormat.MXFP8,
+                                v=VFormat.TOKEN_BLOCK_FP8)
+"""The HW-FP4 paper's retained FP8 P/V route [B]: NVFP4 Q/K, exact P in E4M3 with UE8M0 per 32
+keys, V E4M3 with one power-of-two exponent per 32 tokens, consistent normalization."""
+
+HAO_LOG_NVFP4 = AttentionRecipe(qk_global=GlobalScale.PER_TENSOR, converter=LogGroupP(),
+                                p_format=PFormat.NVFP4, v=VFormat.NVFP4_TOKENS,
+                                normalization=Normalization.MISMATCHED)
+"""HAO flash-attention-fp4, NVFP4 Q/K with per-tensor global factor, log-domain NVFP4 P,
+NVFP4 V, mismatched normalizer [C:code]."""
+
+HAO_LOG_MXFP8 = AttentionRecipe(qk=QKFormat.MXFP8, converter=LogGroupP(),
+                                p_format=PFormat.MXFP8, v=VFormat.MXFP8_TOKENS,
+                                normalization=Normalization.MISMATCHED)
+"""HAO flash-attention-fp4, MXFP8 Q/K, log-domain MXFP8 P, MXFP8 V, mismatched [C:code]."""
+
+SAGE3_TWO_LEVEL = AttentionRecipe(converter=SageTwoLevelP(), p_format=PFormat.NVFP4,
+                                  v=VFormat.NVFP4_TOKENS, normalization=Normalization.MISMATCHED)
+"""SageAttention3 [C:code]: NVFP4 Q/K without global factor (its Q/K smoothing is not
+modelled), two-level NVFP4 P, NVFP4 V along tokens, mismatched normalizer."""
+
+CUDNN_FP8_FIXED = AttentionRecipe(qk=QKFormat.MXFP8, converter=FixedScaleP(scale=16.0),
+                                  p_format=PFormat.FP8, v=VFormat.MXFP8_TOKENS,
+                                  normalization=Normalization.MISMATCHED, rescale_threshold=4.0)
+"""cuDNN MXFP8 SDPA reference [C:code]: MXFP8 Q/K/V, P = E4M3(16·p) with rescale threshold 4,
+mismatched normalizer."""
+
+FLAMIA_MXFP8 = AttentionRecipe(qk=QKFormat.MXFP8, converter=ExactP(), p_format=PFormat.MXFP8,
+                               v=VFormat.TOKEN_BLOCK_FP8)
+"""FLAMIA MXFP8 route [B, reconstructed]: MXFP8 Q/K (per token), exact MXFP8 P, token-block V,
+consistent normalization."""
+
+FLAMIA_NVFP4 = AttentionRecipe(qk_global=GlobalScale.PER_TOKEN, converter=ExactP(),
+                               p_format=PFormat.NVFP4, v=VFormat.TOKEN_BLOCK_FP8)
+"""FLAMIA NVFP4 route [B, reconstructed]: NVFP4 Q/K with per-token global factor, exact NVFP4
+P, token-block V, consistent normalization."""
+
+PRESETS: dict[str, AttentionRecipe] = {
+    "exact_f32": EXACT_F32,
+    "hw_fp4_direct_p": HW_FP4_DIRECT_P,
+    "hw_fp4_direct_p_mitchell": HW_FP4_DIRECT_P_MITCHELL,
+    "hw_fp4_fp8_pv": HW_FP4_FP8_PV,
+    "hao_log_nvfp4": HAO_LOG_NVFP4,
+    "hao_log_mxfp8": HAO_LOG_MXFP8,
+    "sage3_two_level": SAGE3_TWO_LEVEL,
+    "cudnn_fp8_fixed": CUDNN_FP8_FIXED,
+    "flamia_mxfp8": FLAMIA_MXFP8,
+    "flamia_nvfp4": FLAMIA_NVFP4,
+}
+
+
+def preset_by_name(name: str) -> AttentionRecipe:
+    """The preset called ``name`` (case-insensitive), for CLIs and reports."""
+    key = str(name).lower()
+    if key not in PRESETS:
+        raise ValueError(f"preset={name!r} is unknown; allowed: {sorted(PRESETS)}")
+    return PRESETS[key]

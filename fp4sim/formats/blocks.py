@@ -1,0 +1,887 @@
+"""Block (microscaled) quantization: block formats, scale rules, geometries and ``QuantizedArray``.
+
+This module owns the step from float arrays to *block-scaled* codes and back: which elements
+share a scale, how that scale is chosen and encoded, how elements are scaled before the element
+codec (:mod:`fp4sim.formats.codec`) rounds them, and how ``dequantize`` applies the scales. It is
+written once against the array namespace (:mod:`fp4sim._xp`): NumPy in, NumPy out; jax in (also
+under ``jax.jit``/``vmap``/``lax.scan``), jax out, with the same bits.
+
+Public names
+============
+
+``ScaleRule``      how a block scale is derived from the block's max-abs ``amax`` (``M`` = element max,
+                   ``e_M = floor(log2 M)``):
+
+                   * ``RCEIL`` (default for power-of-two scales): the descale ``d = fl32(amax · fl32(1/M))``
+                     rounded *up* onto the scale grid. UE8M0: ``2^ceil(log2 d)`` with the TE/cuDNN/torchao
+                     bit rule (exponent + 1 iff any mantissa bit is set; an f32-subnormal ``d`` rounds up
+                     only above 2^-127). UE4M3/UE5M3: the next scale value at or above ``d``.
+                   * ``FLOOR`` (OCP MX §6.3, microxcaling, torchao FLOOR): ``2^(floor(log2 amax) − e_M)``;
+                     block maxima above ``M·2^e`` are *clamped* to ``±M`` by the saturating element cast.
+                   * ``CEIL`` (torchao CEIL): ``2^(ceil(log2 amax) − e_M)``.
+                   * ``EVEN`` (torchao EVEN): round ``amax`` to the element's mantissa width (ties up)
+                     first, then ``FLOOR``.
+                   * ``NEAREST`` (default for UE4M3/UE5M3 scales, NVFP4): ``d`` rounded to the nearest
+                     scale value, ties to even (satfinite).
+                   Power-of-two exponents are clamped to the UE8M0 range [−127, 127].
+``Geometry``       which elements share one scale: ``BLOCK`` (``block_size`` consecutive elements
+                   along ``axis``; default), ``PER_ROW`` (the whole of ``axis``), ``PER_TENSOR`` (all),
+                   ``TOKEN_BLOCK`` (``block_size`` consecutive rows along ``axis`` — tokens, normally
+                   ``-2`` — times the *whole last axis*: FLAMIA's 32 tokens × head_dim), ``SQUARE``
+                   (``block_size × block_size`` tiles of the last two axes: FLAMIA's/cuDNN's 32×32 dS).
+``GlobalScale``    the optional FP32 second level (NVFP4): ``NONE``, ``PER_TENSOR`` (amax of the whole
+                   tensor — leaks across tokens under causal masking), ``PER_ROW`` (amax over ``axis``
+                   per row: "per token" for Q/K blocked along head_dim), ``CONSTANT`` (given by the
+                   caller as ``global_scale=`` (decode factor) or ``global_encode_scale=`` (encode factor)).
+``Arithmetic``     the order of float32 operations a library uses (matters only at exact ties and
+                   for the special cases): ``TRANSFORMER_ENGINE`` (default), ``TORCHAO``, ``JAX``;
+                   see :func:`quantize`.
+``NonFinite``      the UE8M0 code of blocks holding Inf/NaN: ``SATFINITE`` (NaN → 0xFF, Inf → 0xFE,
+                   TE and DESIGN.md §3; default), ``NAN`` (both → 0xFF, torchao ≥ PR #4725),
+                   ``JAX`` (NaN wraps to 0x00, Inf → 0xFF: JAX's ``cast_to_e8m0_with_rounding_up``).
+``BlockFormat``    frozen, hashable: ``elem``, ``scale`` (``None`` = no block scale), ``block_size``,
+                   ``rule``, ``policy`` (element :class:`~fp4sim.formats.spec.Policy`), ``global_scale``,
+                   ``arithmetic``, ``min_scale`` (lower clamp of the block scale value before it is
+                   encoded; torchao NVFP4: 2^-6), ``nonfinite``, ``name``.
+Constants          ``MXFP4``, ``MXFP6_E2M3``, ``MXFP6_E3M2``, ``MXFP8_E4M3`` (= ``MXFP8``),
+                   ``MXFP8_E5M2`` (UE8M0 scales, 32 elements, ``RCEIL``), ``NVFP4`` (UE4M3 per 16,
+                   ``NEAREST``, per-tensor FP32 factor, TE order), ``NVFP4_SINGLE`` (no FP32 factor),
+                   ``FP8_E4M3_PER_TENSOR`` (no block scale, FP32 per-tensor factor).
+``QuantizedArray`` registered jax pytree: children ``codes`` (uint8; unpacked one code per byte, or
+                   packed along the last axis when ``packed``), ``scales`` (uint8 scale codes, shape
+                   ``shape[d] // extent[d]`` per axis, or ``None``), ``global_scale`` (float32 decode
+                   factor broadcastable to ``scales``/codes, or ``None``); static aux: ``format``,
+                   ``geometry``, ``axis`` (negative), ``packed``. Invariants are checked on
+                   construction (dtypes, shapes, block divisibility; concrete NumPy checks only).
+``quantize(x, fmt, *, axis=-1, geometry=Geometry.BLOCK, rule=None, global_scale=None,
+           global_encode_scale=None, pack=False) -> QuantizedArray``
+``dequantize(q) -> float32 array``
+``block_extents(shape, fmt, geometry, axis) -> tuple[int, ...]``: per axis, how many elements
+                   share a scale.
+``scale_exponents(q) -> int32``: the integer power of two of every UE8M0 scale (code − 127; the
+                   NaN code 0xFF gives 128), for kernels that apply scales by exponent arithmetic.
+``expand_scales(values, q)``: broadcast a per-scale array to the element shape.
+``global_decode_scale(amax, fmt)`` / ``global_encode_scale(amax, fmt)``: the NVFP4 FP32 factors.
+
+Exactness and platforms
+=======================
+Block amax is a max over the *integer* bit patterns of ``|x|`` (exact, NaN-aware, immune to XLA
+CPU's flush-to-zero). Power-of-two scales are applied by integer exponent arithmetic with a
+correctly rounded (RNE) result even in the float32 subnormal range (``ldexp_f32``). The float32
+multiplies/divides of the UE4M3 (NVFP4) path go through ``mul_f32``/``div_f32``: the significands
+are multiplied natively in [1, 4) and the exponent is applied with integers, which equals IEEE
+float32 arithmetic whenever the result is normal, on every platform, FTZ or not (a result below
+2^-126 is rounded twice; it only feeds rounding steps that cannot tell the difference).
+Dequantization of NVFP4 (``code · s_e4m3 · g``) is correctly rounded with integer arithmetic.
+
+Partial trailing blocks are rejected (``ValueError`` naming ``x``); pad the input yourself.
+Inputs must be float32, bfloat16 or float16 (exactly widened to float32); float64 raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from fp4sim._xp import bitcast, is_jax, namespace
+from fp4sim.formats import codec
+from fp4sim.formats.spec import (
+    DEFAULT_POLICY,
+    E2M1,
+    E2M3,
+    E3M2,
+    E4M3,
+    E5M2,
+    UE4M3,
+    UE8M0,
+    FloatFormat,
+    NanPolicy,
+    Policy,
+    Rounding,
+)
+
+__all__ = [
+    "ScaleRule",
+    "Geometry",
+    "GlobalScale",
+    "Arithmetic",
+    "NonFinite",
+    "BlockFormat",
+    "MXFP4",
+    "MXFP6_E2M3",
+    "MXFP6_E3M2",
+    "MXFP8_E4M3",
+    "MXFP8_E5M2",
+    "MXFP8",
+    "NVFP4",
+    "NVFP4_SINGLE",
+    "FP8_E4M3_PER_TENSOR",
+    "BLOCK_FORMATS",
+    "QuantizedArray",
+    "quantize",
+    "dequantize",
+    "block_extents",
+    "scale_exponents",
+    "expand_scales",
+    "global_decode_scale",
+    "global_encode_scale",
+    "ldexp_f32",
+    "mul_f32",
+    "div_f32",
+]
+
+
+# --- enums ----------------------------------------------------------------------------------
+class ScaleRule(enum.Enum):
+    """How the block scale follows from the block max-abs (see the module docstring)."""
+
+    RCEIL = "rceil"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    EVEN = "even"
+    NEAREST = "nearest"
+
+
+_POW2_RULES = (ScaleRule.RCEIL, ScaleRule.FLOOR, ScaleRule.CEIL, ScaleRule.EVEN)
+
+
+class Geometry(enum.Enum):
+    """Which elements share one scale."""
+
+    BLOCK = "block"
+    PER_ROW = "per_row"
+    PER_TENSOR = "per_tensor"
+    TOKEN_BLOCK = "token_block"
+    SQUARE = "square"
+
+
+class GlobalScale(enum.Enum):
+    """The optional FP32 per-tensor / per-row second scale level."""
+
+    NONE = "none"
+    PER_TENSOR = "per_tensor"
+    PER_ROW = "per_row"
+    CONSTANT = "constant"
+
+
+class Arithmetic(enum.Enum):
+    """Order of float32 operations (what each library computes, step by step).
+
+    ``M`` element max, ``S`` scale max (448 for UE4M3), ``g`` the global decode factor,
+    ``amax_b`` the block max-abs, ``s`` the decoded block scale.
+
+    * ``TRANSFORMER_ENGINE``: MX descale ``amax·fl(1/M)``. NVFP4 ``S_enc = (M·S)/amax_t``
+      (0 → 1, Inf → float32 max), ``g = 1/S_enc``; block ``s = E4M3(amax_b · (S_enc · fl(1/M)))``;
+      elements ``x · fl(1/(s·g))`` (0 when ``s = 0``).
+    * ``TORCHAO``: MX as TE. NVFP4 ``g = amax_t/(M·S)``; ``s = E4M3(clamp((amax_b/M)/g, min_scale, S))``;
+      elements ``x · ((1/g)/s)``. Without a global factor ``g = 1``.
+    * ``JAX``: MX descale ``amax/M`` (a true division). NVFP4 ``x' = x/g``;
+      ``s = E4M3(clip(amax(x')/M, 0, S))``; elements ``x'/s`` (0/0 gives NaN, as in JAX).
+    """
+
+    TRANSFORMER_ENGINE = "transformer_engine"
+    TORCHAO = "torchao"
+    JAX = "jax"
+
+
+class NonFinite(enum.Enum):
+    """UE8M0 scale code of a block holding NaN or Inf."""
+
+    SATFINITE = "satfinite"  # NaN -> 0xFF, Inf -> 0xFE
+    NAN = "nan"  # NaN and Inf -> 0xFF
+    JAX = "jax"  # NaN -> 0x00 (uint8 wrap), Inf -> 0xFF
+
+
+# --- BlockFormat ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class BlockFormat:
+    """A complete block-scaled representation: storage *and* the rules that produce it.
+
+    Hashable, so usable as a static ``jax.jit`` argument. ``scale=None`` means no per-block scale
+    (element cast with only the optional FP32 global factor).
+    """
+
+    name: str
+    elem: FloatFormat
+    scale: FloatFormat | None
+    block_size: int = 32
+    rule: ScaleRule = ScaleRule.RCEIL
+    policy: Policy = DEFAULT_POLICY
+    global_scale: GlobalScale = GlobalScale.NONE
+    arithmetic: Arithmetic = Arithmetic.TRANSFORMER_ENGINE
+    min_scale: float = 0.0
+    nonfinite: NonFinite = NonFinite.SATFINITE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.elem, FloatFormat) or not self.elem.signed:
+            raise TypeError(f"BlockFormat.elem={self.elem!r} must be a signed FloatFormat "
+                            f"(E2M1, E2M3, E3M2, E4M3, E5M2)")
+        if self.scale is not None and (not isinstance(self.scale, FloatFormat)
+                                       or self.scale.signed):
+            raise TypeError(f"BlockFormat.scale={self.scale!r} must be an unsigned scale format "
+                            f"(UE8M0, UE4M3, UE5M3) or None")
+        if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) \
+                or self.block_size < 1:
+            raise ValueError(f"BlockFormat.block_size={self.block_size!r} must be a positive int")
+        for field, kind in (("rule", ScaleRule), ("policy", Policy), ("global_scale", GlobalScale),
+                            ("arithmetic", Arithmetic), ("nonfinite", NonFinite)):
+            if not isinstance(getattr(self, field), kind):
+                raise TypeError(f"BlockFormat.{field}={getattr(self, field)!r} must be a "
+                                f"{kind.__name__}")
+        if self.scale is UE8M0 and self.rule is ScaleRule.NEAREST:
+            raise ValueError(f"BlockFormat.rule={self.rule} is not defined for UE8M0 scales; "
+                             f"allowed: {[r.name for r in _POW2_RULES]}")
+        if self.scale is not None and self.scale is not UE8M0 and self.rule not in (
+                ScaleRule.NEAREST, ScaleRule.RCEIL):
+            raise ValueError(f"BlockFormat.rule={self.rule} needs power-of-two (UE8M0) scales; "
+                             f"allowed for {self.scale}: NEAREST, RCEIL")
+        if not (isinstance(self.min_scale, float) and self.min_scale >= 0.0):
+            raise ValueError(f"BlockFormat.min_scale={self.min_scale!r} must be a float >= 0")
+        codec.check_policy(self.elem, _elem_policy(self))
+
+    @property
+    def pow2(self) -> bool:
+        """True when block scales are powers of two (UE8M0)."""
+        return self.scale is UE8M0
+
+    def replace(self, **changes: Any) -> BlockFormat:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _elem_policy(fmt: BlockFormat) -> Policy:
+    # Formats without NaN cannot PROPAGATE; in a block the NaN is carried by the scale, so the
+    # element code of a NaN input is +0 (what TransformerEngine's reference gives).
+    if not fmt.elem.has_nan and fmt.policy.nan in (NanPolicy.PROPAGATE, NanPolicy.RAISE):
+        return dataclasses.replace(fmt.policy, nan=NanPolicy.ZERO)
+    return fmt.policy
+
+
+MXFP4 = BlockFormat(name="MXFP4", elem=E2M1, scale=UE8M0, block_size=32)
+MXFP6_E2M3 = BlockFormat(name="MXFP6_E2M3", elem=E2M3, scale=UE8M0, block_size=32)
+MXFP6_E3M2 = BlockFormat(name="MXFP6_E3M2", elem=E3M2, scale=UE8M0, block_size=32)
+MXFP8_E4M3 = BlockFormat(name="MXFP8_E4M3", elem=E4M3, scale=UE8M0, block_size=32)
+MXFP8_E5M2 = BlockFormat(name="MXFP8_E5M2", elem=E5M2, scale=UE8M0, block_size=32)
+MXFP8 = MXFP8_E4M3
+NVFP4 = BlockFormat(name="NVFP4", elem=E2M1, scale=UE4M3, block_size=16, rule=ScaleRule.NEAREST,
+                    global_scale=GlobalScale.PER_TENSOR)
+NVFP4_SINGLE = BlockFormat(name="NVFP4_SINGLE", elem=E2M1, scale=UE4M3, block_size=16,
+                           rule=ScaleRule.NEAREST)
+FP8_E4M3_PER_TENSOR = BlockFormat(name="FP8_E4M3_PER_TENSOR", elem=E4M3, scale=None, block_size=1,
+                                  global_scale=GlobalScale.PER_TENSOR)
+BLOCK_FORMATS = (MXFP4, MXFP6_E2M3, MXFP6_E3M2, MXFP8_E4M3, MXFP8_E5M2, NVFP4, NVFP4_SINGLE,
+                 FP8_E4M3_PER_TENSOR)
+
+
+# --- exact float32 helpers (integer arithmetic on bit patterns) -----------------------------
+_U = np.uint32
+
+
+def _bitlen(xp: Any, v: Any) -> Any:
+    """Bit length of uint32 ``v`` (0 for 0) as int32, by a 5-step binary search."""
+    n = xp.zeros(v.shape, dtype=np.int32)
+    for s in (16, 8, 4, 2, 1):
+        t = v >> _U(s)
+        hit = t != 0
+        n = n + xp.where(hit, np.int32(s), np.int32(0))
+        v = xp.where(hit, t, v)
+    return n + (v != 0).astype(np.int32)
+
+
+def _split(xp: Any, bits: Any) -> tuple[Any, Any, Any]:
+    """(sign, significand, exponent) with |x| = sig · 2^exp for finite float32 bits."""
+    field = ((bits >> _U(23)) & _U(0xFF)).astype(np.int32)
+    mant = bits & _U(0x7FFFFF)
+    sig = xp.where(field == 0, mant, mant | _U(0x800000))
+    exp = xp.where(field == 0, np.int32(-149), field - np.int32(150))
+    return bits >> _U(31), sig, exp
+
+
+def _compose(xp: Any, sign: Any, sig: Any, exp: Any) -> Any:
+    """float32 bits of (-1)^sign · sig · 2^exp, correctly rounded (RNE); sig < 2^31 uint32."""
+    n = _bitlen(xp, sig)
+    q = xp.maximum(exp + n - 24, np.int32(-149))  # exponent of the last kept bit
+    shift = q - exp
+    rs = xp.clip(shift, 1, 31).astype(np.uint32)
+    kept = sig >> rs
+    rem = sig & ((_U(1) << rs) - _U(1))
+    half = _U(1) << (rs - _U(1))
+    up = (rem > half) | ((rem == half) & ((kept & _U(1)) == 1))
+    rounded = kept + up.astype(np.uint32)
+    rounded = xp.where(shift >= 32, _U(0), rounded)
+    ls = xp.clip(-shift, 0, 31).astype(np.uint32)
+    m = xp.where(shift > 0, rounded, sig << ls)
+    carry = m >= _U(1 << 24)
+    m = xp.where(carry, m >> _U(1), m)
+    q = q + carry.astype(np.int32)
+    field = q + 150
+    normal = (xp.clip(field, 0, 255).astype(np.uint32) << _U(23)) | (m & _U(0x7FFFFF))
+    mag = xp.where(m < _U(1 << 23), m, xp.where(field >= 255, _U(0x7F800000), normal))
+    mag = xp.where(sig == 0, _U(0), mag)
+    return (sign << _U(31)) | mag
+
+
+def _f32_bits(xp: Any, x: Any) -> Any:
+    return bitcast(xp.asarray(x, dtype=np.float32), np.uint32)
+
+
+def ldexp_f32(x: Any, k: Any) -> Any:
+    """``x · 2^k`` for float32 ``x`` and int ``k``, correctly rounded, FTZ-proof (integer ops)."""
+    xp = namespace(x, k)
+    bits = _f32_bits(xp, x)
+    sign, sig, exp = _split(xp, bits)
+    k = xp.clip(xp.asarray(k, dtype=np.int32), -400, 400)
+    out = _compose(xp, sign, sig, exp + k)
+    special = (bits & _U(0x7F800000)) == _U(0x7F800000)
+    return bitcast(xp.where(special, bits, out), np.float32)
+
+
+def _normalize(xp: Any, bits: Any) -> tuple[Any, Any]:
+    """(m, e) with |x| = m · 2^e, m a float32 in [1, 2) (finite nonzero x; garbage otherwise)."""
+    _, sig, exp = _split(xp, bits)
+    n = _bitlen(xp, sig)
+    e = exp + n - 1
+    shift = xp.clip(24 - n, 0, 31).astype(np.uint32)
+    m_bits = _U(127 << 23) | ((sig << shift) & _U(0x7FFFFF))
+    return bitcast(m_bits, np.float32), e
+
+
+def _arith_f32(xp: Any, a: Any, b: Any, divide: bool) -> Any:
+    a = xp.asarray(a, dtype=np.float32)
+    b = xp.asarray(b, dtype=np.float32)
+    a, b = xp.broadcast_arrays(a, b)
+    ab, bb = bitcast(a, np.uint32), bitcast(b, np.uint32)
+    ma, ea = _normalize(xp, ab)
+    mb, eb = _normalize(xp, bb)
+    if divide:
+        p, e = ma / mb, ea - eb
+    else:
+        p, e = ma * mb, ea + eb
+    pb = bitcast(p, np.uint32)  # p is a normal float32 in [0.5, 4)
+    sign = (ab ^ bb) >> _U(31)
+    res = bitcast(_compose(xp, sign, ((pb & _U(0x7FFFFF)) | _U(0x800000)),
+                           ((pb >> _U(23)) & _U(0xFF)).astype(np.int32) - 150 + e), np.float32)
+
+    def proxy(x, bits):  # zeros, Inf, NaN keep their value; finite nonzero becomes +-1
+        mag = bits & _U(0x7FFFFFFF)
+        plain = (mag != 0) & (mag < _U(0x7F800000))
+        one = bitcast((bits & _U(0x80000000)) | _U(0x3F800000), np.float32)
+        return xp.where(plain, one, bitcast(bits & _U(0xFF800000) | (bits & _U(0x7FFFFF)),
+                                            np.float32)), plain
+
+    pa, plain_a = proxy(a, ab)
+    pb_, plain_b = proxy(b, bb)
+    special = pa / pb_ if divide else pa * pb_
+    return xp.where(plain_a & plain_b, res, special)
+
+
+def mul_f32(a: Any, b: Any) -> Any:
+    """IEEE float32 ``a·b`` (RNE), also for subnormal operands on FTZ backends (see module doc)."""
+    return _arith_f32(namespace(a, b), a, b, divide=False)
+
+
+def div_f32(a: Any, b: Any) -> Any:
+    """IEEE float32 ``a/b`` (RNE), also for subnormal operands on FTZ backends (see module doc)."""
+    return _arith_f32(namespace(a, b), a, b, divide=True)
+
+
+# --- geometry ---------------------------------------------------------------------------------
+def _norm_axis(axis: Any, ndim: int, name: str = "axis") -> int:
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"{name}={axis!r} must be an int")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{name}={axis} is out of range for an array with {ndim} dimensions "
+                         f"(allowed: {-ndim}..{ndim - 1})")
+    return int(axis) % ndim - ndim
+
+
+def block_extents(shape: tuple[int, ...], fmt: BlockFormat, geometry: Geometry = Geometry.BLOCK,
+                  axis: int = -1) -> tuple[int, ...]:
+    """Per axis of ``shape``, how many consecutive elements share one scale.
+
+    Raises ``ValueError`` naming ``x`` when an axis does not divide into whole blocks.
+    """
+    if not isinstance(geometry, Geometry):
+        raise TypeError(f"geometry={geometry!r} must be a Geometry; allowed: "
+                        f"{[g.name for g in Geometry]}")
+    nd = len(shape)
+    if nd == 0:
+        raise ValueError("x must have at least one dimension")
+    ext = [1] * nd
+    bs = fmt.block_size
+    if geometry is Geometry.PER_TENSOR:
+        ext = list(shape)
+    elif geometry is Geometry.BLOCK:
+        ext[_norm_axis(axis, nd)] = bs
+    elif geometry is Geometry.PER_ROW:
+        a = _norm_axis(axis, nd)
+        ext[a] = shape[a]
+    elif geometry is Geometry.TOKEN_BLOCK:
+        a = _norm_axis(axis, nd)
+        if nd < 2 or a == -1:
+            raise ValueError(f"axis={axis} for TOKEN_BLOCK must be a token axis other than the "
+                             f"last (head_dim) axis of a >=2-d array (shape {shape})")
+        ext[a] = bs
+        ext[-1] = shape[-1]
+    elif geometry is Geometry.SQUARE:
+        if nd < 2:
+            raise ValueError(f"SQUARE blocks need a >=2-d array; got shape {shape}")
+        ext[-1] = ext[-2] = bs
+    for d, (n, b) in enumerate(zip(shape, ext)):
+        if b == 0 or n % b:
+            raise ValueError(f"x has shape {shape}: axis {d - nd} of length {n} is not a multiple "
+                             f"of the {geometry.name} block extent {b} of {fmt.name}; pad x first")
+    return tuple(ext)
+
+
+def _blocked_shape(shape: tuple[int, ...], ext: tuple[int, ...]) -> tuple[int, ...]:
+    out: list[int] = []
+    for n, b in zip(shape, ext):
+        out += [n // b, b]
+    return tuple(out)
+
+
+def _block_reduce_axes(nd: int) -> tuple[int, ...]:
+    return tuple(2 * d + 1 for d in range(nd))
+
+
+def expand_scales(values: Any, q: QuantizedArray) -> Any:
+    """Broadcast an array shaped like ``q.scales`` (one value per block) to the element shape."""
+    xp = namespace(values)
+    shape = q.shape
+    ext = block_extents(shape, q.format, q.geometry, q.axis)
+    v = xp.reshape(values, _blocked_shape(tuple(s // b for s, b in zip(shape, ext)),
+                                          (1,) * len(shape)))
+    return xp.reshape(xp.broadcast_to(v, _blocked_shape(shape, ext)), shape)
+
+
+# --- QuantizedArray ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, slots=True)
+class QuantizedArray:
+    """Block-quantized data: element codes, scale codes, optional FP32 global decode factor.
+
+    ``codes`` is uint8: one code per byte with the logical shape, or, when ``packed``, two FP4
+    codes per byte (four FP6 codes per three bytes) along the last axis (even index in the low
+    nibble; see :mod:`fp4sim.formats.packing`). ``scales`` has one uint8 code per block
+    (``shape[d] // extent[d]`` along each axis) or is ``None`` for formats without a block scale.
+    ``global_scale`` is the float32 *decode* factor actually applied by :func:`dequantize`,
+    broadcastable to the scales' shape, or ``None``.
+    """
+
+    codes: Any
+    scales: Any
+    global_scale: Any
+    format: BlockFormat
+    geometry: Geometry = Geometry.BLOCK
+    axis: int = -1
+    packed: bool = False
+
+    def __post_init__(self) -> None:
+        fmt = self.format
+        if not isinstance(fmt, BlockFormat):
+            raise TypeError(f"format={fmt!r} must be a BlockFormat")
+        if not isinstance(self.geometry, Geometry):
+            raise TypeError(f"geometry={self.geometry!r} must be a Geometry")
+        if not isinstance(self.packed, bool):
+            raise TypeError(f"packed={self.packed!r} must be a bool")
+        if self.packed and fmt.elem.nbits not in (4, 6):
+            raise ValueError(f"packed=True needs 4- or 6-bit elements; {fmt.elem} has "
+                             f"{fmt.elem.nbits} bits")
+        if not _is_array(self.codes):  # pytree internals (None, sentinels) during transforms
+            return
+        if np.dtype(self.codes.dtype) != np.uint8:
+            raise TypeError(f"codes has dtype {self.codes.dtype}; allowed: uint8")
+        if (self.scales is None) != (fmt.scale is None):
+            raise ValueError(f"scales is {'None' if self.scales is None else 'given'} but "
+                             f"{fmt.name}.scale is {fmt.scale}")
+        if self.global_scale is None and fmt.global_scale is not GlobalScale.NONE:
+            raise ValueError(f"global_scale is None but {fmt.name} has a "
+                             f"{fmt.global_scale.name} FP32 factor")
+        shape = self.shape
+        ext = block_extents(shape, fmt, self.geometry, self.axis)
+        want = tuple(n // b for n, b in zip(shape, ext))
+        if self.scales is not None:
+            if np.dtype(self.scales.dtype) != np.uint8:
+                raise TypeError(f"scales has dtype {self.scales.dtype}; allowed: uint8")
+            if tuple(self.scales.shape) != want:
+                raise ValueError(f"scales has shape {tuple(self.scales.shape)}; {fmt.name} "
+                                 f"{self.geometry.name} blocks of codes shaped {shape} need {want}")
+        if self.global_scale is not None:
+            if np.dtype(self.global_scale.dtype) != np.float32:
+                raise TypeError(f"global_scale has dtype {self.global_scale.dtype}; "
+                                f"allowed: float32")
+            try:
+                np.broadcast_shapes(tuple(self.global_scale.shape), want)
+            except ValueError:
+                raise ValueError(f"global_scale shape {tuple(self.global_scale.shape)} does not "
+                                 f"broadcast to the scales' shape {want}") from None
+        if fmt.scale is not None and not is_jax(self.scales) and self.scales.size:
+            top = int(np.max(self.scales))
+            if top >= fmt.scale.num_codes:
+                raise ValueError(f"scales contains {top:#x}, not a {fmt.scale} code")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Logical (unpacked) shape."""
+        s = tuple(self.codes.shape)
+        if not self.packed:
+            return s
+        per = 2 if self.format.elem.nbits == 4 else 4 / 3
+        return s[:-1] + (int(round(s[-1] * per)),)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.codes.shape)
+
+    def unpacked_codes(self) -> Any:
+        """One element code per byte, in the logical shape."""
+        if not self.packed:
+            return self.codes
+        from fp4sim.formats import packing
+
+        return packing.unpack(self.codes, self.format.elem)
+
+    def pack(self) -> QuantizedArray:
+        """The same data with codes packed along the last axis."""
+        if self.packed:
+            return self
+        from fp4sim.formats import packing
+
+        return dataclasses.replace(self, codes=packing.pack(self.codes, self.format.elem),
+                                   packed=True)
+
+    def unpack(self) -> QuantizedArray:
+        if not self.packed:
+            return self
+        return dataclasses.replace(self, codes=self.unpacked_codes(), packed=False)
+
+    def values(self) -> Any:
+        """Decoded element values (float32) before any scale is applied."""
+        return codec.decode(self.unpacked_codes(), self.format.elem)
+
+    def scale_values(self) -> Any:
+        """Decoded block scales (float32; UE8M0 0x00 is the float32 subnormal 2^-127 as bits)."""
+        if self.scales is None:
+            raise ValueError(f"{self.format.name} has no block scales")
+        return codec.decode(self.scales, self.format.scale)
+
+
+def _is_array(x: Any) -> bool:
+    return isinstance(x, np.ndarray) or is_jax(x)
+
+
+def _flatten(q: QuantizedArray):
+    return (q.codes, q.scales, q.global_scale), (q.format, q.geometry, q.axis, q.packed)
+
+
+def _unflatten(aux, children):
+    fmt, geometry, axis, packed = aux
+    codes, scales, gs = children
+    obj = object.__new__(QuantizedArray)
+    for name, value in (("codes", codes), ("scales", scales), ("global_scale", gs),
+                        ("format", fmt), ("geometry", geometry), ("axis", axis),
+                        ("packed", packed)):
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+try:  # registering is cheap; jax is a hard dependency of fp4sim, but keep NumPy-only use working
+    import jax as _jax
+
+    _jax.tree_util.register_pytree_node(QuantizedArray, _flatten, _unflatten)
+except ImportError:  # pragma: no cover
+    pass
+
+
+# --- scale derivation -------------------------------------------------------------------------
+def _ue8m0_from_descale(xp: Any, d_bits: Any) -> Any:
+    """UE8M0 code of a float32 descale d >= 0 rounded up (TE / cuDNN / torchao RCEIL bit rule)."""
+    field = (d_bits >> _U(23)) & _U(0xFF)
+    mant = d_bits & _U(0x7FFFFF)
+    up = (mant != 0) & (field != _U(0xFE)) & ~((field == 0) & (mant <= _U(0x400000)))
+    return xp.minimum(field + up.astype(np.uint32), _U(0xFE)).astype(np.int32)
+
+
+def _pow2_scale_code(xp: Any, amax_bits: Any, fmt: BlockFormat, rule: ScaleRule) -> Any:
+    """int32 UE8M0 code (0..254; 255 = NaN) of blocks with max-abs bits ``amax_bits``."""
+    e_m = fmt.elem.emax
+    field = ((amax_bits >> _U(23)) & _U(0xFF)).astype(np.int32)
+    if rule is ScaleRule.RCEIL:
+        amax = bitcast(amax_bits, np.float32)
+        if fmt.arithmetic is Arithmetic.JAX:
+            d = div_f32(amax, np.float32(fmt.elem.max))
+        else:
+            d = mul_f32(amax, np.float32(1.0) / np.float32(fmt.elem.max))
+        code = _ue8m0_from_descale(xp, _f32_bits(xp, d))
+    else:
+        if rule is ScaleRule.EVEN:
+            half = _U(1 << (23 - fmt.elem.mbits - 1))
+            field = (((amax_bits + half) >> _U(23)) & _U(0x1FF)).astype(np.int32)
+        # floor(log2 amax): the exponent field (subnormal and zero blocks clamp to 2^-127 anyway)
+        e = field - 127 - e_m
+        if rule is ScaleRule.CEIL:
+            e = e + ((amax_bits & _U(0x7FFFFF)) != 0).astype(np.int32)
+        code = xp.clip(e + 127, 0, 254)
+    is_nan = amax_bits > _U(0x7F800000)
+    is_inf = amax_bits == _U(0x7F800000)
+    if fmt.nonfinite is NonFinite.SATFINITE:
+        nan_c, inf_c = 255, 254
+    elif fmt.nonfinite is NonFinite.NAN:
+        nan_c, inf_c = 255, 255
+    else:
+        nan_c, inf_c = 0, 255
+    code = xp.where(is_inf, np.int32(inf_c), code)
+    return xp.where(is_nan, np.int32(nan_c), code)
+
+
+def _block_amax_bits(xp: Any, bits: Any, blocked: tuple[int, ...]) -> Any:
+    mag = xp.reshape(bits & _U(0x7FFFFFFF), blocked)
+    return xp.max(mag, axis=_block_reduce_axes(len(blocked) // 2), keepdims=True)
+
+
+def global_decode_scale(amax: Any, fmt: BlockFormat = NVFP4) -> Any:
+    """The NVFP4 decode factor ``amax/(M·S)`` (2688 for NVFP4) as float32 (torchao/JAX form)."""
+    xp = namespace(amax)
+    return div_f32(xp.asarray(amax, dtype=np.float32), np.float32(_global_max(fmt)))
+
+
+def global_encode_scale(amax: Any, fmt: BlockFormat = NVFP4) -> Any:
+    """TE's encode factor ``(M·S)/amax`` as float32, 1 for amax 0, capped at float32 max."""
+    return _encode_factor(amax, fmt)
+
+
+def _encode_factor(amax: Any, fmt: BlockFormat) -> Any:
+    xp = namespace(amax)
+    amax = xp.asarray(amax, dtype=np.float32)
+    s = div_f32(np.float32(_global_max(fmt)), amax)
+    s = xp.minimum(s, np.float32(np.finfo(np.float32).max))
+    return xp.where(s == 0, np.float32(1.0), s)
+
+
+def _global_max(fmt: BlockFormat) -> float:
+    return fmt.elem.max * (fmt.scale.max if fmt.scale is not None else 1.0)
+
+
+# --- quantize ---------------------------------------------------------------------------------
+def _as_f32(x: Any) -> Any:
+    xp = namespace(x)
+    x = xp.asarray(x)
+    dt = np.dtype(x.dtype)
+    if dt == np.float32:
+        return x
+    if dt == np.dtype(ml_dtypes.bfloat16):
+        return bitcast(bitcast(x, np.uint16).astype(np.uint32) << _U(16), np.float32)
+    if dt == np.float16:
+        return bitcast(codec._source_bits(xp, x)[0], np.float32)
+    raise TypeError(f"x has dtype {dt}; allowed: float32, bfloat16, float16 "
+                    f"(round float64 to float32 yourself)")
+
+
+def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = Geometry.BLOCK,
+             rule: ScaleRule | None = None, global_scale: Any = None,
+             global_encode_scale: Any = None, pack: bool = False) -> QuantizedArray:
+    """Quantize ``x`` to ``fmt`` with scales shared per ``geometry`` block along ``axis``.
+
+    ``rule`` overrides ``fmt.rule``. ``global_scale`` (decode factor) or ``global_encode_scale``
+    (encode factor, TE's ``S_enc``) are required exactly when ``fmt.global_scale`` is
+    ``CONSTANT`` (scalar or broadcastable to the scales' shape). ``pack=True`` packs FP4/FP6
+    codes along the last axis. See the module docstring for the scale rules and the
+    :class:`Arithmetic` orders.
+    """
+    if not isinstance(fmt, BlockFormat):
+        raise TypeError(f"fmt={fmt!r} must be a BlockFormat (e.g. MXFP8, MXFP4, NVFP4)")
+    if rule is not None:
+        if not isinstance(rule, ScaleRule):
+            raise TypeError(f"rule={rule!r} must be a ScaleRule; allowed: "
+                            f"{[r.name for r in ScaleRule]}")
+        fmt = fmt.replace(rule=rule)
+    xp = namespace(x)
+    x = _as_f32(x)
+    shape = tuple(x.shape)
+    ext = block_extents(shape, fmt, geometry, axis)
+    axis = _norm_axis(axis, len(shape))
+    blocked = _blocked_shape(shape, ext)
+    scale_shape = tuple(n // b for n, b in zip(shape, ext))
+    bits = bitcast(x, np.uint32)
+    xb = xp.reshape(x, blocked)
+
+    # --- FP32 global factor -----------------------------------------------------------------
+    if (global_scale is not None or global_encode_scale is not None) and \
+            fmt.global_scale is not GlobalScale.CONSTANT:
+        raise ValueError(f"global_scale/global_encode_scale given but {fmt.name}.global_scale is "
+                         f"{fmt.global_scale.name}; use fmt.replace(global_scale=GlobalScale.CONSTANT)")
+    g_dec = s_enc = None  # decode factor, encode factor (float32 arrays)
+    gmode = fmt.global_scale
+    if gmode is GlobalScale.CONSTANT:
+        if (global_scale is None) == (global_encode_scale is None):
+            raise ValueError(f"{fmt.name} has a CONSTANT FP32 factor: give exactly one of "
+                             f"global_scale= (decode) or global_encode_scale= (encode)")
+        if global_scale is not None:
+            g_dec = xp.asarray(global_scale, dtype=np.float32)
+            s_enc = div_f32(np.float32(1.0), g_dec)
+        else:
+            s_enc = xp.asarray(global_encode_scale, dtype=np.float32)
+            g_dec = div_f32(np.float32(1.0), s_enc)
+    elif gmode is not GlobalScale.NONE:
+        if gmode is GlobalScale.PER_TENSOR:
+            amax_t = xp.max(bits & _U(0x7FFFFFFF))
+        else:
+            if any(b != 1 for d, b in enumerate(ext) if d - len(shape) != axis):
+                raise ValueError(f"a PER_ROW FP32 factor (amax over axis={axis}) needs blocks that "
+                                 f"lie within one row; {geometry.name} blocks have extents {ext}")
+            amax_t = xp.max(bits & _U(0x7FFFFFFF), axis=axis, keepdims=True)
+        amax_t = bitcast(xp.asarray(amax_t, dtype=np.uint32), np.float32)
+        if fmt.arithmetic is Arithmetic.TRANSFORMER_ENGINE:
+            s_enc = _encode_factor(amax_t, fmt)
+            g_dec = div_f32(np.float32(1.0), s_enc)
+        else:
+            g_dec = global_decode_scale(amax_t, fmt)
+            s_enc = div_f32(np.float32(1.0), g_dec)
+    g_dec_b = None if g_dec is None else _to_blocked(xp, g_dec, shape, blocked)
+    s_enc_b = None if s_enc is None else _to_blocked(xp, s_enc, shape, blocked)
+
+    # --- block scales and scaled elements ---------------------------------------------------
+    scales = None
+    policy = _elem_policy(fmt)
+    if fmt.scale is None:
+        if g_dec is None:
+            y = xb
+        elif fmt.arithmetic is Arithmetic.TRANSFORMER_ENGINE:
+            y = mul_f32(xb, s_enc_b)
+        elif fmt.arithmetic is Arithmetic.TORCHAO:
+            y = mul_f32(xb, div_f32(np.float32(1.0), g_dec_b))
+        else:
+            y = div_f32(xb, g_dec_b)
+    elif fmt.pow2:
+        amax_bits = _block_amax_bits(xp, bits, blocked)
+        if g_dec is not None:  # a power-of-two block scale under an FP32 factor: scale x first
+            xb = mul_f32(xb, s_enc_b)
+            amax_bits = _block_amax_bits(xp, bitcast(xp.reshape(xb, shape), np.uint32), blocked)
+        code = _pow2_scale_code(xp, amax_bits, fmt, fmt.rule)
+        e = code - 127
+        if fmt.arithmetic is Arithmetic.JAX:  # code 0xFF decodes to +Inf: x/Inf
+            y = xp.where(code == 255, div_f32(xb, np.float32(np.inf)), ldexp_f32(xb, -e))
+        else:
+            y = ldexp_f32(xb, -xp.where(code == 255, np.int32(0), e))
+        scales = code.astype(np.uint8)
+    else:
+        y, scales = _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec_b, s_enc_b)
+
+    codes = codec.encode(xp.reshape(y, shape), fmt.elem, policy)
+    if scales is not None:
+        scales = xp.reshape(scales, scale_shape)
+    if g_dec is not None:
+        g_dec = xp.asarray(g_dec, dtype=np.float32)
+    q = QuantizedArray(codes, scales, g_dec, fmt, geometry, axis, False)
+    return q.pack() if pack else q
+
+
+def _to_blocked(xp: Any, g: Any, shape: tuple[int, ...], blocked: tuple[int, ...]) -> Any:
+    """A global factor (scalar, or broadcastable to the scales' shape) shaped to broadcast
+    against the blocked elements ``(n0/b0, b0, n1/b1, b1, ...)``."""
+    g = xp.asarray(g, dtype=np.float32)
+    if g.ndim == 0:
+        return g
+    nd = len(shape)
+    g = xp.reshape(g, (1,) * (nd - g.ndim) + tuple(g.shape))
+    target: list[int] = []
+    for d in range(nd):
+        target += [g.shape[d], 1]
+    return xp.reshape(g, tuple(target))
+
+
+def _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec, s_enc):
+    """(scaled elements, scale codes) for UE4M3/UE5M3 block scales, per ``fmt.arithmetic``."""
+    M = np.float32(fmt.elem.max)
+    S = np.float32(fmt.scale.max)
+    spolicy = Policy(rounding=(Rounding.UP if fmt.rule is ScaleRule.RCEIL else Rounding.NEAREST_EVEN))
+    red = _block_reduce_axes(len(blocked) // 2)
+    f32max = np.float32(np.finfo(np.float32).max)
+    one = np.float32(1.0)
+    if fmt.arithmetic is Arithmetic.JAX:
+        xs = xb if g_dec is None else div_f32(xb, g_dec)
+        amax = bitcast(xp.max(bitcast(xs, np.uint32) & _U(0x7FFFFFFF), axis=red, keepdims=True),
+                       np.float32)
+        s_val = xp.clip(div_f32(amax, M), np.float32(fmt.min_scale), S)
+        s_code = codec.encode(s_val, fmt.scale, spolicy)
+        s = codec.decode(s_code, fmt.scale)
+        return div_f32(xs, s), s_code
+    amax = bitcast(xp.max(xp.reshape(bits & _U(0x7FFFFFFF), blocked), axis=red, keepdims=True),
+                   np.float32)
+    if fmt.arithmetic is Arithmetic.TRANSFORMER_ENGINE:
+        k = one / M if s_enc is None else mul_f32(s_enc, one / M)
+        s_val = xp.clip(mul_f32(amax, k), np.float32(fmt.min_scale), S)
+        s_code = codec.encode(s_val, fmt.scale, spolicy)
+        s = codec.decode(s_code, fmt.scale)
+        denom = s if g_dec is None else mul_f32(s, g_dec)
+        enc = xp.minimum(div_f32(one, denom), f32max)
+        return mul_f32(xb, enc), s_code
+    # TORCHAO
+    base = div_f32(amax, M)
+    s_val = base if g_dec is None else div_f32(base, g_dec)
+    s_val = xp.clip(s_val, np.float32(fmt.min_scale), S)
+    s_code = codec.encode(s_val, fmt.scale, spolicy)
+    s = codec.decode(s_code, fmt.scale)
+    inv_g = one if g_dec is None else div_f32(one, g_dec)
+    return mul_f32(xb, div_f32(inv_g, s)), s_code
+
+
+
+
+# --- dequantize -------------------------------------------------------------------------------
+def scale_exponents(q: QuantizedArray) -> Any:
+    """int32 power-of-two exponents of UE8M0 scales (code − 127; NaN code 0xFF gives 128)."""
+    if not q.format.pow2:
+        raise ValueError(f"scale_exponents needs UE8M0 scales; {q.format.name} has "
+                         f"{q.format.scale}")
+    return q.scales.astype(np.int32) - 127
+
+
+def _mul_exact_small(xp: Any, v: Any, g: Any) -> Any:
+    """Correctly rounded float32 v·g for v with <= 8 significant bits and any float32 g."""
+    vb, gb = bitcast(v, np.uint32), bitcast(g, np.uint32)
+    _, sv, ev = _split(xp, vb)
+    _, sg, eg = _split(xp, gb)
+    nv = _bitlen(xp, sv)
+    sh = xp.clip(nv - 8, 0, 31).astype(np.uint32)  # v's significand has <= 8 bits: drop zeros
+    sv = sv >> sh
+    ev = ev + sh.astype(np.int32)
+    out = _compose(xp, (vb ^ gb) >> _U(31), sv * sg, ev + eg)
+    plain = ((vb & _U(0x7FFFFFFF)) != 0) & ((gb & _U(0x7FFFFFFF)) != 0) & \
+        ((vb & _U(0x7F800000)) != _U(0x7F800000)) & ((gb & _U(0x7F800000)) != _U(0x7F800000))
+    return xp.where(plain, bitcast(out, np.float32), mul_f32(v, g))
+
+
+def dequantize(q: QuantizedArray) -> Any:
+    """float32 values ``code · scale · global`` (correctly rounded, FTZ-proof)."""
+    if not isinstance(q, QuantizedArray):
+        raise TypeError(f"q={q!r} must be a QuantizedArray")
+    fmt = q.format
+    xp = namespace(q.codes)
+    v = q.values()
+    shape = tuple(v.shape)
+    ext = block_extents(shape, fmt, q.geometry, q.axis)
+    blocked = _blocked_shape(shape, ext)
+    vb = xp.reshape(v, blocked)
+    sshape = _blocked_shape(tuple(n // b for n, b in zip(shape, ext)), (1,) * len(shape))
+    if fmt.scale is None:
+        out = vb
+    elif fmt.pow2:
+        code = xp.reshape(q.scales.astype(np.int32), sshape)
+        out = ldexp_f32(vb, code - 127)
+        out = xp.where(code == 255, np.float32(np.nan), out)
+    else:
+        s = xp.reshape(q.scale_values(), sshape)
+        out = vb * s  # exact: <= 2 x 4 significant bits, result within the float32 normal range
+    if q.global_scale is not None:
+        g = _to_blocked(xp, q.global_scale, shape, blocked)
+        out = _mul_exact_small(xp, out, xp.broadcast_to(g, out.shape))
+    return xp.reshape(out, shape)

@@ -1,0 +1,441 @@
+"""Bit-exact element codecs: ``encode`` floats to format codes and ``decode`` codes to float32.
+
+This module owns the conversion between real numbers and the codes of the formats in
+:mod:`fp4sim.formats.spec`, under every :class:`~fp4sim.formats.spec.Policy`. It is written once
+against the array namespace (:mod:`fp4sim._xp`): NumPy arrays give NumPy results, jax arrays
+(also under ``jax.jit``/``vmap``) give jax results with the same bits. All rounding is done on
+the integer bit pattern of the input, so XLA's flush-to-zero of float32 subnormals on CPU cannot
+change a result.
+
+How a value is encoded (magnitude first, sign last):
+
+1. The input's bits are read as an unsigned integer (float32 → uint32; bfloat16 and float16 are
+   widened exactly to float32 bits with integer operations; float64 → uint64, exact, no double
+   rounding). Integer and other dtypes are rejected (``TypeError`` naming ``values``).
+2. With ``policy.flush_inputs``, inputs below the float32 normal range (``|x| < 2^-126``, for
+   every input dtype; float16 subnormals are float32 normals and stay) become zero of the same
+   sign.
+3. The magnitude is split into the code just below it (``base``) and the discarded fraction
+   ``f`` in [0, 1) of one step of the format's grid at that place (subnormal steps included). The
+   fraction is kept as ``floor(f · 2^W)`` for the source word width W (exact for every float32
+   input whose step is at most 2^32 source ulps, i.e. every case that can be a tie).
+4. :class:`Rounding` decides whether to add one to ``base``:
+   ``NEAREST_EVEN`` f > 1/2, or f = 1/2 and ``base`` odd; ``NEAREST_AWAY`` f ≥ 1/2;
+   ``TOWARD_ZERO`` never; ``UP``/``DOWN`` when f > 0 and the sign points that way;
+   ``STOCHASTIC`` iff ``floor(f · 2^32) > random_bits`` (uint32 per element), so the probability
+   of rounding up is ``floor(f · 2^32) / 2^32``: exact for every float32 input whose step is at
+   most 2^32 float32 ulps, and at most 2^-32 below f otherwise.
+   Adding one to a code is always the next larger value (carries go into the exponent field).
+5. Overflow: the rounded code (on the grid continued beyond the maximum with the top binade's
+   spacing) is larger than the largest finite code, or the input is ±Inf. :class:`Overflow`
+   then gives ±max (``SATURATE``), the format's NaN (``NAN``; formats with a NaN only) or ±Inf
+   (``INF``; E5M2 only). A policy the format cannot honour raises ``ValueError`` naming
+   ``policy``. Note that directed rounding decides overflow the same way (an E5M2 input of 70000
+   under ``TOWARD_ZERO`` with ``INF`` gives Inf, because the grid value it truncates to lies
+   above the maximum).
+6. ``policy.flush_outputs``: a rounded result that is subnormal in the target format becomes
+   zero of the same sign.
+7. NaN inputs follow :class:`NanPolicy`: ``PROPAGATE`` gives the format's NaN with the input's
+   sign (E4M3 ``S.1111.111``, E5M2 the quiet ``S.11111.10``, scale formats their all-ones code).
+   For formats without NaN (E2M1, E2M3, E3M2) ``PROPAGATE`` cannot be honoured: on NumPy a NaN
+   in ``values`` raises ``ValueError`` naming ``policy``; under jax (where no data-dependent error
+   can be raised) it gives +max, what PTX ``cvt.satfinite`` does. ``ZERO`` gives +0, ``MAX``
+   gives +max, ``RAISE`` raises ``ValueError`` naming ``values`` on NumPy and acts as
+   ``PROPAGATE`` under jax.
+8. :class:`SignedZero`: ``KEEP`` keeps the sign of zero results (``-0.0`` and negative values that
+   round to zero give the negative zero code); ``POSITIVE`` gives +0 for every zero.
+
+Unsigned scale formats (UE8M0, UE4M3, UE5M3) carry no sign: ``-0.0`` encodes as ``+0``, and every
+other negative input (including ``-Inf``) is *invalid* and handled exactly like a NaN input (so
+with the default policy it gives the NaN code; under ``NanPolicy.RAISE`` NumPy raises).
+
+UE8M0 has no zero: every input below 2^-127, zero included, encodes as 0x00 (= 2^-127) under
+every rounding mode (what TransformerEngine, cuDNN and torch do for 0; ml_dtypes gives NaN).
+Between 2^-127 and 2^-126 (float32 subnormals) it rounds like any other binade. Its ties
+(1.5·2^e) go to the even code under ``NEAREST_EVEN`` (3 → 2) and up under ``NEAREST_AWAY``
+(3 → 4); the ml_dtypes cast equals ``NEAREST_AWAY`` except that ml_dtypes sends
+(2^-127, 1.5·2^-127) up to 2^-126 and 0 to NaN.
+
+Where ml_dtypes casts coincide with a policy (checked by the tests): E2M1, E2M3, E3M2 with the
+default policy on non-NaN inputs (ml_dtypes turns NaN into -0); E4M3 with
+``Policy(overflow=Overflow.NAN)``; E5M2 with ``Policy(overflow=Overflow.INF)``; UE4M3 as
+``float8_e4m3fn`` with ``Overflow.NAN`` on non-negative inputs; UE8M0 as ``float8_e8m0fnu`` with
+``Policy(rounding=Rounding.NEAREST_AWAY, overflow=Overflow.NAN)`` on inputs >= 1.5·2^-127.
+
+Decoding builds the float32 bit pattern from the code with integer operations (the UE8M0 code
+0x00 is the float32 subnormal 2^-127, which survives as bits even where XLA flushes arithmetic).
+NaN codes decode to a quiet NaN with the code's sign. Codes with bits set above the format's
+width are rejected on NumPy (``ValueError`` naming ``codes``) and those bits are ignored under jax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from fp4sim._xp import bitcast, is_jax, namespace
+from fp4sim.formats.spec import (
+    DEFAULT_POLICY,
+    FloatFormat,
+    NanEncoding,
+    NanPolicy,
+    Overflow,
+    Policy,
+    Rounding,
+    SignedZero,
+)
+
+__all__ = [
+    "encode",
+    "decode",
+    "all_codes",
+    "value_table",
+    "finite_codes",
+    "max_code",
+    "nan_code",
+    "inf_code",
+    "FormatInfo",
+    "finfo",
+    "check_policy",
+]
+
+
+# --- source floating-point types ------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Source:
+    """Bit layout of an IEEE binary input type (after widening float16/bfloat16 to float32)."""
+
+    width: int
+    ebits: int
+    mbits: int
+    uint: Any
+
+    @property
+    def bias(self) -> int:
+        return (1 << (self.ebits - 1)) - 1
+
+
+_F32 = _Source(32, 8, 23, np.uint32)
+_F64 = _Source(64, 11, 52, np.uint64)
+_ALLOWED_DTYPES = "float32, float16, bfloat16 or float64"
+
+
+# --- format facts as integer codes ----------------------------------------------------------
+def _emask(fmt: FloatFormat) -> int:
+    return (1 << fmt.ebits) - 1
+
+
+def max_code(fmt: FloatFormat) -> int:
+    """The code of +max (the largest finite value)."""
+    _check_format(fmt)
+    if fmt.nan is NanEncoding.NONE:
+        return fmt.magnitude_mask
+    if fmt.nan is NanEncoding.IEEE:
+        return (_emask(fmt) << fmt.mbits) - 1
+    return fmt.magnitude_mask - 1
+
+
+def nan_code(fmt: FloatFormat) -> int | None:
+    """The code encode gives for +NaN (None when the format has no NaN)."""
+    _check_format(fmt)
+    if fmt.nan is NanEncoding.NONE:
+        return None
+    if fmt.nan is NanEncoding.IEEE:
+        return (_emask(fmt) << fmt.mbits) | (1 << (fmt.mbits - 1))  # quiet NaN: top mantissa bit
+    return fmt.magnitude_mask
+
+
+def inf_code(fmt: FloatFormat) -> int | None:
+    """The code of +Inf (None when the format has no Inf)."""
+    _check_format(fmt)
+    return (_emask(fmt) << fmt.mbits) if fmt.has_inf else None
+
+
+# --- finfo ----------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class FormatInfo:
+    """Machine facts about a format, like ``numpy.finfo`` (values as Python floats)."""
+
+    name: str
+    bits: int  # significant bits of a code (sign + exponent + mantissa)
+    ebits: int
+    mbits: int
+    bias: int
+    emax: int  # unbiased exponent of the largest finite binade
+    emin: int  # unbiased exponent of the smallest normal binade (UE8M0: of its smallest value)
+    max: float
+    min_normal: float
+    min_subnormal: float  # smallest positive value
+    eps: float  # distance from 1 to the next larger value
+    has_inf: bool
+    has_nan: bool
+    has_zero: bool
+    signed: bool
+    max_code: int
+    nan_code: int | None
+    inf_code: int | None
+
+
+def finfo(fmt: FloatFormat) -> FormatInfo:
+    """:class:`FormatInfo` of ``fmt``, derived from its spec fields."""
+    _check_format(fmt)
+    return FormatInfo(name=fmt.name, bits=fmt.nbits, ebits=fmt.ebits, mbits=fmt.mbits,
+                      bias=fmt.bias, emax=fmt.emax, emin=fmt.emin, max=fmt.max,
+                      min_normal=fmt.min_normal, min_subnormal=fmt.min_subnormal, eps=fmt.eps,
+                      has_inf=fmt.has_inf, has_nan=fmt.has_nan, has_zero=fmt.has_zero,
+                      signed=fmt.signed, max_code=max_code(fmt), nan_code=nan_code(fmt),
+                      inf_code=inf_code(fmt))
+
+
+# --- tables -------------------------------------------------------------------------------
+def all_codes(fmt: FloatFormat) -> np.ndarray:
+    """Every code of ``fmt`` (0 .. 2^bits - 1, NaN and Inf codes included), as uint8."""
+    _check_format(fmt)
+    return np.arange(fmt.num_codes, dtype=np.uint8)
+
+
+def value_table(fmt: FloatFormat) -> np.ndarray:
+    """``decode(all_codes(fmt), fmt)``: float32 value of every code (NaN/Inf where they are)."""
+    return decode(all_codes(fmt), fmt)
+
+
+def finite_codes(fmt: FloatFormat) -> np.ndarray:
+    """The codes of ``fmt`` whose values are finite, as uint8 in code order."""
+    codes = all_codes(fmt)
+    return codes[np.isfinite(value_table(fmt))]
+
+
+# --- validation -----------------------------------------------------------------------------
+def _check_format(fmt: Any) -> None:
+    if not isinstance(fmt, FloatFormat):
+        raise TypeError(f"fmt={fmt!r} must be a FloatFormat (e.g. fp4sim.E2M1; "
+                        f"fp4sim.format_by_name turns a name into one)")
+    if not (fmt.min_subnormal >= 2.0**-149 and fmt.max < 2.0**128):
+        raise ValueError(f"fmt={fmt!r}: its values must all be float32 values (2^-149 .. < 2^128) "
+                         f"for decode to return float32")
+
+
+def check_policy(fmt: FloatFormat, policy: Policy) -> None:
+    """Raise ``ValueError`` naming ``policy`` when ``fmt`` cannot honour it (data-independent)."""
+    _check_format(fmt)
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy={policy!r} must be a fp4sim Policy")
+    if policy.overflow is Overflow.INF and not fmt.has_inf:
+        raise ValueError(f"policy.overflow={policy.overflow} is invalid for {fmt}: it has no Inf; "
+                         f"allowed: Overflow.SATURATE" + (", Overflow.NAN" if fmt.has_nan else ""))
+    if policy.overflow is Overflow.NAN and not fmt.has_nan:
+        raise ValueError(f"policy.overflow={policy.overflow} is invalid for {fmt}: it has no NaN; "
+                         f"allowed: Overflow.SATURATE")
+
+
+def _source_bits(xp: Any, values: Any) -> tuple[Any, _Source]:
+    """The input as unsigned-integer bits of float32 (or float64), widened exactly."""
+    dtype = np.dtype(values.dtype)
+    if dtype == np.float32:
+        return bitcast(values, np.uint32), _F32
+    if dtype == np.float64:
+        return bitcast(values, np.uint64), _F64
+    if dtype == np.dtype(ml_dtypes.bfloat16):
+        return bitcast(values, np.uint16).astype(np.uint32) << 16, _F32
+    if dtype == np.float16:
+        h = bitcast(values, np.uint16).astype(np.uint32)
+        sign = (h >> 15) << 31
+        e = (h >> 10) & 0x1F
+        m = h & 0x3FF
+        p = _ilog2_small(xp, m, 10)  # leading-bit position of a subnormal's mantissa
+        sub = ((p.astype(np.uint32) + 103) << 23) | ((m - (np.uint32(1) << p.astype(np.uint32)))
+                                                     << (23 - p).astype(np.uint32))
+        sub = xp.where(m == 0, np.uint32(0), sub)
+        normal = ((e + 112) << 23) | (m << 13)
+        special = np.uint32(0x7F800000) | (m << 13)
+        mag = xp.where(e == 0, sub, xp.where(e == 0x1F, special, normal))
+        return sign | mag, _F32
+    raise TypeError(f"values has dtype {dtype}; allowed: {_ALLOWED_DTYPES} "
+                    f"(integer arrays are codes: use decode)")
+
+
+def _ilog2_small(xp: Any, m: Any, nbits: int, floor: int = 0) -> Any:
+    """max(floor(log2(m)), floor) for m < 2^nbits as int32 (``floor`` for m == 0), by comparisons."""
+    p = xp.full(m.shape, floor, dtype=np.int32)
+    for k in range(floor + 1, nbits):
+        p = p + (m >= (1 << k)).astype(np.int32)
+    return p
+
+
+# --- encode ---------------------------------------------------------------------------------
+def encode(values: Any, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
+           random_bits: Any = None) -> Any:
+    """Codes (uint8, same shape) of ``values`` in ``fmt`` under ``policy`` (see module doc).
+
+    ``random_bits`` (uint32, same shape as ``values``) is required for ``Rounding.STOCHASTIC``
+    and rejected otherwise. Works on NumPy arrays and on jax arrays under ``jax.jit``/``vmap``
+    (pass ``fmt`` and ``policy`` as static arguments or close over them).
+    """
+    check_policy(fmt, policy)
+    xp = namespace(values, random_bits)
+    if xp is not np and not is_jax(values):
+        values = np.asarray(values)
+        if values.dtype == np.float64 and xp.asarray(values).dtype != np.float64:
+            raise TypeError("values is a float64 NumPy array but random_bits is a jax array and "
+                            "jax_enable_x64 is off: converting would round twice; pass float32 "
+                            "values or NumPy random_bits")
+    values = xp.asarray(values)
+    u, src = _source_bits(xp, values)
+
+    if policy.rounding is Rounding.STOCHASTIC:
+        if random_bits is None:
+            raise TypeError("random_bits is required for Rounding.STOCHASTIC: a uint32 array of "
+                            f"the shape of values {tuple(values.shape)}")
+        random_bits = xp.asarray(random_bits)
+        if np.dtype(random_bits.dtype) != np.uint32:
+            raise TypeError(f"random_bits has dtype {random_bits.dtype}; allowed: uint32")
+        if tuple(random_bits.shape) != tuple(values.shape):
+            raise ValueError(f"random_bits has shape {tuple(random_bits.shape)}; it must equal "
+                             f"the shape of values {tuple(values.shape)}")
+    elif random_bits is not None:
+        raise ValueError(f"random_bits is only used by Rounding.STOCHASTIC, not by "
+                         f"policy.rounding={policy.rounding}; pass random_bits=None")
+
+    W, MS, U = src.width, src.mbits, src.uint
+    E, M = fmt.ebits, fmt.mbits
+    sign = (u >> (W - 1)) == 1
+    mag_bits = u & ((1 << (W - 1)) - 1)
+    exp_all = ((1 << src.ebits) - 1) << MS
+    isnan = mag_bits > exp_all
+    isinf = mag_bits == exp_all
+    if policy.flush_inputs:  # below the float32 normal range, whatever the input dtype
+        mag_bits = xp.where(mag_bits < ((src.bias - 126) << MS), U(0), mag_bits)
+    invalid = isnan
+    if not fmt.signed:
+        invalid = invalid | (sign & (mag_bits != 0))
+
+    if not is_jax(values) and (policy.nan is NanPolicy.RAISE or not fmt.has_nan):
+        if np.any(invalid):
+            if policy.nan is NanPolicy.RAISE:
+                raise ValueError(f"values contains NaN{' or negative values' if not fmt.signed else ''}"
+                                 f" and policy.nan={policy.nan}")
+            if policy.nan is NanPolicy.PROPAGATE:
+                raise ValueError(f"policy.nan={policy.nan} cannot be honoured: values contains NaN "
+                                 f"and {fmt} has no NaN; allowed for NaN input: NanPolicy.ZERO, "
+                                 f"NanPolicy.MAX")
+
+    # Split |x| into the format code just below it and the discarded fraction of one grid step.
+    # A format without subnormals (UE8M0) is handled as the subnormal format one bias higher,
+    # whose normal codes are offset by one binade; everything below its smallest value clamps.
+    bias = fmt.bias if fmt.subnormals else fmt.bias + 1
+    offset = 0 if fmt.subnormals else (1 << M)
+    fe = (mag_bits >> MS).astype(np.int32)
+    fm = mag_bits & ((1 << MS) - 1)
+    sig = xp.where(fe > 0, fm | U(1 << MS), fm)
+    fe_eff = xp.maximum(fe, 1)
+    if bias > src.bias:
+        # The target has normal binades below the source's smallest normal (UE8M0 from float32):
+        # normalise source subnormals so that the grid below is read with its own spacing. Only
+        # the top (bias - src.bias) binades matter; anything lower clamps to the smallest code.
+        p = _ilog2_small(xp, fm, MS, floor=max(MS - (bias - src.bias) - 1, 0))
+        norm = (fe == 0) & (fm != 0)
+        sig = xp.where(norm, fm << (MS - p).astype(U), sig)
+        fe_eff = xp.where(norm, p - (MS - 1), fe_eff)
+    te = fe_eff - src.bias + bias  # biased exponent in the target
+    shift = (MS - M) + xp.maximum(1 - te, 0)  # dropped low bits of sig (>= MS - M)
+    sh = xp.minimum(shift, MS + 1).astype(U)
+    base_m = (sig >> sh).astype(np.int32)
+    rem = sig & ((U(1) << sh) - U(1))
+    lsh = (W - xp.minimum(shift, W)).astype(U)
+    rsh = xp.clip(shift - W, 0, W - 1).astype(U)
+    frac = xp.where(shift <= W, rem << lsh, sig >> rsh)  # floor(f * 2^W)
+    base = ((xp.maximum(te, 1) - 1) << M) + base_m - offset
+
+    half = U(1 << (W - 1))
+    r = policy.rounding
+    if r is Rounding.NEAREST_EVEN:
+        up = (frac > half) | ((frac == half) & ((base & 1) == 1))
+    elif r is Rounding.NEAREST_AWAY:
+        up = frac >= half
+    elif r is Rounding.TOWARD_ZERO:
+        up = xp.zeros(base.shape, dtype=bool)
+    elif r is Rounding.UP:
+        up = (rem != 0) & ~sign
+    elif r is Rounding.DOWN:
+        up = (rem != 0) & sign
+    else:  # STOCHASTIC
+        frac32 = frac if W == 32 else (frac >> (W - 32)).astype(np.uint32)
+        up = frac32 > random_bits
+    mag = base + up.astype(np.int32)
+
+    if fmt.subnormals:
+        if policy.flush_outputs:
+            mag = xp.where(mag < (1 << M), 0, mag)
+    else:
+        mag = xp.maximum(mag, 0)
+
+    mx = max_code(fmt)
+    overflow = (mag > mx) | isinf
+    if policy.overflow is Overflow.SATURATE:
+        ovf = mx
+    elif policy.overflow is Overflow.NAN:
+        ovf = fmt.magnitude_mask if fmt.nan is NanEncoding.ALL_ONES else nan_code(fmt)
+    else:
+        ovf = inf_code(fmt)
+    mag = xp.where(overflow, ovf, mag)
+
+    out_sign = sign if fmt.signed else xp.zeros(sign.shape, dtype=bool)
+    if policy.nan in (NanPolicy.PROPAGATE, NanPolicy.RAISE) and fmt.has_nan:
+        nan_mag, nan_keeps_sign = nan_code(fmt), fmt.signed
+    elif policy.nan is NanPolicy.ZERO:
+        nan_mag, nan_keeps_sign = 0, False
+    else:  # MAX, or PROPAGATE/RAISE under jax for a format without NaN
+        nan_mag, nan_keeps_sign = mx, False
+    mag = xp.where(invalid, nan_mag, mag)
+    if not nan_keeps_sign:
+        out_sign = out_sign & ~invalid
+    if policy.signed_zero is SignedZero.POSITIVE:
+        out_sign = out_sign & (mag != 0)
+
+    code = (out_sign.astype(np.int32) << (E + M)) | mag
+    return code.astype(np.uint8)
+
+
+# --- decode ---------------------------------------------------------------------------------
+def decode(codes: Any, fmt: FloatFormat) -> Any:
+    """float32 values (same shape) of the uint8 ``codes`` of ``fmt`` (see module doc)."""
+    _check_format(fmt)
+    xp = namespace(codes)
+    codes = xp.asarray(codes)
+    dtype = np.dtype(codes.dtype)
+    if dtype.kind != "u":
+        raise TypeError(f"codes has dtype {dtype}; allowed: unsigned integers (uint8 codes)")
+    if not is_jax(codes) and codes.size and int(np.max(codes)) >= fmt.num_codes:
+        raise ValueError(f"codes contains {int(np.max(codes)):#x}, beyond the {fmt.nbits}-bit "
+                         f"codes of {fmt} (allowed: 0..{fmt.num_codes - 1:#x})")
+    E, M, B = fmt.ebits, fmt.mbits, fmt.bias
+    c = codes.astype(np.uint32) & np.uint32(fmt.num_codes - 1)
+    sign = ((c >> (E + M)) & 1) << 31 if fmt.signed else xp.zeros(c.shape, dtype=np.uint32)
+    e = ((c >> M) & _emask(fmt)).astype(np.int32)
+    m = c & ((1 << M) - 1)
+    mant = m << (23 - M)
+
+    fexp = e - B + 127  # float32 exponent field of a normal code
+    normal = (xp.maximum(fexp, 1).astype(np.uint32) << 23) | mant
+    if fmt.subnormals:
+        # m * 2^(1-B-M) = (m / 2^p) * 2^(p+1-B-M) with p the leading-bit position of m
+        p = _ilog2_small(xp, m, max(M, 1))
+        sub = (((p + (128 - B - M)).astype(np.uint32)) << 23) | (
+            (m - (np.uint32(1) << p.astype(np.uint32))) << (23 - p).astype(np.uint32))
+        sub = xp.where(m == 0, np.uint32(0), sub)
+        bits = xp.where(e == 0, sub, normal)
+    else:  # no subnormals (UE8M0): the bottom binade may be a float32 subnormal, e.g. 2^-127
+        low = (np.uint32(1 << 23) | mant) >> xp.clip(1 - fexp, 0, 31).astype(np.uint32)
+        bits = xp.where(fexp >= 1, normal, low)
+
+    mag = c & fmt.magnitude_mask
+    if fmt.nan is NanEncoding.ALL_ONES:
+        bits = xp.where(mag == fmt.magnitude_mask, np.uint32(0x7FC00000), bits)
+    elif fmt.nan is NanEncoding.IEEE:
+        top = e == _emask(fmt)
+        bits = xp.where(top & (m == 0), np.uint32(0x7F800000), bits)
+        bits = xp.where(top & (m != 0), np.uint32(0x7FC00000), bits)
+    return bitcast(sign | bits, np.float32)

@@ -1,0 +1,856 @@
+"""Microscaled FP8 attention forward on Hopper (sm_90a) as a Pallas Mosaic GPU kernel.
+
+This module owns the GPU forward of the *token-block FP8* attention route: Q, K and V in E4M3
+with one power-of-two exponent per 32 tokens × head_dim (FLAMIA's token-block geometry,
+:data:`fp4sim.formats.blocks.Geometry.TOKEN_BLOCK` with the ``RCEIL`` rule), P quantized to E4M3
+in the kernel, float32 accumulation, consistent (or mismatched) normalization, causal or not,
+head_dim 64/128, GQA. It also owns the kernel's numerical specification and an exp-free, bit-exact
+P converter that the tests check bitwise against an independent float64 oracle.
+
+Structure (learnt from jax's ``experimental/pallas/ops/gpu/attention_mgpu.py``, rewritten): a CTA
+owns ``2·block_q`` query rows of one head. Warpgroups 0 and 1 compute (``block_q`` rows each);
+warpgroup 2 only issues TMA copies of the K, Vᵀ and key-column tiles into a
+``max_concurrent_steps``-deep ring, guarded by "loaded" and "consumed" barriers. A schedule
+barrier makes the two compute warpgroups alternate, so one's softmax overlaps the other's
+tensor-core work. Causal CTAs run an unmasked loop, a masked loop and an epilogue that only
+keeps the barrier protocol in step.
+
+Hopper-specific choices, each forced by a hardware rule (``reference/pallas_mgpu.md``):
+
+* FP8 ``wgmma`` wants both operands K-major: K is stored (keys, D) and passed transposed, V is
+  stored transposed, **Vᵀ (D, keys)**, so the PV product reads it K-major.
+* The E4M3 P tile cannot be fed to ``wgmma`` from registers: its float32 accumulator layout is
+  not the 8-bit A-operand layout and Mosaic has no relayout between them. P is therefore staged
+  through shared memory, which is also what GPU interpret mode needs (no A-from-registers, no
+  ``pl.run_state``): the hardware and the CPU interpreter run *the same kernel*. Each PV product
+  goes into a fresh accumulator that is added to the running one in registers.
+* The scales factor out of the score product exactly: ``z = (Q_c·K_cᵀ)·2^(e_Q + e_K)``
+  (token-block exponents are per row and per column of the score tile).
+* The PV contraction runs over tokens, where both P's block scale and V's token-block exponent
+  live; Hopper has no block-scaled MMA, so one ``wgmma`` over a key tile needs the product of the
+  two scales to be constant along the tile. The kernel therefore *folds V's exponent into P's
+  block scale*: for query row r and key tile T it picks one exponent
+  ``F = max_{j∈T}(⌈t_j⌉ + e_V(j)) − 8`` and quantizes ``P_c(j) = E4M3(2^(t_j) · 2^(e_V(j) − F))``
+  (≤ 256, so never saturating). P's scale for the 32-key block B is ``2^(F − e_V(B))`` — a
+  per-block power-of-two scale — and ``Σ_j p̃_j v_j = 2^F · Σ_j P_c(j)·V_c(j)``: one FP8 ``wgmma``.
+
+The kernel's numerics, step by step (``c = fl32(softmax_scale·log2 e)``; every product of a
+float32 by a power of two is exact, so no step depends on fused multiply-add contraction):
+
+1. ``z = fl(fl(S·2^e_K(j))·2^e_Q(r))`` with ``S = Q_c·K_cᵀ`` from the FP8 tensor core (float32
+   accumulation, not correctly rounded on Hopper: §1.5); masked keys ``z = −inf``.
+2. ``m ← max(m, max_j z_j)`` (raw-score running max); ``t_j = fl(fl(z_j − m)·c) ≤ 0``.
+3. ``F`` as above (``⌈·⌉`` of float32 values, exact integer arithmetic); ``G_j = e_V(j) − F``.
+4. P codes: :attr:`PConversion.EXACT` gives exactly ``RNE_E4M3(CR32(2^t_j)·2^G_j)`` (the
+   correctly rounded float32 exp2, then round-to-nearest-even into E4M3, as the emulator's exact
+   converter defines it) with comparisons against precomputed float32 thresholds, no exp2;
+   :attr:`PConversion.HARDWARE_EXP2` uses ``ex2.approx`` then ``cvt.rn.satfinite`` (fast; checked
+   by code-match rate, not bitwise).
+5. Normalizer in units of ``2^F``: consistent ``l_T = Σ_j P_c(j)·2^(−e_V(j))`` (the represented
+   weights), or mismatched ``Σ_j 2^(t_j + G_j)·2^(−e_V(j))`` (unquantized).
+6. Rescale ``β = 2^((m_old − m_new)·c + F_old − F_new)``; ``acc ← acc·β + 2^0·P_c·V_c`` (PV from
+   the tensor core), ``l ← l·β + l_T``.
+7. ``O = acc / l`` (0 where ``l = 0``); ``LSE₂ = c·m + F + log2 l`` (base 2).
+
+Assumptions: every query row sees at least one key in its first key tile (true for non-causal
+attention and for top-left-aligned causal attention with ``T == S``); scale exponents above
+−127 (token blocks with amax ≤ 2^-118 would need subnormal factors, which the float32 SIMT path
+may flush).
+
+The matching emulator recipe: the kernel's P scale rule (V's exponent folded into a per-row,
+per-tile P exponent) is not one of :mod:`fp4sim.attention.recipe`'s ``PFormat`` rules; the
+nearest preset is ``FLAMIA_MXFP8`` with ``qk=QKFormat.TOKEN_BLOCK_FP8`` and
+``v=VFormat.TOKEN_BLOCK_FP8`` (:data:`NEAREST_EMULATOR_RECIPE`), whose MXFP8 P uses per-32-key
+scales. The exact reference for this kernel is :func:`reference_forward` (float64 NumPy,
+tile-sequential) — the test oracle for the bitwise checks.
+
+Public names: :class:`PConversion`, :class:`Ablation`, :class:`OutType`,
+:class:`FP8AttentionConfig`, :class:`FP8Operands`, :func:`quantize_operands`,
+:func:`attention_fp8`, :func:`attention_fp8_quantized`, :class:`DebugTile`,
+:func:`e4m3_exp2_thresholds`, :func:`exact_e4m3_exp2`, :func:`reference_forward`,
+:data:`SHIPPED_CONFIGS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fp4sim.attention.recipe import Normalization
+
+__all__ = [
+    "TOKEN_BLOCK",
+    "PConversion",
+    "Ablation",
+    "OutType",
+    "FP8AttentionConfig",
+    "FP8Operands",
+    "DebugTile",
+    "quantize_operands",
+    "attention_fp8",
+    "attention_fp8_quantized",
+    "e4m3_exp2_thresholds",
+    "exact_e4m3_exp2",
+    "reference_forward",
+    "SHIPPED_CONFIGS",
+    "NEAREST_EMULATOR_RECIPE",
+]
+
+TOKEN_BLOCK = 32
+"""Tokens per power-of-two exponent of Q, K and V (times the whole head dimension)."""
+
+_P_HEADROOM = 8
+"""P codes of a row's largest weight in a tile land in (2^7, 2^8]: ``F = max(⌈t⌉ + e_V) − 8``."""
+
+_LOG2E = float.fromhex("0x1.71547652b82fep+0")  # log2(e)
+
+
+class PConversion(enum.Enum):
+    """How the kernel turns log2-domain scores into E4M3 P codes."""
+
+    HARDWARE_EXP2 = "hardware_exp2"  # ex2.approx.ftz then cvt.rn.satfinite.e4m3 (fast)
+    EXACT = "exact"  # thresholds: == RNE_E4M3(CR32(2^t)·2^G) bit for bit (validation)
+
+
+class Ablation(enum.Enum):
+    """Leave one stage out to see where time goes (results are then wrong by design)."""
+
+    NONE = "none"
+    SKIP_PV = "skip_pv"  # no PV wgmma (and no P staging to shared memory)
+    SKIP_KEY_COLUMNS = "skip_key_columns"  # no key-column scale tiles: 2^e_K = 1, e_V = 0
+    SKIP_NORMALIZER = "skip_normalizer"  # no row sum for the normalizer (l stays 1)
+
+
+class OutType(enum.Enum):
+    """Element type of the output O."""
+
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+
+    @property
+    def dtype(self) -> np.dtype:
+        import jax.numpy as jnp
+
+        return np.dtype({OutType.BFLOAT16: jnp.bfloat16, OutType.FLOAT16: jnp.float16,
+                         OutType.FLOAT32: jnp.float32}[self])
+
+
+def _check_int(name: str, value: Any, lo: int, multiple: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"FP8AttentionConfig.{name}={value!r} must be an int")
+    if value < lo or value % multiple:
+        raise ValueError(f"FP8AttentionConfig.{name}={value!r} must be >= {lo} and a multiple "
+                         f"of {multiple}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class FP8AttentionConfig:
+    """One compiled configuration of the FP8 forward kernel (hashable: a static jit argument).
+
+    ``block_q`` rows per compute warpgroup (a CTA owns ``2·block_q``), ``block_kv`` keys per
+    tile (64..256, a multiple of 64), ``max_concurrent_steps`` ring depth of the TMA pipeline.
+    ``debug_step``: when an int, the kernel also returns :class:`DebugTile` for that key tile.
+    """
+
+    block_q: int = 64
+    block_kv: int = 128
+    max_concurrent_steps: int = 2
+    causal: bool = False
+    conversion: PConversion = PConversion.HARDWARE_EXP2
+    normalization: Normalization = Normalization.CONSISTENT
+    out_type: OutType = OutType.BFLOAT16
+    debug_step: int | None = None
+    ablation: Ablation = Ablation.NONE
+
+    def __post_init__(self) -> None:
+        _check_int("block_q", self.block_q, 64, 64)
+        _check_int("block_kv", self.block_kv, 64, 64)
+        if self.block_kv > 256:
+            raise ValueError(f"FP8AttentionConfig.block_kv={self.block_kv} exceeds wgmma's N "
+                             f"limit; allowed: 64, 128, 192, 256")
+        _check_int("max_concurrent_steps", self.max_concurrent_steps, 2)
+        if not isinstance(self.causal, bool):
+            raise TypeError(f"FP8AttentionConfig.causal={self.causal!r} must be a bool")
+        for name, kind in (("conversion", PConversion), ("normalization", Normalization),
+                           ("out_type", OutType), ("ablation", Ablation)):
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"FP8AttentionConfig.{name}={getattr(self, name)!r} must be a "
+                                f"{kind.__name__}; allowed: {[m.name for m in kind]}")
+        if self.normalization is Normalization.EXACT:
+            raise ValueError("FP8AttentionConfig.normalization=EXACT needs an unquantized P; "
+                             "allowed: CONSISTENT, MISMATCHED")
+        if self.debug_step is not None:
+            _check_int("debug_step", self.debug_step, 0)
+        if self.causal and self.block_kv % self.block_q and self.block_q % self.block_kv:
+            raise ValueError(f"causal attention needs block_kv={self.block_kv} and block_q="
+                             f"{self.block_q} to divide one another")
+
+    def replace(self, **changes: Any) -> FP8AttentionConfig:
+        return dataclasses.replace(self, **changes)
+
+
+SHIPPED_CONFIGS: tuple[FP8AttentionConfig, ...] = (
+    FP8AttentionConfig(),
+    FP8AttentionConfig(causal=True),
+    FP8AttentionConfig(normalization=Normalization.MISMATCHED),
+    FP8AttentionConfig(conversion=PConversion.EXACT),
+    FP8AttentionConfig(conversion=PConversion.EXACT, causal=True, debug_step=0,
+                       out_type=OutType.FLOAT32),
+    FP8AttentionConfig(block_kv=64),
+)
+"""The configurations the package ships (cross-lowered for sm_90a in the CPU tests)."""
+
+
+def _nearest_recipe():
+    from fp4sim.attention import recipe as r
+
+    return r.FLAMIA_MXFP8.replace(qk=r.QKFormat.TOKEN_BLOCK_FP8, v=r.VFormat.TOKEN_BLOCK_FP8)
+
+
+NEAREST_EMULATOR_RECIPE = _nearest_recipe()
+"""The emulator recipe closest to the kernel (per-32-key MXFP8 P instead of the folded scale)."""
+
+
+# --- operands ---------------------------------------------------------------------------------
+class FP8Operands(NamedTuple):
+    """Kernel-ready token-block FP8 operands (a pytree).
+
+    ``q_codes`` (B, T, Hq, D), ``k_codes`` (B, S, Hkv, D): float8_e4m3fn; ``vt_codes``
+    (B, Hkv, D, S): V transposed so the PV product reads it K-major; ``q_exp`` (B, Hq, T/32),
+    ``k_exp`` and ``v_exp`` (B, Hkv, S/32): int32 token-block exponents (value = code·2^e).
+    """
+
+    q_codes: Any
+    k_codes: Any
+    vt_codes: Any
+    q_exp: Any
+    k_exp: Any
+    v_exp: Any
+
+
+def _pow2_f32(e: Any) -> Any:
+    """2^e as float32 for int32 e in [-126, 127], built from the exponent bits."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    return lax.bitcast_convert_type((e.astype(jnp.int32) + 127) << 23, jnp.float32)
+
+
+def quantize_operands(q: Any, k: Any, v: Any) -> FP8Operands:
+    """Quantize float Q (B, T, Hq, D), K and V (B, S, Hkv, D) to token-block E4M3.
+
+    Uses :func:`fp4sim.formats.blocks.quantize` with ``MXFP8_E4M3`` and
+    ``Geometry.TOKEN_BLOCK`` (exponent ``ceil(log2(amax/448))`` per 32 tokens × D). Works under
+    ``jax.jit``.
+    """
+    import jax.numpy as jnp
+    from jax import lax
+
+    from fp4sim.formats import blocks
+
+    _check_qkv_shapes(q.shape, k.shape, v.shape)
+
+    def tb(x):  # (B, N, H, D) -> codes (B, H, N, D) uint8, exponents (B, H, N/32)
+        xq = blocks.quantize(jnp.swapaxes(jnp.asarray(x, jnp.float32), 1, 2), blocks.MXFP8_E4M3,
+                             axis=-2, geometry=blocks.Geometry.TOKEN_BLOCK)
+        return xq.codes, blocks.scale_exponents(xq)[..., 0]
+
+    f8 = jnp.float8_e4m3fn
+    qc, qe = tb(q)
+    kc, ke = tb(k)
+    vc, ve = tb(v)
+    as_f8 = lambda c: lax.bitcast_convert_type(c, f8)  # noqa: E731
+    return FP8Operands(q_codes=jnp.swapaxes(as_f8(qc), 1, 2), k_codes=jnp.swapaxes(as_f8(kc), 1, 2),
+                       vt_codes=jnp.swapaxes(as_f8(vc), 2, 3), q_exp=qe, k_exp=ke, v_exp=ve)
+
+
+def _check_qkv_shapes(qs: tuple, ks: tuple, vs: tuple) -> None:
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
+        raise ValueError(f"q, k, v must be 4-D (B, T, H, D); got shapes {qs}, {ks}, {vs}")
+    if tuple(ks) != tuple(vs):
+        raise ValueError(f"k shape {ks} and v shape {vs} must match")
+    b, t, hq, d = qs
+    if ks[0] != b or ks[3] != d:
+        raise ValueError(f"k shape {ks} must share batch and head_dim with q shape {qs}")
+    if hq % ks[2]:
+        raise ValueError(f"q heads {hq} must be a multiple of kv heads {ks[2]} (GQA)")
+    if d not in (64, 128):
+        raise ValueError(f"head_dim={d} is not supported; allowed: 64, 128")
+    for name, n in (("q tokens", t), ("kv tokens", ks[1])):
+        if n % TOKEN_BLOCK:
+            raise ValueError(f"{name}={n} must be a multiple of the token block {TOKEN_BLOCK}")
+
+
+# --- the exact, exp-free P converter -----------------------------------------------------------
+def _cr32_exp2(f: np.ndarray) -> np.ndarray:
+    """Correctly rounded float32 2^f for float32 f in [0, 1) (float64 exp2 then one rounding;
+    the thresholds derived from it are re-checked with 60-digit arithmetic)."""
+    return np.exp2(f.astype(np.float64)).astype(np.float32)
+
+
+def _level(f: np.ndarray, scale: float) -> np.ndarray:
+    """RNE_int(scale·CR32(2^f)): the E4M3 grid index reached from the fraction ``f``."""
+    return np.rint(_cr32_exp2(f).astype(np.float64) * scale)
+
+
+def _first_f_reaching(level: float, scale: float) -> np.float32:
+    """Smallest float32 f in [0, 1) whose :func:`_level` is >= ``level`` (bisection on bits)."""
+    lo, hi = 0, int(np.float32(1.0).view(np.uint32))  # bit patterns of 0 and 1.0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        f = np.array([mid], np.uint32).view(np.float32)
+        if _level(f, scale)[0] >= level:
+            hi = mid
+        else:
+            lo = mid + 1
+    return np.array([lo], np.uint32).view(np.float32)[0]
+
+
+def _verify_threshold(th: np.float32, level: float, scale: float) -> None:
+    import decimal
+
+    ctx = decimal.Context(prec=60)
+
+    def exact_level(f32: np.float32) -> float:
+        x = ctx.power(decimal.Decimal(2), decimal.Decimal(float(f32)))  # 2^f to 60 digits
+        r = np.float32(float(x))  # nearest double, then float32: checked against x below
+        lo_d, hi_d = decimal.Decimal(float(np.nextafter(r, np.float32(0)))), decimal.Decimal(float(np.nextafter(r, np.float32(4))))
+        rd = decimal.Decimal(float(r))
+        assert abs(x - rd) <= abs(x - lo_d) and abs(x - rd) <= abs(x - hi_d), f"CR32 check at {th}"
+        return float(np.rint(np.float64(r) * scale))
+
+    below = np.nextafter(th, np.float32(-1.0))
+    assert exact_level(th) >= level, (th, level, scale)
+    if th > 0:
+        assert exact_level(below) < level, (th, level, scale)
+
+
+@functools.lru_cache(maxsize=None)
+def e4m3_exp2_thresholds() -> dict[int, tuple[float, ...]]:
+    """Float32 thresholds on ``f = frac(t)`` for the exact converter, keyed by the binade.
+
+    Key ``0`` (normal E4M3 results, binade ``n >= -6``): eight thresholds; the mantissa index is
+    ``k = #{T : f >= T}`` and the value ``(1 + k/8)·2^n``. Keys ``-7 .. -10`` (E4M3 subnormals
+    ``j·2^-9``): ``j = base_n + #{T : f >= T}`` with ``base_n = 2^(n+9)``. Below −10 the code is 0.
+    Each threshold is the smallest float32 whose ``RNE(CR32(2^f)·scale)`` reaches the next grid
+    level, so the comparison reproduces "correctly rounded exp2, then RNE" exactly, ties (to
+    even) included.
+    """
+    out: dict[int, tuple[float, ...]] = {}
+    for key, scale, levels in ((0, 8.0, range(9, 17)), (-7, 4.0, range(5, 9)),
+                               (-8, 2.0, range(3, 5)), (-9, 1.0, range(2, 3)),
+                               (-10, 0.5, range(1, 2))):
+        ths = []
+        for lev in levels:
+            th = _first_f_reaching(float(lev), scale)
+            _verify_threshold(th, float(lev), scale)
+            ths.append(float(th))
+        out[key] = tuple(ths)
+    return out
+
+
+def _ceil_f32(x: Any) -> Any:
+    """⌈x⌉ with round-to-nearest-even and a comparison (Mosaic GPU has no floor/ceil rule)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    r = lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)
+    return r + jnp.where(r < x, 1.0, 0.0).astype(x.dtype)
+
+
+def _floor_f32(x: Any) -> Any:
+    import jax.numpy as jnp
+    from jax import lax
+
+    r = lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)
+    return r - jnp.where(r > x, 1.0, 0.0).astype(x.dtype)
+
+
+def exact_e4m3_exp2(t: Any, g: Any) -> Any:
+    """E4M3 values ``RNE_E4M3(CR32(2^t)·2^g)`` for float32 ``t <= 0`` (or −inf) and integer-
+    valued float32 ``g`` with ``⌈t⌉ + g <= 8``, without evaluating exp2.
+
+    Written with operations Mosaic GPU lowers on sm_90 (round-to-even, compares, selects, integer
+    shifts and bitcasts), so the same function runs inside the kernel, in interpret mode and under
+    plain ``jax.jit``; no step depends on FMA contraction or flush-to-zero. Returns float32 values
+    on the E4M3 grid (cast them to ``float8_e4m3fn`` exactly).
+    """
+    import jax.numpy as jnp
+
+    th = e4m3_exp2_thresholds()
+    count = lambda f, ts: sum(jnp.where(f >= np.float32(x), 1.0, 0.0) for x in ts)  # noqa: E731
+    tc = jnp.maximum(t, -1024.0)  # -inf -> far below every subnormal: code 0
+    n0 = _floor_f32(tc)
+    f = tc - n0  # exact: the fractional bits of tc
+    n = n0 + g
+    k = count(f, th[0])
+    nc = jnp.minimum(jnp.maximum(n, -6.0), 8.0)
+    normal = (1.0 + k * 0.125) * _pow2_f32(nc)
+    sub = jnp.where(n == -7.0, 4.0 + count(f, th[-7]),
+                    jnp.where(n == -8.0, 2.0 + count(f, th[-8]),
+                              jnp.where(n == -9.0, 1.0 + count(f, th[-9]),
+                                        jnp.where(n == -10.0, count(f, th[-10]), 0.0))))
+    return jnp.where(n >= -6.0, normal, sub * float.fromhex("0x1p-9"))
+
+
+# --- the kernel ---------------------------------------------------------------------------------
+class DebugTile(NamedTuple):
+    """Intermediates of key tile ``debug_step`` for every query row that reaches it.
+
+    ``p_codes`` (B, Hq, T, block_kv) float8_e4m3fn: the P codes fed to the PV product;
+    ``f`` the row's P exponent ``F``, ``m`` the running raw-score max after the tile,
+    ``l`` the normalizer after the tile (units 2^F): each (B, Hq, T) float32.
+    Rows of causal CTAs that end before the tile are left unwritten.
+    """
+
+    p_codes: Any
+    f: Any
+    m: Any
+    l: Any
+
+
+def attention_fp8(q: Any, k: Any, v: Any, *, softmax_scale: float | None = None,
+                  config: FP8AttentionConfig = FP8AttentionConfig()) -> Any:
+    """Quantize float Q, K, V to token-block E4M3 and run the FP8 forward kernel.
+
+    Shapes ``q`` (B, T, Hq, D), ``k``/``v`` (B, S, Hkv, D). Returns ``(O, LSE₂)`` (or with a
+    third :class:`DebugTile` when ``config.debug_step`` is set); O is (B, T, Hq, D) in
+    ``config.out_type``, LSE₂ (B, Hq, T) float32 in log2 units.
+    """
+    ops = quantize_operands(q, k, v)
+    return attention_fp8_quantized(ops, softmax_scale=softmax_scale, config=config)
+
+
+def attention_fp8_quantized(ops: FP8Operands, *, softmax_scale: float | None = None,
+                            config: FP8AttentionConfig = FP8AttentionConfig()) -> Any:
+    """Run the forward kernel on already quantized operands (see :func:`attention_fp8`)."""
+    import jax.numpy as jnp
+
+    if not isinstance(config, FP8AttentionConfig):
+        raise TypeError(f"config={config!r} must be an FP8AttentionConfig")
+    if not isinstance(ops, FP8Operands):
+        raise TypeError(f"ops must be FP8Operands (see quantize_operands), got {type(ops).__name__}")
+    b, t, hq, d = ops.q_codes.shape
+    s = ops.k_codes.shape[1]
+    hkv = ops.k_codes.shape[2]
+    _check_qkv_shapes(ops.q_codes.shape, ops.k_codes.shape,
+                      (b, s, hkv, d))
+    for name, x in (("q_codes", ops.q_codes), ("k_codes", ops.k_codes), ("vt_codes", ops.vt_codes)):
+        if np.dtype(x.dtype) != np.dtype(jnp.float8_e4m3fn):
+            raise TypeError(f"ops.{name} has dtype {x.dtype}; allowed: float8_e4m3fn")
+    if tuple(ops.vt_codes.shape) != (b, hkv, d, s):
+        raise ValueError(f"ops.vt_codes shape {tuple(ops.vt_codes.shape)} must be {(b, hkv, d, s)}")
+    for name, x, shp in (("q_exp", ops.q_exp, (b, hq, t // TOKEN_BLOCK)),
+                         ("k_exp", ops.k_exp, (b, hkv, s // TOKEN_BLOCK)),
+                         ("v_exp", ops.v_exp, (b, hkv, s // TOKEN_BLOCK))):
+        if tuple(x.shape) != shp:
+            raise ValueError(f"ops.{name} shape {tuple(x.shape)} must be {shp}")
+    cfg = config
+    if t % (2 * cfg.block_q):
+        raise ValueError(f"q tokens {t} must be a multiple of 2·block_q = {2 * cfg.block_q}")
+    if s % cfg.block_kv:
+        raise ValueError(f"kv tokens {s} must be a multiple of block_kv = {cfg.block_kv}")
+    if cfg.causal and s != t:
+        raise ValueError(f"causal attention needs as many keys as queries; got T={t}, S={s}")
+    n_kv = s // cfg.block_kv
+    if cfg.debug_step is not None and cfg.debug_step >= n_kv:
+        raise ValueError(f"debug_step={cfg.debug_step} out of range; this shape has {n_kv} key tiles")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
+            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale={softmax_scale!r} must be a positive finite float")
+    return _attention_jit(ops, float(softmax_scale), cfg)
+
+
+def _attention_jit(ops: FP8Operands, softmax_scale: float, cfg: FP8AttentionConfig) -> Any:
+    return _jitted_forward()(ops, softmax_scale, cfg)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_forward():
+    import jax
+
+    return jax.jit(_forward, static_argnums=(1, 2))
+
+
+def _forward(ops: FP8Operands, softmax_scale: float, cfg: FP8AttentionConfig) -> Any:
+    import jax.numpy as jnp
+
+    rep = lambda e: jnp.repeat(e.astype(jnp.int32), TOKEN_BLOCK, axis=-1)  # noqa: E731
+    q_scale = _pow2_f32(rep(ops.q_exp))  # (B, Hq, T)
+    ek, ev = rep(ops.k_exp), rep(ops.v_exp)
+    kv_cols = jnp.stack([_pow2_f32(ek), ev.astype(jnp.float32), _pow2_f32(-ev)], axis=2)
+    call = _build_call(tuple(ops.q_codes.shape), tuple(ops.k_codes.shape), softmax_scale, cfg)
+    return call(ops.q_codes, ops.k_codes, ops.vt_codes, q_scale, kv_cols)
+
+
+def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8AttentionConfig):
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from fp4sim.kernels.harness import smem_transforms
+
+    batch_size, t_len, hq, d = q_shape
+    _, s_len, hkv, _ = k_shape
+    bq, bkv = cfg.block_q, cfg.block_kv
+    n_kv = s_len // bkv
+    slots = min(cfg.max_concurrent_steps, n_kv)
+    heads_per_kv = hq // hkv
+    c = float(np.float32(softmax_scale * _LOG2E))
+    f32, f8 = jnp.float32, jnp.float8_e4m3fn
+    out_dtype = cfg.out_type.dtype
+    exact = cfg.conversion is PConversion.EXACT
+    consistent = cfg.normalization is Normalization.CONSISTENT
+    ab = cfg.ablation
+    debug = cfg.debug_step is not None
+    row = plgpu.Layout.WGMMA.reduce(1)
+    col = plgpu.Layout.WGMMA.reduce(0)
+    bc_row = lambda x, n: lax.broadcast_in_dim(x, (bq, n), [0])  # noqa: E731
+    bc_col = lambda x: lax.broadcast_in_dim(x, (bq, bkv), [1])  # noqa: E731
+
+    def _when(cond, fn):  # pl.when for traced conditions, plain Python for static ones
+        if isinstance(cond, (bool, np.bool_)):
+            if cond:
+                fn()
+        else:
+            pl.when(cond)(fn)
+
+    def kernel(q_ref, k_ref, vt_ref, qs_ref, kc_ref, o_ref, lse_ref, dbg_p_ref, dbg_r_ref,
+               scoped):
+        bi = lax.axis_index("batch")
+        head = lax.axis_index("heads")
+        wg = lax.axis_index("wg")
+        smem, (k_bar, v_bar, c_bar, q_bar, qs_bar), (k_cons, v_cons), sched = scoped
+        q_smem2, k_smem, vt_smem, kc_smem, p_smem2, o_smem2, qs_smem2, lse_smem2, row_smem2 = smem
+
+        def schedule_barrier():
+            plgpu.barrier_arrive(sched)
+            plgpu.barrier_wait(sched)
+
+        if cfg.causal:
+            cta_end = (lax.axis_index("q_seq") + 1) * (2 * bq)
+            cta_kv_steps = lax.div(cta_end + (bkv - 1), jnp.int32(bkv))
+        else:
+            cta_kv_steps = n_kv
+
+        @pl.when(wg < 2)
+        def _compute():
+            plgpu.set_max_registers(232, action="increase")
+            q_smem, p_smem, o_smem = q_smem2.at[wg], p_smem2.at[wg], o_smem2.at[wg]
+            qs_smem, lse_smem, row_smem = qs_smem2.at[wg], lse_smem2.at[wg], row_smem2.at[wg]
+            q_base = lax.axis_index("q_seq") * (2 * bq) + wg * bq
+            if cfg.causal:
+                kv_steps = lax.div(q_base + bq + (bkv - 1), jnp.int32(bkv))
+            else:
+                kv_steps = n_kv
+            plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(q_base, bq), head], q_smem, q_bar.at[wg])
+            plgpu.copy_gmem_to_smem(qs_ref.at[bi, head, pl.ds(q_base, bq)], qs_smem,
+                                    qs_bar.at[wg])
+            plgpu.barrier_wait(q_bar.at[wg])
+            plgpu.barrier_wait(qs_bar.at[wg])
+            q_scale = plgpu.load(qs_smem, layout=row)
+
+            m_i = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, f32), row)
+            l_i = plgpu.layout_cast(jnp.full((bq,), 0.0, f32), row)
+            f_i = plgpu.layout_cast(jnp.full((bq,), 0.0, f32), row)
+            acc = plgpu.layout_cast(jnp.full((bq, d), 0.0, f32), plgpu.Layout.WGMMA)
+
+            _when(kv_steps > 0, lambda: plgpu.barrier_wait(k_bar.at[0]))
+
+            pl.when(wg == 1)(schedule_barrier)
+
+            def kv_step_fn(kv_step, carry, masked: bool):
+                acc, m_i, l_i, f_i = carry
+                slot = lax.rem(kv_step, jnp.int32(slots))
+
+                def qk(acc_ref):  # matmul site 1: S = Q_c · K_cᵀ (FP8, K-major operands)
+                    plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].T)
+                    schedule_barrier()
+                    return acc_ref[...]
+
+                s_tile = pl.run_scoped(qk, plgpu.ACC((bq, bkv), f32))
+                plgpu.barrier_arrive(k_cons.at[slot])
+                plgpu.barrier_wait(c_bar.at[slot])
+                if ab is Ablation.SKIP_KEY_COLUMNS:
+                    z = s_tile * bc_row(q_scale, bkv)
+                    ev = evinv = None
+                else:
+                    kscale = plgpu.load(kc_smem.at[slot, 0], layout=col)
+                    ev = plgpu.load(kc_smem.at[slot, 1], layout=col)
+                    evinv = plgpu.load(kc_smem.at[slot, 2], layout=col)
+                    z = (s_tile * bc_col(kscale)) * bc_row(q_scale, bkv)
+                if masked:
+                    qi = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
+                    ki = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
+                    z = jnp.where(qi + q_base >= ki + kv_step * bkv, z, -jnp.inf)
+                m_new = jnp.maximum(m_i, z.max(axis=1))
+                t = (z - bc_row(m_new, bkv)) * c
+                ceil_t = _ceil_f32(t)
+                f_tile = (ceil_t if ev is None else ceil_t + bc_col(ev)).max(axis=1) - _P_HEADROOM
+                f_new = jnp.where(f_tile == -jnp.inf, f_i, f_tile)
+                g = (-bc_row(f_new, bkv)) if ev is None else bc_col(ev) - bc_row(f_new, bkv)
+                p_u = None
+                if exact:
+                    p8 = exact_e4m3_exp2(t, g).astype(f8)
+                else:
+                    p_u = jnp.exp2(t + g)
+                    p8 = p_u.astype(f8)
+                if ab is Ablation.SKIP_NORMALIZER:
+                    l_tile = None
+                else:
+                    if consistent:
+                        w = p8.astype(f32)
+                    else:
+                        w = p_u if p_u is not None else jnp.exp2(t + g)
+                    l_tile = (w if evinv is None else w * bc_col(evinv)).sum(axis=1)
+                beta = jnp.exp2((m_i - m_new) * c + (f_i - f_new))
+                acc = acc * bc_row(beta, d)
+                l_i = l_i * beta + (1.0 if l_tile is None else l_tile)
+                if ab is not Ablation.SKIP_PV:
+                    p_smem[...] = p8
+                    plgpu.commit_smem()
+                if debug:
+                    @pl.when(kv_step == cfg.debug_step)
+                    def _dump():
+                        if ab is Ablation.SKIP_PV:
+                            p_smem[...] = p8
+                        row_smem.at[0][...] = f_new
+                        row_smem.at[1][...] = m_new
+                        row_smem.at[2][...] = l_i
+                        plgpu.commit_smem()
+                        plgpu.copy_smem_to_gmem(p_smem, dbg_p_ref.at[bi, head, pl.ds(q_base, bq)])
+                        plgpu.copy_smem_to_gmem(row_smem, dbg_r_ref.at[bi, head, :, pl.ds(q_base, bq)])
+                        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+                plgpu.barrier_arrive(sched)  # softmax done
+                plgpu.barrier_wait(v_bar.at[slot])
+                plgpu.barrier_wait(sched)  # tensor core free
+
+                def pv(acc_ref):  # matmul site 2: P_c · V_c (FP8, Vᵀ stored K-major)
+                    if ab is not Ablation.SKIP_PV:
+                        plgpu.wgmma(acc_ref, p_smem, vt_smem.at[slot].T)
+                    nxt = kv_step + 1
+
+                    @pl.when(nxt < kv_steps)
+                    def _():
+                        plgpu.barrier_wait(k_bar.at[lax.rem(nxt, jnp.int32(slots))])
+
+                    return acc_ref[...]
+
+                acc = acc + pl.run_scoped(pv, plgpu.ACC((bq, d), f32))
+                plgpu.barrier_arrive(v_cons.at[slot])
+                return acc, m_new, l_i, f_new
+
+            carry = (acc, m_i, l_i, f_i)
+            if not cfg.causal:
+                carry = lax.fori_loop(0, n_kv, functools.partial(kv_step_fn, masked=False), carry)
+            else:
+                full = lax.div(q_base, jnp.int32(bkv))
+                carry = lax.fori_loop(0, full, functools.partial(kv_step_fn, masked=False), carry)
+                carry = lax.fori_loop(full, kv_steps, functools.partial(kv_step_fn, masked=True),
+                                      carry)
+
+                def drain_step(kv_step, _):  # tiles this warpgroup skips: keep barriers in step
+                    slot = lax.rem(kv_step, jnp.int32(slots))
+                    plgpu.barrier_wait(k_bar.at[slot])
+                    plgpu.barrier_arrive(k_cons.at[slot])
+                    plgpu.barrier_wait(c_bar.at[slot])
+                    plgpu.barrier_wait(v_bar.at[slot])
+                    plgpu.barrier_arrive(v_cons.at[slot])
+                    schedule_barrier()
+                    schedule_barrier()
+
+                lax.fori_loop(kv_steps, cta_kv_steps, drain_step, None)
+            acc, m_i, l_i, f_i = carry
+            pl.when(wg == 0)(schedule_barrier)
+
+            l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
+            out = acc / bc_row(l_safe, d)
+            o_smem[...] = out.astype(out_dtype)
+            lse_smem[...] = jnp.where(l_i == 0.0, -jnp.inf, m_i * c + f_i + jnp.log2(l_safe))
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_smem, o_ref.at[bi, pl.ds(q_base, bq), head])
+            plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[bi, head, pl.ds(q_base, bq)])
+            plgpu.wait_smem_to_gmem(0)
+
+        @pl.when(wg == 2)
+        def _memory():
+            plgpu.set_max_registers(40, action="decrease")
+            kv_head = lax.div(head, jnp.int32(heads_per_kv))
+
+            def issue_k(step, slot):
+                plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(step * bkv, bkv), kv_head],
+                                        k_smem.at[slot], k_bar.at[slot])
+
+            def issue_v(step, slot):
+                plgpu.copy_gmem_to_smem(vt_ref.at[bi, kv_head, :, pl.ds(step * bkv, bkv)],
+                                        vt_smem.at[slot], v_bar.at[slot])
+                plgpu.copy_gmem_to_smem(kc_ref.at[bi, kv_head, :, pl.ds(step * bkv, bkv)],
+                                        kc_smem.at[slot], c_bar.at[slot])
+
+            def prologue(i):
+                issue_k(i, i)
+                issue_v(i, i)
+
+            for i in range(slots):
+                _when(i < cta_kv_steps, functools.partial(prologue, i))
+
+            @pl.loop(0, jnp.maximum(cta_kv_steps - slots, 0))
+            def _ring(step):
+                slot = lax.rem(step, jnp.int32(slots))
+                plgpu.barrier_wait(k_cons.at[slot])
+                issue_k(step + slots, slot)
+                plgpu.barrier_wait(v_cons.at[slot])
+                issue_v(step + slots, slot)
+
+            @pl.loop(jnp.maximum(cta_kv_steps - slots, 0), cta_kv_steps)
+            def _drain(step):  # observe the last consumed phases before the barriers go away
+                slot = lax.rem(step, jnp.int32(slots))
+                plgpu.barrier_wait(k_cons.at[slot])
+                plgpu.barrier_wait(v_cons.at[slot])
+
+    def entry(q_ref, k_ref, vt_ref, qs_ref, kc_ref, o_ref, lse_ref, *dbg):
+        dbg_p_ref, dbg_r_ref = dbg if debug else (None, None)
+        scratch = [
+            plgpu.SMEM((2, bq, d), f8, transforms=smem_transforms(f8, d)),
+            plgpu.SMEM((slots, bkv, d), f8, transforms=smem_transforms(f8, d)),
+            plgpu.SMEM((slots, d, bkv), f8, transforms=smem_transforms(f8, bkv)),
+            plgpu.SMEM((slots, 3, bkv), f32),
+            plgpu.SMEM((2, bq, bkv), f8, transforms=smem_transforms(f8, bkv)),
+            plgpu.SMEM((2, bq, d), out_dtype, transforms=smem_transforms(out_dtype, d)),
+            plgpu.SMEM((2, bq), f32),
+            plgpu.SMEM((2, bq), f32),
+            plgpu.SMEM((2, 3, bq), f32),
+        ]
+        pl.run_scoped(
+            lambda *args: kernel(q_ref, k_ref, vt_ref, qs_ref, kc_ref, o_ref, lse_ref,
+                                 dbg_p_ref, dbg_r_ref, args),
+            scratch,
+            (plgpu.Barrier(num_barriers=slots), plgpu.Barrier(num_barriers=slots),
+             plgpu.Barrier(num_barriers=slots), plgpu.Barrier(num_barriers=2),
+             plgpu.Barrier(num_barriers=2)),
+            (plgpu.Barrier(num_arrivals=2, num_barriers=slots),) * 2,
+            plgpu.Barrier(num_arrivals=2),
+            collective_axes="wg",
+        )
+
+    out_types = [jax.ShapeDtypeStruct((batch_size, t_len, hq, d), out_dtype),
+                 jax.ShapeDtypeStruct((batch_size, hq, t_len), f32)]
+    if debug:
+        out_types += [jax.ShapeDtypeStruct((batch_size, hq, t_len, bkv), f8),
+                      jax.ShapeDtypeStruct((batch_size, hq, 3, t_len), f32)]
+    call = plgpu.kernel(
+        entry,
+        out_type=out_types,
+        grid=(hq, t_len // (2 * bq), batch_size),
+        grid_names=("heads", "q_seq", "batch"),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+    )
+
+    def run(q_codes, k_codes, vt_codes, q_scale, kv_cols):
+        outs = call(q_codes, k_codes, vt_codes, q_scale, kv_cols)
+        if not debug:
+            return outs[0], outs[1]
+        o, lse, dp, dr = outs
+        return o, lse, DebugTile(p_codes=dp, f=dr[:, :, 0], m=dr[:, :, 1], l=dr[:, :, 2])
+
+    return run
+
+
+# --- float64 reference of the kernel's recipe (the test oracle) --------------------------------
+def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8AttentionConfig,
+                      scores: Any = None) -> dict[str, np.ndarray]:
+    """NumPy evaluation of the kernel's numerics (module docstring, steps 1-7), tile by tile.
+
+    Float32 where the kernel's result is bit-defined (z, m, t, F, P codes), float64 for the
+    sums (normalizer, PV, which the tensor core and warp reductions order differently).
+    ``scores``: optional float32 ``Q_c·K_cᵀ`` (B, Hq, T, S) to use instead of the exact product
+    (e.g. scores read back from the hardware). Returns ``o`` (B, T, Hq, D) float64, ``lse``
+    (B, Hq, T), and per key tile ``p_codes`` (n_kv, B, Hq, T, block_kv) float32 values
+    (NaN where a row does not reach the tile), ``f``, ``m``, ``l`` (n_kv, B, Hq, T).
+    """
+    import ml_dtypes
+
+    cfg = config
+    qc = np.asarray(ops.q_codes).astype(np.float32)
+    kc = np.asarray(ops.k_codes).astype(np.float32)
+    vtc = np.asarray(ops.vt_codes).astype(np.float32)
+    b, t_len, hq, d = qc.shape
+    s_len, hkv = kc.shape[1], kc.shape[2]
+    bq, bkv = cfg.block_q, cfg.block_kv
+    n_kv = s_len // bkv
+    rep = lambda e: np.repeat(np.asarray(e, np.int64), TOKEN_BLOCK, axis=-1)  # noqa: E731
+    eq, ek, ev = rep(ops.q_exp), rep(ops.k_exp), rep(ops.v_exp)
+    c = np.float32(softmax_scale * _LOG2E)
+    out = {"o": np.zeros((b, t_len, hq, d)), "lse": np.zeros((b, hq, t_len)),
+           "p_codes": np.full((n_kv, b, hq, t_len, bkv), np.nan, np.float32),
+           "f": np.full((n_kv, b, hq, t_len), np.nan), "m": np.full((n_kv, b, hq, t_len), np.nan),
+           "l": np.full((n_kv, b, hq, t_len), np.nan)}
+    for bi in range(b):
+        for h in range(hq):
+            kh = h // (hq // hkv)
+            if scores is None:
+                sc = (qc[bi, :, h, :].astype(np.float64) @ kc[bi, :, kh, :].astype(np.float64).T)
+                sc = sc.astype(np.float32)
+            else:
+                sc = np.asarray(scores)[bi, h].astype(np.float32)
+            for r0 in range(0, t_len, bq):
+                rows = slice(r0, r0 + bq)
+                steps = -(-(r0 + bq) // bkv) if cfg.causal else n_kv
+                m = np.full(bq, -np.inf, np.float32)
+                f = np.zeros(bq, np.float32)
+                l = np.zeros(bq)
+                acc = np.zeros((bq, d))
+                for j in range(steps):
+                    cols = slice(j * bkv, (j + 1) * bkv)
+                    z = (sc[rows, cols] * np.exp2(ek[bi, kh, cols]).astype(np.float32)[None, :]) \
+                        * np.exp2(eq[bi, h, rows]).astype(np.float32)[:, None]
+                    z = z.astype(np.float32)
+                    if cfg.causal:
+                        qi = np.arange(r0, r0 + bq)[:, None]
+                        ki = np.arange(j * bkv, (j + 1) * bkv)[None, :]
+                        z = np.where(qi >= ki, z, np.float32(-np.inf))
+                    m_new = np.maximum(m, z.max(axis=1))
+                    with np.errstate(invalid="ignore"):
+                        t = ((z - m_new[:, None]).astype(np.float32) * c).astype(np.float32)
+                    evj = ev[bi, kh, cols].astype(np.float32)
+                    f_tile = (np.ceil(t) + evj[None, :]).max(axis=1) - _P_HEADROOM
+                    f_new = np.where(f_tile == -np.inf, f, f_tile).astype(np.float32)
+                    g = evj[None, :] - f_new[:, None]
+                    p32 = np.exp2(t.astype(np.float64)).astype(np.float32)  # CR32 exp2
+                    scaled = p32.astype(np.float64) * np.exp2(g.astype(np.float64))
+                    codes = scaled.astype(np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+                    w_rep = codes.astype(np.float64) * np.exp2(-evj.astype(np.float64))[None, :]
+                    if cfg.normalization is Normalization.CONSISTENT:
+                        l_tile = w_rep.sum(axis=1)
+                    else:
+                        l_tile = (np.exp2(t.astype(np.float64) + g) *
+                                  np.exp2(-evj.astype(np.float64))[None, :]).sum(axis=1)
+                    beta = np.exp2((m.astype(np.float64) - m_new) * c + (f.astype(np.float64) - f_new))
+                    acc = acc * beta[:, None] + codes.astype(np.float64) @ (
+                        vtc[bi, kh][:, cols].T.astype(np.float64))
+                    l = l * beta + l_tile
+                    m, f = m_new, f_new
+                    out["p_codes"][j, bi, h, rows] = codes
+                    out["f"][j, bi, h, rows] = f
+                    out["m"][j, bi, h, rows] = m
+                    out["l"][j, bi, h, rows] = l
+                # acc and l share the units 2^F (V's exponent is folded into P): O = acc / l.
+                safe = np.where(l == 0, 1.0, l)
+                out["o"][bi, rows, h, :] = acc / safe[:, None]
+                with np.errstate(divide="ignore"):
+                    out["lse"][bi, h, rows] = np.where(l == 0, -np.inf,
+                                                       m.astype(np.float64) * c + f + np.log2(safe))
+    return out

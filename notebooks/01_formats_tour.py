@@ -1,0 +1,113 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # A tour of the formats
+#
+# fp4sim models the element formats of NVIDIA's block-scaled tensor cores (E2M1 = FP4, E4M3 and
+# E5M2 = FP8, E2M3/E3M2 = FP6) and their scale formats (UE8M0 for MX, UE4M3 for NVFP4, UE5M3), bit
+# for bit. Codes are plain `uint8` (one code per byte); values are `float32`.
+#
+# Set `FP4SIM_SMALL=1` to run it quickly (CI does).
+
+# %%
+import os
+
+import ml_dtypes
+import numpy as np
+
+import fp4sim
+
+SMALL = os.environ.get("FP4SIM_SMALL") == "1"
+for fmt in fp4sim.ALL_FORMATS:
+    info = fp4sim.finfo(fmt)
+    print(f"{fmt.name:6s} bits={info.bits} max={info.max:<12g} min_normal={info.min_normal:<10.4g} "
+          f"min_subnormal={info.min_subnormal:<10.4g} inf={info.has_inf!s:5s} nan={info.has_nan}")
+
+# %% [markdown]
+# ## E2M1: the 16 codes
+#
+# `decode` builds each value's float32 bit pattern with integer operations; it agrees with
+# ml_dtypes' `float4_e2m1fn` on every code.
+
+# %%
+codes = fp4sim.all_codes(fp4sim.E2M1)
+values = fp4sim.decode(codes, fp4sim.E2M1)
+print(dict(zip([f"0x{c:X}" for c in codes], values.tolist())))
+assert np.array_equal(values, codes.view(ml_dtypes.float4_e2m1fn).astype(np.float32))
+
+# %% [markdown]
+# ## Encoding: round to nearest even, saturate
+#
+# The default policy is what PTX `cvt.rn.satfinite` does: ties go to the even code (0.25 → 0,
+# 0.75 → 1, 1.25 → 1, 1.75 → 2, 2.5 → 2, 3.5 → 4, 5 → 4) and everything beyond ±6 becomes ±6.
+
+# %%
+x = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.19, 100.0, -0.0, -0.2], dtype=np.float32)
+c = fp4sim.encode(x, fp4sim.E2M1)
+print([f"{a:g} -> {b:g}" for a, b in zip(x, fp4sim.decode(c, fp4sim.E2M1))])
+
+# %% [markdown]
+# Other policies are named, never strings: ties away from zero (microxcaling), toward zero,
+# directed, and stochastic rounding with explicit random bits. Each is a frozen `Policy`.
+
+# %%
+for rounding in (fp4sim.Rounding.NEAREST_AWAY, fp4sim.Rounding.TOWARD_ZERO, fp4sim.Rounding.UP):
+    got = fp4sim.decode(fp4sim.encode(x[:7], fp4sim.E2M1, fp4sim.Policy(rounding=rounding)), fp4sim.E2M1)
+    print(f"{rounding.name:13s}", got.tolist())
+
+rng = np.random.default_rng(0)
+n = 2_000 if SMALL else 200_000
+xs = np.full(n, 2.25, dtype=np.float32)  # a quarter of the way from 2 to 3
+sr = fp4sim.decode(fp4sim.encode(xs, fp4sim.E2M1, fp4sim.Policy(rounding=fp4sim.Rounding.STOCHASTIC),
+                                 random_bits=rng.integers(0, 2**32, n, dtype=np.uint32)), fp4sim.E2M1)
+print(f"stochastic rounding of 2.25: mean {sr.mean():.4f} (unbiased: 2.25), P(3) = {(sr == 3).mean():.3f}")
+
+# %% [markdown]
+# ## FP8 and the overflow policies
+#
+# E4M3 has no infinity: beyond 448 it saturates (default) or gives NaN (what an ml_dtypes cast does).
+# E5M2 has IEEE infinities.
+
+# %%
+big = np.array([300.0, 464.0, 500.0, 1e6], dtype=np.float32)
+for overflow in (fp4sim.Overflow.SATURATE, fp4sim.Overflow.NAN):
+    got = fp4sim.decode(fp4sim.encode(big, fp4sim.E4M3, fp4sim.Policy(overflow=overflow)), fp4sim.E4M3)
+    print(f"E4M3 {overflow.name:8s}", got.tolist())
+print("ml_dtypes cast      ", big.astype(ml_dtypes.float8_e4m3fn).astype(np.float32).tolist())
+
+# %% [markdown]
+# ## Scale formats
+#
+# UE8M0 is a pure power of two 2^(e−127); its smallest code 0x00 is 2^-127, a float32 *subnormal*,
+# which fp4sim decodes as bits so that XLA's flush-to-zero on CPU cannot lose it.
+
+# %%
+e8 = fp4sim.decode(np.array([0x00, 0x01, 0x7F, 0x80, 0xFE, 0xFF], dtype=np.uint8), fp4sim.UE8M0)
+print(e8.tolist())
+
+# %% [markdown]
+# ## The same code under jax.jit
+#
+# The emulators are written once against an array namespace: jax arrays in, jax arrays out, with
+# the same bits, also for subnormal inputs that XLA's CPU backend flushes in arithmetic.
+
+# %%
+import jax
+import jax.numpy as jnp
+
+xs = np.array([1e-40, 0.3, 2.5, 7.0, -448.0], dtype=np.float32)
+for fmt in (fp4sim.E2M1, fp4sim.E4M3, fp4sim.E5M2):
+    a = fp4sim.encode(xs, fmt)
+    b = np.asarray(jax.jit(lambda v, fmt=fmt: fp4sim.encode(v, fmt))(jnp.asarray(xs)))
+    print(fmt.name, a.tolist(), "identical under jit:", np.array_equal(a, b))

@@ -1,0 +1,102 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Golden vectors for your kernel CI
+#
+# fp4sim's golden vectors are the exact bits its emulators produce for a registry of named cases:
+# every code and tie of every format, the microscaling rules where libraries disagree, converter
+# outputs and attention intermediates. They live in `tests/golden/` as plain `.npz` files (uint8
+# codes, float32 values) with a `manifest.json`; `tests/golden/FORMAT.md` describes the layout for
+# readers in other languages.
+#
+# This notebook lists the cases, materialises a few into a scratch folder, reads them back the way
+# a kernel's CI would, and shows what `check` says when a bit changes.
+#
+# Set `FP4SIM_SMALL=1` to run it quickly (CI does).
+
+# %%
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import fp4sim
+from fp4sim import golden
+
+SMALL = os.environ.get("FP4SIM_SMALL") == "1"
+print(f"fp4sim {fp4sim.__version__}: {len(golden.CASES)} golden cases registered")
+for name in sorted(golden.CASES)[:12]:
+    print(f"  {name:40s} {golden.CASES[name].description[:70]}")
+
+# %% [markdown]
+# ## Write a few cases
+#
+# `golden.write(dir, names)` is what `python -m fp4sim golden write --out DIR` runs. Files are
+# byte-reproducible: the same arrays give the same sha256 on every machine.
+
+# %%
+scratch = Path(tempfile.mkdtemp(prefix="fp4sim-golden-"))
+names = ["formats.e2m1.all_codes", "formats.e2m1.ties", "formats.e4m3.specials"]
+if not SMALL:
+    names += [n for n in sorted(golden.CASES) if n.startswith(("attention.", "formats.mx", "formats.nv"))]
+manifest = golden.write(scratch, names)
+print(json.dumps(manifest["cases"]["formats.e2m1.all_codes"], indent=1)[:900])
+
+# %% [markdown]
+# ## Read them like a kernel CI would
+#
+# A case is a ZIP of `.npy` arrays. Codes are `uint8` (one FP4 code per byte, not packed), values
+# are IEEE float32; compare them as bit patterns.
+
+# %%
+with np.load(scratch / "formats.e2m1.ties.npz") as z:
+    inputs, rne = z["inputs"], z["codes_nearest_even"]
+table = sorted(zip(inputs.tolist(), rne.tolist()))
+print("E2M1 round-to-nearest-even on the tie midpoints (input -> code):")
+for x, c in table:
+    if x in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0):
+        print(f"  {x:5.2f} -> 0x{c:X} = {float(fp4sim.decode(np.array([c], np.uint8), fp4sim.E2M1)[0]):g}")
+
+# %% [markdown]
+# A consumer can verify one array without trusting the ZIP layer: the manifest's array hash is
+# sha256 of `"<dtype>|<shape>|"` followed by the raw little-endian bytes.
+
+# %%
+meta = manifest["cases"]["formats.e2m1.ties"]["arrays"]["codes_nearest_even"]
+print(meta, golden.array_sha256(rne) == meta["sha256"])
+
+# %% [markdown]
+# ## What `check` reports when something drifts
+#
+# Flip one byte of a stored file and `check` names the case; the same happens when an emulator
+# bit changes (the regenerated arrays no longer equal the stored ones).
+
+# %%
+print("clean:", golden.check(scratch, names), "cases bit-identical")
+path = scratch / "formats.e2m1.ties.npz"
+blob = bytearray(path.read_bytes())
+blob[-7] ^= 0x40
+path.write_bytes(bytes(blob))
+try:
+    golden.check(scratch, names)
+except golden.GoldenMismatch as e:
+    print(e)
+else:
+    raise AssertionError("a corrupted file passed the check")
+
+# %% [markdown]
+# The stored set in the repository is checked in CI by `tests/test_golden.py`; regenerate it after
+# an intended change with `python -m fp4sim golden write` and explain the change in the commit.

@@ -1,0 +1,100 @@
+"""``python -m fp4sim``: every subcommand's --help is clear, and bad arguments give clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from fp4sim import __main__ as cli
+
+_HELP_PATHS = [
+    [],
+    ["reproduce"],
+    ["golden"],
+    ["golden", "write"],
+    ["golden", "check"],
+    ["golden", "list"],
+    ["figures"],
+    ["bench"],
+]
+
+
+def _run(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+@pytest.mark.parametrize("argv", _HELP_PATHS, ids=lambda a: " ".join(a) or "top")
+def test_help(argv, capsys):
+    code, out, _ = _run([*argv, "--help"], capsys)
+    assert code == 0
+    assert out.startswith("usage: python -m fp4sim")
+    assert len(out.splitlines()) >= 3
+
+
+def test_top_help_lists_every_command(capsys):
+    _, out, _ = _run(["--help"], capsys)
+    for name in ("reproduce", "golden", "figures", "bench"):
+        assert name in out
+
+
+def test_bench_help_lists_every_suite(capsys):
+    from fp4sim.bench import SUITES
+
+    _, out, _ = _run(["bench", "--help"], capsys)
+    for suite in SUITES:
+        assert suite in out
+        code, sub, _ = _run(["bench", suite, "--help"], capsys)
+        assert code == 0 and sub.startswith("usage:")
+
+
+def test_python_m_entry_point():
+    out = subprocess.run([sys.executable, "-m", "fp4sim", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "reproduce" in out.stdout
+
+
+@pytest.mark.parametrize("argv, needle", [
+    ([], "required: COMMAND"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    (["reproduce", "--quick", "--full"], "not allowed with argument"),
+    (["reproduce", "--section", "nonsense"], "invalid choice: 'nonsense'"),
+    (["golden"], "required: ACTION"),
+    (["golden", "update"], "invalid choice: 'update'"),
+    (["figures", "--out"], "expected one argument"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_bad_arguments_exit_2_with_a_message(argv, needle, capsys):
+    code, _, err = _run(argv, capsys)
+    assert code == 2
+    assert needle in err, err
+
+
+def test_unknown_golden_case_is_named(capsys):
+    assert cli.main(["golden", "check", "--case", "formats.nope.nothing"]) == 2
+    assert "formats.nope.nothing" in capsys.readouterr().err
+
+
+def test_golden_check_of_an_empty_folder_says_what_to_do(tmp_path, capsys):
+    assert cli.main(["golden", "check", "--dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "no manifest" in err and "golden write" in err
+
+
+def test_unknown_figure_is_named(capsys, tmp_path):
+    assert cli.main(["figures", "--out", str(tmp_path), "--only", "no_such_figure"]) == 2
+    assert "no_such_figure" in capsys.readouterr().err
+
+
+def test_golden_list_and_figures_list(capsys):
+    from fp4sim.figures import FIGURES
+    from fp4sim.golden import CASES
+
+    assert cli.main(["golden", "list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in CASES)
+    assert cli.main(["figures", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(f.filename in out for f in FIGURES.values())
