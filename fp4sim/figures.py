@@ -180,6 +180,55 @@ def fig_exp2_error(fig, sizes) -> None:
     ax.legend(loc="lower left", markerscale=6)
 
 
+@_figure("converter_code_maps", "E2M1 payload chosen by each Direct-P converter as a function of the "
+                                "coordinate x (2^x is the exact payload before rounding); grey: x where "
+                                "the converter disagrees with the exact one", size=(8.0, 5.0))
+def fig_converter_code_maps(fig, sizes) -> None:
+    from fp4sim import report
+
+    r = report.experiment_code_match(sizes)
+    x, maps = r["map_x"], r["maps"]
+    names = ["affine", "mitchell_s0", "mitchell_boundary"]
+    axes = fig.subplots(len(names), 1, sharex=True)
+    for ax, name in zip(axes, names):
+        wrong = maps[name] != maps["exact"]
+        ax.fill_between(x, 0, 6.4, where=wrong, color="0.85", step="mid", lw=0, label="disagrees")
+        ax.step(x, maps["exact"], where="mid", color="k", lw=1.0, label="exact RN(2^x)")
+        ax.step(x, maps[name], where="mid", color="C1", lw=1.0, ls="--", label="this converter")
+        ax.set_ylim(-0.2, 6.4)
+        ax.set_yticks([0, 0.5, 1, 1.5, 2, 3, 4, 6])
+        ax.tick_params(axis="y", labelsize=6)
+        ax.set_ylabel("payload")
+        ax.set_title(f"{report._CONVERTER_LABELS[name]}: {100 * r['grid'][name]:.2f} % of x match",
+                     fontsize=8, loc="left")
+        ax.legend(loc="upper left", fontsize=7, ncols=3)
+    axes[-1].set_xlabel("Direct-P coordinate x = t − k_B + log2 6")
+
+
+@_figure("route_errors", "Relative L2 error of each published route against exact float64 attention "
+                         "(Gaussian Q, K, V), over sequence length (left) and key-tile size (right)",
+         size=(8.5, 3.8))
+def fig_route_errors(fig, sizes) -> None:
+    from fp4sim import report
+
+    r = report.experiment_route_errors(sizes)
+    ax1, ax2 = fig.subplots(1, 2, sharey=True)
+    markers = "osD^v<>px*"
+    for i, name in enumerate(r["presets"]):
+        lens = sorted(r["by_len"][name])
+        tiles = sorted(r["by_tile"][name])
+        style = dict(marker=markers[i % len(markers)], ms=4, lw=1, color=f"C{i % 10}")
+        ax1.plot(lens, [r["by_len"][name][s]["rel_l2"] for s in lens], label=name, **style)
+        ax2.plot(tiles, [r["by_tile"][name][b]["rel_l2"] for b in tiles], **style)
+    ax1.set_xscale("log", base=2)
+    ax2.set_xscale("log", base=2)
+    ax1.set_yscale("log")
+    ax1.set_xlabel("sequence length S (key tile 128)")
+    ax2.set_xlabel(f"key tile (block_kv), S = {r['mid']}")
+    ax1.set_ylabel("relative L2 error vs exact")
+    fig.legend(loc="outside right center", fontsize=7)
+
+
 # --- CLI -------------------------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

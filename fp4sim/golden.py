@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import math
 import subprocess
 import sys
 import zipfile
@@ -580,6 +581,90 @@ def _register_attention_cases() -> None:
 
         x = _exp2_inputs()
         return {"x": x, "y": np.asarray(exp2_fa4(x), dtype=np.float32)}
+
+    @register("attention.direct_p.payload_grid",
+              description="E2M1 payload codes of the Direct-P converters (exact, affine 1.5/1.2, Mitchell "
+                          "shifts 0 / 0.0576 / log2(1.25)-1/4) on 4096 x uniform on [-6, log2 6)",
+              points=4096)
+    def direct_p_grid() -> dict[str, np.ndarray]:
+        from fp4sim.attention import MITCHELL_BOUNDARY_SHIFT, AffineP, ExactP, MitchellP, direct_p_payload
+
+        x = np.linspace(-6.0, math.log2(6.0), 4096, endpoint=False).astype(np.float32)
+        convs = {"exact": ExactP(), "affine": AffineP(), "mitchell_s0": MitchellP(shift=0.0),
+                 "mitchell_zero_mean": MitchellP(shift=0.0576),
+                 "mitchell_boundary": MitchellP(shift=MITCHELL_BOUNDARY_SHIFT)}
+        return {"x": x, **{f"codes_{n}": np.asarray(direct_p_payload(c, x), dtype=np.uint8)
+                           for n, c in convs.items()}}
+
+    for preset in _attention_preset_names():
+        def tile_case(preset=preset) -> dict[str, np.ndarray]:
+            from fp4sim.attention import convert_tile, preset_by_name
+
+            t = _tile_scores()
+            p = convert_tile(preset_by_name(preset), t, need_mismatched=True)
+            out = {"t": t, "codes": np.asarray(p.codes), "values": np.asarray(p.values, dtype=np.float32)}
+            for key in ("scales", "exps", "mismatched", "k"):
+                val = getattr(p, key)
+                if val is not None:
+                    val = np.asarray(val)
+                    out[key] = val.astype(np.int32) if val.dtype.kind == "i" else val
+            return out
+
+        register(f"attention.{preset}.p_tile",
+                 description=f"P of one 8x128 key tile of log2-domain scores under the {preset} recipe "
+                             "(convert_tile): codes, block scales/exponents, MMA values, mismatched sums",
+                 preset=preset, seed=_TILE_SEED, shape=[8, 128])(tile_case)
+
+        def forward_case(preset=preset) -> dict[str, np.ndarray]:
+            from fp4sim.attention import attention_forward, preset_by_name
+
+            q, k, v = _qkv(_FWD_SEED)
+            res = attention_forward(q, k, v, preset_by_name(preset), return_intermediates=True)
+            it = res.intermediates
+            out = {"q": q, "k": k, "v": v, "o": np.asarray(res.out, dtype=np.float32),
+                   "lse": np.asarray(res.lse, dtype=np.float32),
+                   "anchors": np.asarray(it.anchors, dtype=np.float32), "p_codes": np.asarray(it.p_codes),
+                   "numerator": np.asarray(it.numerator, dtype=np.float32),
+                   "normalizer": np.asarray(it.normalizer, dtype=np.float32)}
+            if it.p_scales is not None:
+                out["p_scales"] = np.asarray(it.p_scales)
+            if it.p_k is not None:
+                out["p_k"] = np.asarray(it.p_k).astype(np.int32)
+            return out
+
+        register(f"attention.{preset}.forward",
+                 description=f"tiled forward of the {preset} recipe on Gaussian q (1,32,64), k/v (1,256,64), "
+                             "non-causal, default softmax scale: O, LSE, tile anchors, P codes/scales, "
+                             "numerator and normalizer (bitwise; a kernel's O may differ by its "
+                             "accumulation order)",
+                 preset=preset, seed=_FWD_SEED, q_shape=[1, 32, 64], kv_shape=[1, 256, 64])(forward_case)
+
+
+_TILE_SEED = 7
+_FWD_SEED = 11
+
+
+def _attention_preset_names() -> list[str]:
+    from fp4sim.attention import PRESETS
+
+    return sorted(PRESETS)
+
+
+def _tile_scores() -> np.ndarray:
+    """8 rows × 128 keys of log2-domain scores t = u − max u (row 7 partly masked with −inf)."""
+    rng = np.random.default_rng(_TILE_SEED)
+    u = (rng.standard_normal((8, 128)) * np.linspace(0.5, 6.0, 8)[:, None]).astype(np.float32)
+    t = (u - u.max(axis=-1, keepdims=True)).astype(np.float32)
+    t[7, 40:] = -np.inf
+    return t
+
+
+def _qkv(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, 32, 64)).astype(np.float32)
+    k = rng.standard_normal((1, 256, 64)).astype(np.float32)
+    v = rng.standard_normal((1, 256, 64)).astype(np.float32)
+    return q, k, v
 
 
 _register_attention_cases()

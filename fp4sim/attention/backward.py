@@ -266,24 +266,24 @@ def _check_scaling(owner: str, name: str, value: Any) -> None:
 class TrainingRecipe:
     """One low-precision attention *training* step: the forward recipe plus every backward format.
 
-    ``forward`` is the :class:`~fp4sim.attention.recipe.AttentionRecipe` whose converter,
-    P format, normalization, tiling and exp2 model make P; its ``qk`` and ``v`` must be
-    ``FLOAT32`` because the training path quantizes the operands itself, with ``q``, ``k``, ``v``
-    (:class:`~fp4sim.attention.causal.OperandScaling`), so that it can save their codes and
-    scales for the backward and classify their causal safety. Backward formats: ``d_out`` (the
-    one quantized dO copy for dV and dP), ``p_backward`` (P as the dV operand, rows = queries),
-    ``ds`` (the dQ/dK operand). ``delta`` chooses the dO in ``D = rowsum(dO ∘ O)``.
-    ``rebuild`` is the recipe the backward rebuilds P with: ``None`` means the forward's own
-    (bit-identical P, the matched case); anything else is a deliberate mismatch (see
-    :mod:`fp4sim.attention.consistency`). ``segment_aligned``: with segment ids, scale groups
-    that span tokens are split at document boundaries (a document never shares a scale with
-    another). Hashable: a static ``jax.jit`` argument.
+    ``forward`` is the :class:`~fp4sim.attention.recipe.AttentionRecipe` whose Q/K format
+    (``qk``, ``qk_global``: quantized along the head dimension by
+    :func:`fp4sim.attention.forward.quantize_qk`), converter, P format, normalization, tiling
+    and exp2 model make the forward; its ``v`` must be ``FLOAT32`` because the training path
+    quantizes V itself with ``v`` (:class:`~fp4sim.attention.causal.OperandScaling`: it needs
+    token-axis options that ``VFormat`` lacks — OCP floor, per-token, per-tensor — and
+    document-aligned groups). Backward formats: ``d_out`` (the one quantized dO copy for dV and
+    dP), ``p_backward`` (P as the dV operand, rows = queries), ``ds`` (the dQ/dK operand).
+    ``delta`` chooses the dO in ``D = rowsum(dO ∘ O)``. ``rebuild`` is the recipe the backward
+    rebuilds P with: ``None`` means the forward's own (bit-identical P, the matched case);
+    anything else is a deliberate mismatch (:mod:`fp4sim.attention.consistency`); it must keep
+    the forward's Q/K format. ``segment_aligned``: with segment ids, scale groups that span
+    tokens are split at document boundaries (a document never shares a scale with another).
+    Hashable: a static ``jax.jit`` argument.
     """
 
     name: str
     forward: Any
-    q: Any
-    k: Any
     v: Any
     d_out: Any
     p_backward: Any
@@ -293,7 +293,7 @@ class TrainingRecipe:
     segment_aligned: bool = True
 
     def __post_init__(self) -> None:
-        from fp4sim.attention.recipe import AttentionRecipe, QKFormat, VFormat
+        from fp4sim.attention.recipe import AttentionRecipe, VFormat
 
         own = "TrainingRecipe"
         if not isinstance(self.name, str) or not self.name:
@@ -304,11 +304,19 @@ class TrainingRecipe:
                 continue
             if not isinstance(value, AttentionRecipe):
                 raise TypeError(f"{own}.{field}={value!r} must be an AttentionRecipe")
-            if value.qk is not QKFormat.FLOAT32 or value.v is not VFormat.FLOAT32:
-                raise ValueError(f"{own}.{field} has qk={value.qk.name}, v={value.v.name}; the "
-                                 f"training path quantizes Q/K/V itself (fields q, k, v), so "
-                                 f"both must be FLOAT32")
-        for field in ("q", "k", "v", "d_out", "p_backward", "ds"):
+            if value.v is not VFormat.FLOAT32:
+                raise ValueError(f"{own}.{field} has v={value.v.name}; the training path "
+                                 f"quantizes V itself (field v), so it must be FLOAT32")
+            if value.hadamard:
+                raise ValueError(f"{own}.{field}.hadamard=True is not supported by the training "
+                                 f"path (dQ/dK would need the inverse rotation); allowed: False")
+        if self.rebuild is not None and (self.rebuild.qk, self.rebuild.qk_global) != (
+                self.forward.qk, self.forward.qk_global):
+            raise ValueError(f"{own}.rebuild must keep the forward's Q/K format "
+                             f"{self.forward.qk.name}/{self.forward.qk_global.name} (the backward "
+                             f"reuses the saved quantized Q/K); got {self.rebuild.qk.name}/"
+                             f"{self.rebuild.qk_global.name}")
+        for field in ("v", "d_out", "p_backward", "ds"):
             _check_scaling(own, field, getattr(self, field))
         if not isinstance(self.delta, DeltaSource):
             raise TypeError(f"{own}.delta={self.delta!r} must be a DeltaSource; allowed: "
@@ -320,6 +328,14 @@ class TrainingRecipe:
     def rebuild_recipe(self) -> Any:
         """The recipe the backward rebuilds P with (the forward's unless a mismatch is set)."""
         return self.forward if self.rebuild is None else self.rebuild
+
+    @property
+    def qk(self) -> Any:
+        """The Q/K scaling of the forward as an :class:`~fp4sim.attention.causal.OperandScaling`
+        (for the leak classification and the probe's scale check)."""
+        from fp4sim.attention.causal import qk_scaling
+
+        return qk_scaling(self.forward)
 
     def replace(self, **changes: Any) -> "TrainingRecipe":
         """A copy with ``changes`` applied (validated again)."""

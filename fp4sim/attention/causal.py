@@ -62,6 +62,7 @@ __all__ = [
     "token_group_length",
     "quantize_operand",
     "leak_class",
+    "qk_scaling",
     "shares_scales_across_tokens",
     "FLOAT32",
     "E5M2_CAST",
@@ -189,8 +190,8 @@ def fake_quantize_segmented(x: Any, scaling: OperandScaling, segment_ids: Any) -
     part of every document is quantized as if the other documents' rows were zero (they cannot
     raise its max), so no document's scale depends on another document. Scalings that share no
     scale across tokens are applied unchanged. Cost: one quantization per document rank inside
-    a group (the number of distinct documents of the busiest group on NumPy; the group length
-    under jit, where the ids are not known).
+    a group (the number of distinct documents of the busiest group on NumPy; under jax, where
+    the ids may be traced, the group length, batched into one vmapped call).
     """
     n = x.shape[-2]
     group = token_group_length(scaling, n)
@@ -202,12 +203,18 @@ def fake_quantize_segmented(x: Any, scaling: OperandScaling, segment_ids: Any) -
                          f"of x.shape={x.shape}")
     ranks = _segment_ranks(xp, segment_ids, group)[..., :, None]
     n_ranks = group if is_jax(segment_ids) else int(np.max(ranks)) + 1
-    out = xp.zeros(x.shape, np.float32)
     zero = xp.zeros((), x.dtype)
-    for r in range(n_ranks):
-        sel = ranks == r
-        out = xp.where(sel, fake_quantize(xp.where(sel, x, zero), scaling), out)
-    return out
+    if is_jax(segment_ids) or is_jax(x):
+        import jax
+
+        # all document ranks in one vmapped quantization (each rank its own tensor)
+        sel = ranks[None] == xp.arange(n_ranks).reshape((n_ranks,) + (1,) * ranks.ndim)
+        pieces = jax.vmap(lambda xi: fake_quantize(xi, scaling))(xp.where(sel, x[None], zero))
+    else:
+        pieces = xp.stack([fake_quantize(xp.where(ranks == r, x, zero), scaling)
+                           for r in range(n_ranks)])
+    index = xp.broadcast_to(ranks, x.shape)[None]
+    return xp.take_along_axis(pieces, index, axis=0)[0]
 
 
 def shares_scales_across_tokens(scaling: OperandScaling) -> bool:
@@ -303,3 +310,25 @@ V_OPTIONS: tuple[OperandScaling, ...] = (
     MXFP4_TOKENS, NVFP4_TOKENS, FP8_PER_TENSOR_AMAX, PER_TENSOR_POW2,
 )
 """The V scalings of the leak table (seed_algorithms.md §6.3), safest first."""
+
+
+def qk_scaling(recipe: Any) -> OperandScaling:
+    """The :class:`OperandScaling` equivalent to an AttentionRecipe's Q/K format (``qk`` with
+    ``qk_global``), as :func:`fp4sim.attention.forward.quantize_qk` applies it."""
+    from fp4sim.attention.recipe import GlobalScale as QKGlobal
+    from fp4sim.attention.recipe import QKFormat
+
+    fmt = recipe.qk
+    if fmt is QKFormat.FLOAT32:
+        return FLOAT32
+    if fmt is QKFormat.BF16:
+        return OperandScaling(name="BF16 cast")  # element-wise rounding: no scale at all
+    if fmt is QKFormat.FP8_PER_TENSOR:
+        return OperandScaling(name="FP8 per-tensor amax/448 (Q/K)", fmt=FP8_E4M3_PER_TENSOR,
+                              geometry=Geometry.PER_TENSOR)
+    if fmt is QKFormat.MXFP8:
+        return MXFP8_HEAD_DIM
+    if fmt is QKFormat.TOKEN_BLOCK_FP8:
+        return TOKEN_BLOCK_POW2
+    return {QKGlobal.NONE: NVFP4_HEAD_DIM, QKGlobal.PER_TENSOR: NVFP4_HEAD_DIM_PER_TENSOR,
+            QKGlobal.PER_TOKEN: NVFP4_HEAD_DIM_PER_TOKEN}[recipe.qk_global]

@@ -36,7 +36,7 @@ from fp4sim._xp import bitcast, namespace
 from fp4sim.attention import _f32
 from fp4sim.attention.recipe import Exp2Kind, Exp2Model
 
-__all__ = ["exp2_rn", "exp2_fa4", "exp2_model", "fa4_emulated_mask", "POLY_EX2"]
+__all__ = ["exp2_rn", "exp2_fa4", "exp2_model", "fa4_emulated_mask", "log2_f32", "POLY_EX2"]
 
 POLY_EX2 = (np.float32(1.0), np.float32(0.6951461434364319), np.float32(0.22756439447402954),
             np.float32(0.07711908966302872))
@@ -151,3 +151,28 @@ def exp2_model(t: Any, model: Exp2Model, *, fragment: int, tile: int) -> Any:
     if not mask.any():
         return exp2_rn(t)
     return xp.where(xp.asarray(mask), exp2_fa4(t), exp2_rn(t))
+
+
+def log2_f32(x: Any) -> Any:
+    """float32 log2 with the same bits on every backend (a few ulp of error; not correctly
+    rounded): exponent from the bit pattern, ``log2(m)`` for m in [√½, √2) by the series
+    ``2/ln2·atanh((m−1)/(m+1))`` to the 11th power. 0 gives −Inf, negative or NaN gives NaN,
+    +Inf gives +Inf. Used for the LSE."""
+    xp = namespace(x)
+    x = _f32.ftz(xp.asarray(x, dtype=np.float32))
+    bits = bitcast(x, np.uint32)
+    e = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32) - 127
+    mant = bitcast((bits & np.uint32(0x7FFFFF)) | np.uint32(0x3F800000), np.float32)
+    big = mant > np.float32(1.4142135)
+    mant = xp.where(big, mant * np.float32(0.5), mant)
+    e = xp.where(big, e + 1, e)
+    f = _f32.div(mant - np.float32(1.0), mant + np.float32(1.0))
+    f2 = _f32.mul(f, f)
+    poly = np.float32(1 / 11)
+    for c in (1 / 9, 1 / 7, 1 / 5, 1 / 3, 1.0):
+        poly = _f32.add(_f32.mul(poly, f2), np.float32(c))
+    lm = _f32.mul(_f32.mul(f, poly), np.float32(2 / np.log(2)))
+    out = _f32.add(e.astype(np.float32), lm)
+    out = xp.where(x == 0, np.float32(-np.inf), out)
+    out = xp.where(xp.isinf(x) & (x > 0), np.float32(np.inf), out)
+    return xp.where((x < 0) | xp.isnan(x), np.float32(np.nan), out)

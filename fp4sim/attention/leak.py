@@ -7,8 +7,12 @@ This module owns :func:`leak_probe` and its result :class:`LeakReport`. Protocol
    standard normal); causal mask; one (batch, head).
 2. A target future token ``j*`` whose scale groups also hold past tokens (default 77, inside the
    32-token group 64..95).
-3. Perturb the *input* of ``j*``: ``X[j*] ← gain · X[j*]`` (default gain 4), so that its K and V
-   entries become their groups' maxima. The probe then checks that the scale of at least one
+3. Perturb the *input* of ``j*``: ``X[j*] ← gain · X[j*]`` (default gain 5), so that its K and V
+   entries become their groups' maxima. The default gain is deliberately *not* a power of two
+   (the seed used 4): when ``j*`` already held a group's max, a power-of-two gain rescales a
+   non-power-of-two scale (FP32 amax/448, UE4M3) by exactly that power of two, and E4M3
+   rounding is invariant under it — which hides a real leak (measured: per-tensor amax/448 at
+   gain 4 gives 1.7e-6 on the default inputs, at gain 5 6.5e-2). The probe then checks that the scale of at least one
    group holding ``j*`` really changed (K or V: block scale codes or FP32 factor); if none did,
    the probe proves nothing and the report says ``vacuous`` (a gain of 1.3 is typically vacuous).
 4. Re-run the emulated forward and backward with everything else identical.
@@ -119,7 +123,7 @@ def _group_scales_changed(x0: np.ndarray, x1: np.ndarray, scaling: causal.Operan
 
 
 def leak_probe(recipe: TrainingRecipe, *, n_tokens: int = 128, d_model: int = 64,
-               head_dim: int = 64, target: int = 77, gain: float = 4.0, seed: int = 0,
+               head_dim: int = 64, target: int = 77, gain: float = 5.0, seed: int = 0,
                softmax_scale: float | None = None) -> LeakReport:
     """Run the probe of the module docstring for ``recipe`` (NumPy, one head, causal)."""
     from fp4sim.attention.autodiff import training_backward, training_forward
@@ -145,7 +149,7 @@ def leak_probe(recipe: TrainingRecipe, *, n_tokens: int = 128, d_model: int = 64
         operands.append((q, k, v))
 
     changed = tuple(
-        name for name, i, scaling in (("q", 0, recipe.q), ("k", 1, recipe.k), ("v", 2, recipe.v))
+        name for name, i, scaling in (("q", 0, recipe.qk), ("k", 1, recipe.qk), ("v", 2, recipe.v))
         if _group_scales_changed(operands[0][i], operands[1][i], scaling, target))
     leak_o, bit_o = leak_metric(results[0][0], results[1][0], target)
     leak_dq, bit_dq = leak_metric(results[0][1], results[1][1], target)

@@ -28,10 +28,11 @@ Fields of :class:`AttentionRecipe`:
 * ``exp2``: :class:`Exp2Model` (correctly rounded, or FA4's polynomial on a share of pairs).
 * ``rescale_threshold``: the running max moves only when a tile's max exceeds it by more than
   this many log2 units (FA4/HAO use 0 with quantized P, cuDNN's reference 4.0, §2.5).
-* ``ftz``: the float32 SIMT arithmetic (softmax, normalizer, rescale) flushes results below
-  2^-126 to zero, like ``.ftz`` instructions (§4.3). The emulator always flushes explicitly, so
-  NumPy and XLA agree; ``ftz=False`` keeps subnormal exp2/normalizer results on NumPy only and is
-  therefore rejected under jit (see :mod:`fp4sim.attention.forward`).
+* Flush-to-zero is modelled, not optional: all float32 arithmetic of the emulator (softmax,
+  normalizer, rescale, accumulation) flushes results below 2^-126 to zero, like ``.ftz`` SIMT
+  instructions, explicitly, so NumPy and XLA agree (:mod:`fp4sim.attention._f32`). The order of
+  the consistent normalizer that survives it (§4.3) is the forward's; the unsafe orders are in
+  :mod:`fp4sim.attention.normalization`.
 * ``hadamard``: rotate Q and K by the orthonormal Walsh-Hadamard matrix along the head
   dimension before quantization (§2.10).
 
@@ -320,7 +321,6 @@ class AttentionRecipe:
     pv_group: int = 64
     exp2: Exp2Model = Exp2Model()
     rescale_threshold: float = 0.0
-    ftz: bool = True
     hadamard: bool = False
 
     def __post_init__(self) -> None:
@@ -365,9 +365,11 @@ class AttentionRecipe:
             if self.rescale_threshold > limit:
                 raise ValueError(f"{own}.rescale_threshold={self.rescale_threshold} lets "
                                  f"p·{self.converter.scale} exceed E4M3's 448; allowed <= {limit:.3f}")
-        for name in ("ftz", "hadamard"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{own}.{name}={getattr(self, name)!r} must be a bool")
+        if not isinstance(self.hadamard, bool):
+            raise TypeError(f"{own}.hadamard={self.hadamard!r} must be a bool")
+        if self.normalization is Normalization.EXACT and self.p_format is not PFormat.FLOAT32:
+            raise ValueError(f"{own}: normalization=EXACT means unquantized P in numerator and "
+                             f"denominator; it needs p_format=FLOAT32, not {self.p_format.name}")
         if self.qk_global is not GlobalScale.NONE and self.qk is not QKFormat.NVFP4:
             raise ValueError(f"{own}.qk_global={self.qk_global.name} applies only to "
                              f"qk=NVFP4, not {self.qk.name}")

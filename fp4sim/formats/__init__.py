@@ -9,5 +9,10 @@ from fp4sim.formats.spec import *  # noqa: F401,F403
 from fp4sim.formats import spec as _spec
 from fp4sim.formats.codec import *  # noqa: F401,F403
 from fp4sim.formats import codec as _codec
+from fp4sim.formats.packing import *  # noqa: F401,F403
+from fp4sim.formats import packing as _packing
+from fp4sim.formats.layouts import *  # noqa: F401,F403
+from fp4sim.formats import layouts as _layouts
 
 __all__ = list(_spec.__all__) + list(_codec.__all__)
+__all__ += list(_packing.__all__) + list(_layouts.__all__)

@@ -745,6 +745,11 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
         else:
             g_dec = global_decode_scale(amax_t, fmt)
             s_enc = div_f32(np.float32(1.0), g_dec)
+    if g_dec is not None and is_jax(g_dec):
+        # Keep XLA from fusing the whole-tensor reduction into every consumer (minutes of compile).
+        from jax import lax
+
+        g_dec, s_enc = lax.optimization_barrier((g_dec, s_enc))
     g_dec_b = None if g_dec is None else _to_blocked(xp, g_dec, shape, blocked)
     s_enc_b = None if s_enc is None else _to_blocked(xp, s_enc, shape, blocked)
 

@@ -3,6 +3,17 @@
 Importing this package does not initialise a GPU backend; kernels are built on first call.
 """
 
+from fp4sim.kernels.attention_mgpu import (
+    Ablation,
+    DebugTile,
+    FP8AttentionConfig,
+    FP8Operands,
+    OutType,
+    PConversion,
+    attention_fp8,
+    attention_fp8_quantized,
+    quantize_operands,
+)
 from fp4sim.kernels.harness import (
     Arch,
     KernelRaceError,
@@ -16,6 +27,15 @@ from fp4sim.kernels.harness import (
 )
 
 __all__: list[str] = [
+    "Ablation",
+    "DebugTile",
+    "FP8AttentionConfig",
+    "FP8Operands",
+    "OutType",
+    "PConversion",
+    "attention_fp8",
+    "attention_fp8_quantized",
+    "quantize_operands",
     "Arch",
     "KernelRaceError",
     "cross_lower",

@@ -486,7 +486,11 @@ def _forward(ops: FP8Operands, softmax_scale: float, cfg: FP8AttentionConfig) ->
     rep = lambda e: jnp.repeat(e.astype(jnp.int32), TOKEN_BLOCK, axis=-1)  # noqa: E731
     q_scale = _pow2_f32(rep(ops.q_exp))  # (B, Hq, T)
     ek, ev = rep(ops.k_exp), rep(ops.v_exp)
-    kv_cols = jnp.stack([_pow2_f32(ek), ev.astype(jnp.float32), _pow2_f32(-ev)], axis=2)
+    b, hkv, s = ev.shape
+    e_tile = jnp.repeat(jnp.max(ev.reshape(b, hkv, s // cfg.block_kv, cfg.block_kv), axis=-1),
+                        cfg.block_kv, axis=-1)  # E_T: max V exponent of each key tile
+    kv_cols = jnp.stack([_pow2_f32(ek), (ev - e_tile + _P_HEADROOM).astype(jnp.float32),
+                         _pow2_f32(-ev), e_tile.astype(jnp.float32)], axis=2)
     call = _build_call(tuple(ops.q_codes.shape), tuple(ops.k_codes.shape), softmax_scale, cfg)
     return call(ops.q_codes, ops.k_codes, ops.vt_codes, q_scale, kv_cols)
 
@@ -558,7 +562,7 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
                                     qs_bar.at[wg])
             plgpu.barrier_wait(q_bar.at[wg])
             plgpu.barrier_wait(qs_bar.at[wg])
-            q_scale = plgpu.load(qs_smem, layout=row)
+            cq = plgpu.load(qs_smem, layout=row) * c  # c·2^e_Q: exact scaling of c
 
             m_i = plgpu.layout_cast(jnp.full((bq,), -jnp.inf, f32), row)
             l_i = plgpu.layout_cast(jnp.full((bq,), 0.0, f32), row)
@@ -582,38 +586,52 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
                 plgpu.barrier_arrive(k_cons.at[slot])
                 plgpu.barrier_wait(c_bar.at[slot])
                 if ab is Ablation.SKIP_KEY_COLUMNS:
-                    z = s_tile * bc_row(q_scale, bkv)
-                    ev = evinv = None
+                    z = s_tile
+                    h = evinv = None
+                    e_t = 0.0
                 else:
                     kscale = plgpu.load(kc_smem.at[slot, 0], layout=col)
-                    ev = plgpu.load(kc_smem.at[slot, 1], layout=col)
+                    h = plgpu.load(kc_smem.at[slot, 1], layout=col)
                     evinv = plgpu.load(kc_smem.at[slot, 2], layout=col)
-                    z = (s_tile * bc_col(kscale)) * bc_row(q_scale, bkv)
+                    e_t = kc_smem[slot, 3, 0]
+                    z = s_tile * bc_col(kscale)  # exact: a power-of-two column scale
+                a_off = 0.0
                 if masked:
                     qi = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=plgpu.Layout.WGMMA)
                     ki = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=plgpu.Layout.WGMMA)
-                    z = jnp.where(qi + q_base >= ki + kv_step * bkv, z, -jnp.inf)
-                m_new = jnp.maximum(m_i, z.max(axis=1))
-                t = (z - bc_row(m_new, bkv)) * c
-                ceil_t = _ceil_f32(t)
-                f_tile = (ceil_t if ev is None else ceil_t + bc_col(ev)).max(axis=1) - _P_HEADROOM
-                f_new = jnp.where(f_tile == -jnp.inf, f_i, f_tile)
-                g = (-bc_row(f_new, bkv)) if ev is None else bc_col(ev) - bc_row(f_new, bkv)
+                    visible = qi + q_base >= ki + kv_step * bkv
+                    z = jnp.where(visible, z, -jnp.inf)
+                    if h is not None:  # A_r − E_T over the visible keys only (causal-safe)
+                        a_off = jnp.where(visible, bc_col(h), -jnp.inf).max(axis=1) - _P_HEADROOM
+                z_max = z.max(axis=1)
+                m_new = jnp.maximum(m_i, z_max)
+                ceil_tmax = _ceil_f32((z_max - m_new) * cq)
+                g_row = ceil_tmax + a_off  # G_j = h_j − g_row
+                f_tile = g_row + (e_t - _P_HEADROOM)
+                seen = f_tile != -jnp.inf  # False only for rows with every key of the tile masked
+                f_new = jnp.where(seen, f_tile, f_i)
+                g_row = jnp.where(seen, g_row, 0.0)
+                hcol = float(_P_HEADROOM) if h is None else bc_col(h)
                 p_u = None
                 if exact:
-                    p8 = exact_e4m3_exp2(t, g).astype(f8)
+                    t = (z - bc_row(m_new, bkv)) * bc_row(cq, bkv)
+                    p8 = exact_e4m3_exp2(t, hcol - bc_row(g_row, bkv)).astype(f8)
                 else:
-                    p_u = jnp.exp2(t + g)
+                    r = m_new * cq + g_row
+                    p_u = jnp.exp2(z * bc_row(cq, bkv) + (hcol - bc_row(r, bkv)))
                     p8 = p_u.astype(f8)
                 if ab is Ablation.SKIP_NORMALIZER:
                     l_tile = None
                 else:
                     if consistent:
                         w = p8.astype(f32)
+                    elif p_u is not None:
+                        w = p_u
                     else:
-                        w = p_u if p_u is not None else jnp.exp2(t + g)
+                        w = jnp.exp2((z - bc_row(m_new, bkv)) * bc_row(cq, bkv)
+                                     + (hcol - bc_row(g_row, bkv)))
                     l_tile = (w if evinv is None else w * bc_col(evinv)).sum(axis=1)
-                beta = jnp.exp2((m_i - m_new) * c + (f_i - f_new))
+                beta = jnp.exp2((m_i - m_new) * cq + (f_i - f_new))
                 acc = acc * bc_row(beta, d)
                 l_i = l_i * beta + (1.0 if l_tile is None else l_tile)
                 if ab is not Ablation.SKIP_PV:
@@ -677,7 +695,7 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
             l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
             out = acc / bc_row(l_safe, d)
             o_smem[...] = out.astype(out_dtype)
-            lse_smem[...] = jnp.where(l_i == 0.0, -jnp.inf, m_i * c + f_i + jnp.log2(l_safe))
+            lse_smem[...] = jnp.where(l_i == 0.0, -jnp.inf, m_i * cq + f_i + jnp.log2(l_safe))
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(o_smem, o_ref.at[bi, pl.ds(q_base, bq), head])
             plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[bi, head, pl.ds(q_base, bq)])
@@ -725,7 +743,7 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
             plgpu.SMEM((2, bq, d), f8, transforms=smem_transforms(f8, d)),
             plgpu.SMEM((slots, bkv, d), f8, transforms=smem_transforms(f8, d)),
             plgpu.SMEM((slots, d, bkv), f8, transforms=smem_transforms(f8, bkv)),
-            plgpu.SMEM((slots, 3, bkv), f32),
+            plgpu.SMEM((slots, 4, bkv), f32),
             plgpu.SMEM((2, bq, bkv), f8, transforms=smem_transforms(f8, bkv)),
             plgpu.SMEM((2, bq, d), out_dtype, transforms=smem_transforms(out_dtype, d)),
             plgpu.SMEM((2, bq), f32),
@@ -813,20 +831,23 @@ def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8Atte
                 f = np.zeros(bq, np.float32)
                 l = np.zeros(bq)
                 acc = np.zeros((bq, d))
+                cq = (c * np.exp2(eq[bi, h, rows])).astype(np.float32)  # exact scaling of c
                 for j in range(steps):
                     cols = slice(j * bkv, (j + 1) * bkv)
-                    z = (sc[rows, cols] * np.exp2(ek[bi, kh, cols]).astype(np.float32)[None, :]) \
-                        * np.exp2(eq[bi, h, rows]).astype(np.float32)[:, None]
-                    z = z.astype(np.float32)
+                    z = (sc[rows, cols] * np.exp2(ek[bi, kh, cols]).astype(np.float32)[None, :])
+                    z = z.astype(np.float32)  # exact: power-of-two column scale
+                    visible = np.ones((bq, bkv), bool)
                     if cfg.causal:
-                        qi = np.arange(r0, r0 + bq)[:, None]
-                        ki = np.arange(j * bkv, (j + 1) * bkv)[None, :]
-                        z = np.where(qi >= ki, z, np.float32(-np.inf))
-                    m_new = np.maximum(m, z.max(axis=1))
+                        visible = np.arange(r0, r0 + bq)[:, None] >= np.arange(j * bkv, (j + 1) * bkv)[None, :]
+                        z = np.where(visible, z, np.float32(-np.inf))
+                    z_max = z.max(axis=1)
+                    m_new = np.maximum(m, z_max)
                     with np.errstate(invalid="ignore"):
-                        t = ((z - m_new[:, None]).astype(np.float32) * c).astype(np.float32)
+                        t = ((z - m_new[:, None]).astype(np.float32) * cq[:, None]).astype(np.float32)
+                        t_max = ((z_max - m_new).astype(np.float32) * cq).astype(np.float32)
                     evj = ev[bi, kh, cols].astype(np.float32)
-                    f_tile = (np.ceil(t) + evj[None, :]).max(axis=1) - _P_HEADROOM
+                    a_r = np.where(visible, evj[None, :], -np.inf).max(axis=1)
+                    f_tile = (a_r + np.ceil(t_max) - _P_HEADROOM).astype(np.float32)
                     f_new = np.where(f_tile == -np.inf, f, f_tile).astype(np.float32)
                     g = evj[None, :] - f_new[:, None]
                     p32 = np.exp2(t.astype(np.float64)).astype(np.float32)  # CR32 exp2
@@ -838,7 +859,7 @@ def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8Atte
                     else:
                         l_tile = (np.exp2(t.astype(np.float64) + g) *
                                   np.exp2(-evj.astype(np.float64))[None, :]).sum(axis=1)
-                    beta = np.exp2((m.astype(np.float64) - m_new) * c + (f.astype(np.float64) - f_new))
+                    beta = np.exp2((m.astype(np.float64) - m_new) * cq + (f.astype(np.float64) - f_new))
                     acc = acc * beta[:, None] + codes.astype(np.float64) @ (
                         vtc[bi, kh][:, cols].T.astype(np.float64))
                     l = l * beta + l_tile
@@ -852,5 +873,5 @@ def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8Atte
                 out["o"][bi, rows, h, :] = acc / safe[:, None]
                 with np.errstate(divide="ignore"):
                     out["lse"][bi, h, rows] = np.where(l == 0, -np.inf,
-                                                       m.astype(np.float64) * c + f + np.log2(safe))
+                                                       m.astype(np.float64) * cq + f + np.log2(safe))
     return out

@@ -1,0 +1,455 @@
+"""The emulated training path end to end, and its ``jax.custom_vjp`` wiring for ``jax.grad``.
+
+This module owns:
+
+* :func:`training_forward` — quantize Q, K, V with the :class:`TrainingRecipe`'s operand
+  scalings (document-aligned when segment ids are given and ``segment_aligned``), run the tiled
+  forward :func:`fp4sim.attention.forward.attention_forward` on them, and return O with the
+  :class:`SavedForward` state a kernel keeps: the quantized Q/K/V (stored as their exactly
+  dequantized float32 values: a lossless stand-in for codes + scales), O, LSE, and the row
+  statistics (final anchor ``m`` and normalizer ``L``; ``LSE = ln2·(m + log2 L)``, kept as the
+  pair so that P̃ is rebuilt without the rounding of a logarithm and an exponential).
+* :func:`rebuild_p` — the backward's P: scores of the saved quantized Q/K
+  (:func:`fp4sim.attention.forward.scores`, independent of the tiling), the running-max anchors
+  for the rebuild recipe's key tiles (the forward's rule, recomputed), ``t = u − m`` per tile,
+  and :func:`fp4sim.attention.converters.convert_tile`: bit-identical codes, block scales and
+  block exponents to the forward's when the recipes match. The normalized represented P̃ is
+  ``P̃_ij = fl(fl(w̃_ij · 2^(m_tile − m)) / L)`` with ``w̃`` the represented weight in the
+  converter's units (``/pdiv`` for consistent normalization).
+* :func:`training_backward` — P̃ rebuilt, then :func:`fp4sim.attention.backward.emulated_backward`.
+* :func:`emulated_attention` — O of the training forward as a jax function whose VJP is the
+  emulated backward (``jax.custom_vjp``); gradients pass straight through the quantizers
+  (the gradient with respect to a quantized operand is used for the float input). Works under
+  ``jax.jit`` and ``jax.vmap``; the recipe, softmax scale and ``causal`` are static.
+* Named recipes: :data:`TRAINING_PRESETS` (published routes and the float32 baseline) and
+  :data:`LEAK_TABLE` (the rows of seed_algorithms.md §6.3, in order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fp4sim._xp import is_jax, namespace
+from fp4sim.attention import _f32, causal
+from fp4sim.attention import causal as _causal_module
+from fp4sim.attention.backward import BackwardTrace, DeltaSource, TrainingRecipe, emulated_backward
+from fp4sim.attention.converters import convert_tile
+from fp4sim.attention.exp2 import exp2_rn
+from fp4sim.attention.forward import Operand, attention_forward, log2_scores, score_scale, scores
+from fp4sim.attention.recipe import (
+    AffineP,
+    AttentionRecipe,
+    ExactP,
+    FixedScaleP,
+    Normalization,
+    PFormat,
+    QKFormat,
+    VFormat,
+)
+from fp4sim.formats.blocks import MXFP8_E4M3
+
+__all__ = [
+    "SavedForward",
+    "RebuiltP",
+    "training_forward",
+    "rebuild_p",
+    "forward_p",
+    "training_backward",
+    "emulated_attention",
+    "P_MXFP8_KEYS",
+    "TRAINING_PRESETS",
+    "LEAK_TABLE",
+    "training_preset",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SavedForward:
+    """What the training forward keeps for the backward (module docstring). A jax pytree whose
+    static (hashed) parts are ``qk_block``, ``qk_exact``, ``softmax_scale`` and ``causal``.
+
+    ``q_op``/``k_op`` hold the forward's quantized Q/K as
+    :class:`fp4sim.attention.forward.Operand` arrays ``(values, exps, post, post_exp)`` (payload
+    values, block exponents, per-token factors), from which the scores are recomputed exactly;
+    ``q_hat``/``k_hat`` are the same operands dequantized (the dQ/dK operands)."""
+
+    q_op: Any
+    k_op: Any
+    q_hat: Any  # (..., Sq, D) float32
+    k_hat: Any  # (..., Skv, D)
+    v_hat: Any  # (..., Skv, Dv): the quantized V as the forward multiplied it
+    out: Any  # (..., Sq, Dv) float32 O
+    lse: Any  # (..., Sq) natural-log LSE
+    m: Any  # (..., Sq) final running max (log2 units, scaled scores)
+    l: Any  # (..., Sq) final normalizer, converter units
+    fwd_codes: Any  # (..., Sq, Skv_pad) the forward's P codes (for the consistency check)
+    fwd_scales: Any  # (..., Sq, Skv_pad / block) or None
+    fwd_k: Any  # (..., Sq, Skv_pad / block) or None
+    fwd_anchors: Any  # (..., Sq, Skv_pad) the anchor each key's tile used
+    segment_ids: Any  # (..., S) or None
+    qk_block: int
+    qk_exact: bool
+    softmax_scale: float
+    causal: bool
+
+
+_SAVED_DATA = ("q_op", "k_op", "q_hat", "k_hat", "v_hat", "out", "lse", "m", "l", "fwd_codes",
+               "fwd_scales", "fwd_k", "fwd_anchors", "segment_ids")
+try:  # jax is a hard dependency; keep NumPy-only use working without it
+    import jax as _jax
+
+    _jax.tree_util.register_dataclass(
+        SavedForward, data_fields=list(_SAVED_DATA),
+        meta_fields=["qk_block", "qk_exact", "softmax_scale", "causal"])
+except ImportError:  # pragma: no cover
+    pass
+
+
+def _dequantized(xp: Any, op: tuple, block: int) -> Any:
+    """The real values of a saved Q/K operand: ``values · 2^exps · 2^post_exp · post``."""
+    values, exps, post, post_exp = op
+    x = values
+    if exps is not None:
+        x = _f32.ldexp(x, xp.repeat(exps, block, axis=-1))
+    if post_exp is not None:
+        x = _f32.ldexp(x, post_exp[..., None])
+    if post is not None:
+        x = _f32.mul(x, post[..., None])
+    return x
+
+
+def _operand(op: tuple, block: int, exact: bool) -> Operand:
+    return Operand(op[0], op[1], op[2], op[3], block, exact, 1.0, None)
+
+
+def _slice_tokens(op: Operand, n: int) -> tuple:
+    def cut(a, axis):
+        if a is None:
+            return None
+        return a[..., :n, :] if axis == -2 else a[..., :n]
+
+    return (cut(op.values, -2), cut(op.exps, -2), cut(op.post, -1), cut(op.post_exp, -1))
+
+
+class RebuiltP(NamedTuple):
+    """The backward's P: ``p`` normalized float32 (..., Sq, Skv) and the integer parts."""
+
+    p: Any
+    codes: Any  # (..., Sq, Skv_pad)
+    scales: Any
+    k: Any
+    anchors: Any  # (..., Sq, Skv_pad) per key
+
+
+def _softmax_scale(head_dim: int, softmax_scale: float | None) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    score_scale(head_dim, softmax_scale)  # validates
+    return float(softmax_scale)
+
+
+def _quantizer(segment_ids: Any, aligned: bool):
+    if segment_ids is None or not aligned:
+        return causal.fake_quantize
+    return functools.partial(_segmented, segment_ids=segment_ids)
+
+
+def _segmented(x: Any, scaling: causal.OperandScaling, *, segment_ids: Any) -> Any:
+    return causal.fake_quantize_segmented(x, scaling, segment_ids)
+
+
+def _per_key(xp: Any, a: Any, width: int) -> Any:
+    """(..., n) per-block values repeated ``width`` times along the last axis."""
+    return xp.repeat(a, width, axis=-1)
+
+
+def training_forward(q: Any, k: Any, v: Any, recipe: TrainingRecipe, *,
+                     softmax_scale: float | None = None, causal: bool = True,
+                     segment_ids: Any = None) -> tuple[Any, SavedForward]:
+    """O (..., Sq, Dv) of ``recipe``'s forward and the :class:`SavedForward` state.
+
+    Self-attention shapes: ``segment_ids`` (..., S) label packed documents (queries and keys
+    share them). NumPy or jax inputs (float32)."""
+    is_causal = causal
+    causal = _causal_module
+    if not isinstance(recipe, TrainingRecipe):
+        raise TypeError(f"recipe={recipe!r} must be a TrainingRecipe")
+    xp = namespace(q, k, v, segment_ids)
+    q, k, v = (xp.asarray(x, dtype=np.float32) for x in (q, k, v))
+    scale = _softmax_scale(q.shape[-1], softmax_scale)
+    fq = _quantizer(segment_ids, recipe.segment_aligned)
+    if segment_ids is not None and recipe.segment_aligned and \
+            causal.shares_scales_across_tokens(recipe.qk):
+        raise ValueError(f"recipe {recipe.name!r}: Q/K format {recipe.forward.qk.name} shares "
+                         f"scales across tokens and the forward's Q/K quantizer cannot split "
+                         f"them at document boundaries; use a per-token Q/K format or "
+                         f"segment_aligned=False")
+    v_hat = fq(v, recipe.v)
+    res = attention_forward(q, k, v_hat, recipe.forward, causal=is_causal,
+                            q_segment_ids=segment_ids, softmax_scale=scale,
+                            return_intermediates=True)
+    it = res.intermediates
+    tile = recipe.forward.block_kv
+    skv = k.shape[-2]
+    q_op = _slice_tokens(it.q, q.shape[-2])
+    k_op = _slice_tokens(it.k, skv)
+    saved = SavedForward(
+        q_op=q_op, k_op=k_op, q_hat=_dequantized(xp, q_op, it.q.block),
+        k_hat=_dequantized(xp, k_op, it.k.block), v_hat=v_hat, out=res.out, lse=res.lse,
+        m=it.anchors[..., -1], l=it.normalizer, fwd_codes=it.p_codes, fwd_scales=it.p_scales,
+        fwd_k=it.p_k, fwd_anchors=_per_key(xp, it.anchors, tile), segment_ids=segment_ids,
+        qk_block=it.q.block, qk_exact=bool(it.q.exact), softmax_scale=scale, causal=is_causal)
+    return res.out, saved
+
+
+def _tile_anchors(xp: Any, u: Any, recipe: AttentionRecipe) -> list[Any]:
+    """The running max used by each key tile (the forward's rule, step 2 of its docstring)."""
+    tile = recipe.block_kv
+    m = xp.full(u.shape[:-1], -np.inf, dtype=np.float32)
+    out = []
+    for i in range(u.shape[-1] // tile):
+        ut = u[..., i * tile:(i + 1) * tile]
+        mt = xp.max(xp.where(xp.isnan(ut), np.float32(-np.inf), ut), axis=-1)
+        if recipe.rescale_threshold == 0:
+            m = xp.maximum(m, mt)
+        else:
+            move = (m == -np.inf) | (mt > _f32.add(m, np.float32(recipe.rescale_threshold)))
+            m = xp.where(move, xp.maximum(m, mt), m)
+        out.append(m)
+    return out
+
+
+def _mask(xp: Any, sq: int, skv: int, skv_pad: int, is_causal: bool, segment_ids: Any) -> Any:
+    rows = xp.arange(sq, dtype=np.int32)[:, None]
+    cols = xp.arange(skv_pad, dtype=np.int32)[None, :]
+    ok = cols < skv
+    if is_causal:
+        ok = ok & (cols <= rows + (skv - sq))
+    if segment_ids is not None:
+        seg = xp.asarray(segment_ids).astype(np.int32)
+        kseg = xp.pad(seg, [(0, 0)] * (seg.ndim - 1) + [(0, skv_pad - skv)], constant_values=-1)
+        ok = ok & (seg[..., :, None] == kseg[..., None, :])
+    return ok
+
+
+def rebuild_p(saved: SavedForward, recipe: AttentionRecipe) -> RebuiltP:
+    """P̃ from the saved quantized Q/K and row statistics with ``recipe``'s converter and tiling
+    (module docstring). Bit-identical to the forward's P when ``recipe`` is the forward's."""
+    xp = namespace(saved.q_hat, saved.k_hat, saved.m)
+    sq, d = saved.q_hat.shape[-2:]
+    skv = saved.k_hat.shape[-2]
+    tile = recipe.block_kv
+    n_tiles = -(-skv // tile)
+    skv_pad = n_tiles * tile
+    k_op = saved.k_op
+    if skv_pad != skv:
+        def pad(a, axis):
+            if a is None:
+                return None
+            w = [(0, 0)] * a.ndim
+            w[axis] = (0, skv_pad - skv)
+            return xp.pad(a, w)
+
+        k_op = (pad(k_op[0], -2), pad(k_op[1], -2), pad(k_op[2], -1), pad(k_op[3], -1))
+    qop = _operand(saved.q_op, saved.qk_block, saved.qk_exact)
+    kop = _operand(k_op, saved.qk_block, saved.qk_exact)
+    c = score_scale(d, saved.softmax_scale)
+    valid = _mask(xp, sq, skv, skv_pad, saved.causal, saved.segment_ids)
+    u = log2_scores(scores(qop, kop), c, valid)
+    anchors = _tile_anchors(xp, u, recipe)
+    mism = recipe.normalization is Normalization.MISMATCHED
+    m_fin = saved.m
+    fin = m_fin > -np.inf
+    pos = saved.l > 0
+    l_safe = xp.where(pos, saved.l, np.float32(1.0))[..., None]
+    ps, codes, scales, ks, anc = [], [], [], [], []
+    for i, m in enumerate(anchors):
+        ut = u[..., i * tile:(i + 1) * tile]
+        finite = m > -np.inf
+        t = xp.where(finite[..., None], ut - xp.where(finite, m, np.float32(0.0))[..., None],
+                     np.float32(-np.inf))
+        pt = convert_tile(recipe, t)
+        w = pt.values
+        if pt.exps is not None or pt.factor_exp:
+            e = xp.zeros(w.shape, np.int32) if pt.exps is None else \
+                _per_key(xp, pt.exps, pt.block)
+            w = _f32.ldexp(w, e + np.int32(pt.factor_exp))
+        if not mism and pt.pdiv != 1:
+            w = _f32.div(w, np.float32(pt.pdiv))
+        r = xp.where(finite & fin, exp2_rn(xp.where(finite & fin, m - m_fin, np.float32(0.0))),
+                     np.float32(0.0))
+        p = xp.where(pos[..., None], _f32.div(_f32.mul(w, r[..., None]), l_safe),
+                     np.float32(0.0))
+        ps.append(p)
+        codes.append(pt.codes)
+        scales.append(pt.scales)
+        ks.append(pt.k)
+        anc.append(xp.broadcast_to(m[..., None], m.shape + (tile,)))
+
+    def cat(parts):
+        return None if parts[0] is None else xp.concatenate(parts, axis=-1)
+
+    p = cat(ps)[..., :skv]
+    return RebuiltP(p, cat(codes), cat(scales), cat(ks), cat(anc))
+
+
+def forward_p(saved: SavedForward, recipe: TrainingRecipe) -> RebuiltP:
+    """P̃ as the *forward* made it: :func:`rebuild_p` with the forward recipe (for the checks;
+    its integer parts are compared with the forward's own intermediates in the tests)."""
+    return rebuild_p(saved, recipe.forward)
+
+
+class TrainingTrace(NamedTuple):
+    """:class:`~fp4sim.attention.backward.BackwardTrace` plus the rebuilt P."""
+
+    grads: Any
+    p: Any
+    rebuilt: RebuiltP
+    backward: BackwardTrace
+
+    def __getattr__(self, name: str) -> Any:  # d_out_q, dp, delta, ds, ... from the trace
+        return getattr(self.backward, name)
+
+
+def training_backward(saved: SavedForward, d_out: Any, recipe: TrainingRecipe) -> TrainingTrace:
+    """dQ, dK, dV (and every intermediate) of ``recipe``'s backward from ``saved``."""
+    if not isinstance(recipe, TrainingRecipe):
+        raise TypeError(f"recipe={recipe!r} must be a TrainingRecipe")
+    xp = namespace(saved.q_hat, d_out)
+    d_out = xp.asarray(d_out, dtype=np.float32)
+    if d_out.shape != saved.out.shape:
+        raise ValueError(f"d_out.shape={d_out.shape} must equal the output's shape "
+                         f"{saved.out.shape}")
+    rebuilt = rebuild_p(saved, recipe.rebuild_recipe)
+    trace = emulated_backward(
+        rebuilt.p, saved.q_hat, saved.k_hat, saved.v_hat, saved.out, d_out,
+        softmax_scale=saved.softmax_scale, d_out_scaling=recipe.d_out,
+        p_scaling=recipe.p_backward, ds_scaling=recipe.ds, delta=recipe.delta,
+        quantize=_quantizer(saved.segment_ids, recipe.segment_aligned))
+    return TrainingTrace(trace.grads, rebuilt.p, rebuilt, trace)
+
+
+# --- jax.custom_vjp ---------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _vjp_function(recipe: TrainingRecipe, softmax_scale: float, is_causal: bool,
+                  segmented: bool):
+    import jax
+
+    def primal(q, k, v, seg):
+        out, _ = training_forward(q, k, v, recipe, softmax_scale=softmax_scale, causal=is_causal,
+                                  segment_ids=seg if segmented else None)
+        return out
+
+    def fwd(q, k, v, seg):
+        out, saved = training_forward(q, k, v, recipe, softmax_scale=softmax_scale,
+                                      causal=is_causal, segment_ids=seg if segmented else None)
+        return out, saved
+
+    def bwd(saved, g):
+        grads = training_backward(saved, g, recipe).grads
+        seg = saved.segment_ids
+        seg_ct = None if seg is None else np.zeros(seg.shape, dtype=jax.dtypes.float0)
+        return grads.dq, grads.dk, grads.dv, seg_ct
+
+    f = jax.custom_vjp(primal)
+    f.defvjp(fwd, bwd)
+    return f
+
+
+def emulated_attention(q: Any, k: Any, v: Any, recipe: TrainingRecipe, *,
+                       softmax_scale: float | None = None, causal: bool = True,
+                       segment_ids: Any = None) -> Any:
+    """O of ``recipe``'s training forward; ``jax.grad`` through it runs the emulated backward.
+
+    jax arrays (under ``jit``/``vmap``/``grad``); ``recipe``, ``softmax_scale`` and ``causal``
+    must be static. ``segment_ids`` (..., S) integer, or None. NumPy inputs are converted."""
+    import jax.numpy as jnp
+
+    if not isinstance(recipe, TrainingRecipe):
+        raise TypeError(f"recipe={recipe!r} must be a TrainingRecipe")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal={causal!r} must be a bool")
+    scale = _softmax_scale(q.shape[-1], softmax_scale)
+    f = _vjp_function(recipe, scale, causal, segment_ids is not None)
+    seg = None if segment_ids is None else jnp.asarray(segment_ids, dtype=jnp.int32)
+    q, k, v = (jnp.asarray(x, dtype=jnp.float32) for x in (q, k, v))
+    if seg is None:
+        seg = jnp.zeros(q.shape[:-1], jnp.int32)  # unused (segmented=False)
+    return f(q, k, v, seg)
+
+
+# --- named recipes ----------------------------------------------------------------------------
+P_MXFP8_KEYS = causal.OperandScaling(name="P MXFP8 32 keys", fmt=MXFP8_E4M3, axis=-1)
+"""P as the dV operand: E4M3 with one UE8M0 (rounded up) per 32 keys of a query row."""
+
+_F32_FWD = AttentionRecipe(qk=QKFormat.FLOAT32, converter=ExactP(), p_format=PFormat.FLOAT32,
+                           v=VFormat.FLOAT32, normalization=Normalization.EXACT, block_kv=64,
+                           pv_group=32)
+_FP8_P_FWD = AttentionRecipe(qk=QKFormat.NVFP4, converter=ExactP(), p_format=PFormat.MXFP8,
+                             v=VFormat.FLOAT32, normalization=Normalization.CONSISTENT,
+                             block_kv=64)
+_FP4_P_FWD = _FP8_P_FWD.replace(p_format=PFormat.MXFP4)
+
+
+def _route(name: str, fwd: AttentionRecipe, *, v=causal.TOKEN_BLOCK_POW2, d_out=causal.E5M2_CAST,
+           p_backward=P_MXFP8_KEYS, ds=causal.DS_SQUARE_RCEIL,
+           delta=DeltaSource.QUANTIZED_D_OUT) -> TrainingRecipe:
+    return TrainingRecipe(name=name, forward=fwd, v=v, d_out=d_out, p_backward=p_backward, ds=ds,
+                          delta=delta)
+
+
+TRAINING_PRESETS: dict[str, TrainingRecipe] = {
+    "float32": _route("float32", _F32_FWD, v=causal.FLOAT32, d_out=causal.FLOAT32,
+                      p_backward=causal.FLOAT32, ds=causal.FLOAT32),
+    "direct_p_fp8_training": _route("direct_p_fp8_training", _FP8_P_FWD),
+    "direct_p_fp4_forward": _route("direct_p_fp4_forward", _FP4_P_FWD),
+    "direct_p_affine_fp4": _route("direct_p_affine_fp4", _FP4_P_FWD.replace(converter=AffineP())),
+    "flamia_mxfp8_training": _route("flamia_mxfp8_training", _FP8_P_FWD.replace(qk=QKFormat.MXFP8)),
+    "cudnn_mxfp8_like": _route(
+        "cudnn_mxfp8_like",
+        AttentionRecipe(qk=QKFormat.MXFP8, converter=FixedScaleP(scale=16.0),
+                        p_format=PFormat.FP8, v=VFormat.FLOAT32,
+                        normalization=Normalization.MISMATCHED, rescale_threshold=4.0,
+                        block_kv=64),
+        v=causal.MXFP8_TOKENS_RCEIL, d_out=causal.MXFP8_HEAD_DIM,
+        ds=causal.OperandScaling(name="dS MXFP8 32 keys", fmt=MXFP8_E4M3, axis=-1)),
+}
+def _leak_row(name: str, v: causal.OperandScaling, ds: causal.OperandScaling = causal.DS_PER_ROW
+              ) -> TrainingRecipe:
+    return _route(name, _FP4_P_FWD, v=v, ds=ds)
+
+
+LEAK_TABLE: dict[str, TrainingRecipe] = {
+    "V unquantized": _leak_row("V unquantized", causal.FLOAT32),
+    "V per-token pow2 (exact option)": _leak_row("V per-token pow2 (exact option)",
+                                                 causal.PER_TOKEN_POW2),
+    "V token-block 32xD ceil E4M3": _leak_row("V token-block 32xD ceil E4M3",
+                                              causal.TOKEN_BLOCK_POW2),
+    "V MXFP8 32-token RCEIL": _leak_row("V MXFP8 32-token RCEIL", causal.MXFP8_TOKENS_RCEIL),
+    "V MXFP8 32-token OCP floor": _leak_row("V MXFP8 32-token OCP floor",
+                                            causal.MXFP8_TOKENS_FLOOR),
+    "V MXFP4 32-token": _leak_row("V MXFP4 32-token", causal.MXFP4_TOKENS),
+    "V NVFP4 16-token": _leak_row("V NVFP4 16-token", causal.NVFP4_TOKENS),
+    "V per-tensor FP8 amax/448": _leak_row("V per-tensor FP8 amax/448",
+                                           causal.FP8_PER_TENSOR_AMAX),
+    "V per-tensor pow2": _leak_row("V per-tensor pow2", causal.PER_TENSOR_POW2),
+    "dS 32x32 floor (V per-token)": _leak_row("dS 32x32 floor (V per-token)",
+                                              causal.PER_TOKEN_POW2, causal.DS_SQUARE_FLOOR),
+}
+"""The rows of seed_algorithms.md §6.3 in order: NVFP4 Q/K per token (UE4M3, no FP32 factor),
+exact MXFP4 P with consistent normalization, E5M2 dO, the listed V scaling, and the exact
+per-query-row dS option (except the last row, which uses 32×32 OCP-floor dS tiles)."""
+
+
+def training_preset(name: str) -> TrainingRecipe:
+    """The :data:`TRAINING_PRESETS` or :data:`LEAK_TABLE` entry called ``name``."""
+    for table in (TRAINING_PRESETS, LEAK_TABLE):
+        if name in table:
+            return table[name]
+    raise ValueError(f"recipe={name!r} is unknown; allowed: "
+                     f"{sorted(TRAINING_PRESETS) + sorted(LEAK_TABLE)}")

@@ -1,0 +1,560 @@
+"""Tiled online-softmax attention forward: what a low-precision kernel computes, bit for bit.
+
+:func:`attention_forward` runs one :class:`~fp4sim.attention.recipe.AttentionRecipe` on
+``q (..., Sq, D)``, ``k (..., Skv, D)``, ``v (..., Skv, Dv)`` (float32; bfloat16/float16 are
+widened exactly, float64 is rounded to float32 first). It is written once against the array
+namespace: NumPy arrays run a Python loop over key tiles, jax arrays run ``lax.scan`` over the
+same tile step (use it under ``jax.jit`` with the recipe static); the two give the same bits
+(every float32 operation goes through :mod:`fp4sim.attention._f32`).
+
+Per key tile of ``block_kv`` keys (seed_algorithms.md §2.0, §4.2):
+
+1. Scores ``z`` from the quantized operands (:func:`quantize_qk`): each scale block's partial
+   dot product is formed first — by a matrix product when it is exact (FP4 payloads, optionally
+   times their UE4M3 scale: at most 21 significant bits), else as a float32 sum in head-dim
+   order — then multiplied by its power-of-two block scales, and the blocks are added in order
+   (float32). Per-token factors (NVFP4 global, FP8 per-tensor, token-block exponents) follow.
+2. ``u = fl(z·c)`` with ``c = fl32(softmax_scale·log2 e)``; masked keys −inf. Running max:
+   ``m' = max(m, max_j u_j)`` when the tile max exceeds ``m + rescale_threshold`` (or ``m``
+   is −inf), else ``m`` stays. ``t = fl(u − m')``; old accumulators are multiplied by
+   ``r = exp2_rn(fl(m − m'))``.
+3. P by :func:`fp4sim.attention.converters.convert_tile`.
+4. PV: for each sub-block of keys sharing one P scale and one V scale, the partial product is
+   formed (exactly by a matrix product for FP4 x FP4, else a float32 sum in key order), scaled
+   by ``2^(k_P + k_V + factor_exp)``; the partials of one ``pv_group`` (K64 of seed 000) are
+   added together, then to the float32 accumulator ``A``.
+5. Denominator: ``CONSISTENT`` (and ``EXACT``) adds, per P block in key order,
+   ``fl(fl(Σq / pdiv)·2^k)`` (the FTZ-safe order of §4.3); ``MISMATCHED`` adds the converter's
+   float32 sum of unquantized weights. ``L ← fl(fl(L·r) + L_tile)``.
+
+Finally ``O = fl(fl(A / (pdiv·v_div)) / L)`` (consistent; ``pdiv = 6`` for Direct-P P and
+``v_div = 6`` for MXFP4 V, so 36 for the full Direct-P route) or ``fl(fl(A / v_div) / L)``
+(mismatched, both in the converter's units), and the natural-log
+``LSE = fl(fl(m + fl(log2 L − log2 unit))·ln 2)`` where ``unit`` is the converter's constant
+factor between its units and probabilities (6 HAO-NVFP4, 448 HAO-MXFP8, 2688 Sage, else 1).
+
+Policies: a fully masked row gives O = 0 and LSE = −inf (never NaN). A row with a NaN score
+(NaN or Inf in its inputs) gives O = NaN and LSE = NaN; other rows are unaffected. Masks:
+``causal`` is aligned at the end (query i sees key j iff ``j ≤ i + Skv − Sq``), segment ids
+(packed documents) let query i see key j iff their ids are equal. Keys are padded with masked
+zero keys up to a multiple of ``block_kv``.
+
+For the backward (:mod:`fp4sim.attention.backward`), ``return_intermediates=True`` returns the
+quantized operands, the anchor ``m'`` of every tile, P codes/scales/block exponents, and the
+final numerator and normalizer; :func:`scores` and :func:`log2_scores` rebuild a tile's ``t``
+exactly, so ``convert_tile(recipe, t)`` rebuilds P bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fp4sim._xp import is_jax, namespace
+from fp4sim.attention import _f32
+from fp4sim.attention.converters import PTile, convert_tile
+from fp4sim.attention.exp2 import exp2_rn, log2_f32
+from fp4sim.attention.normalization import block_denominator
+from fp4sim.attention.recipe import (
+    AttentionRecipe,
+    GlobalScale,
+    LogGroupP,
+    Normalization,
+    PFormat,
+    QKFormat,
+    SageTwoLevelP,
+    VFormat,
+)
+from fp4sim.formats import blocks
+from fp4sim.formats.codec import decode, encode
+from fp4sim.formats.spec import E2M1, E4M3
+
+__all__ = ["Operand", "ForwardResult", "ForwardIntermediates", "quantize_qk", "quantize_v",
+           "scores", "log2_scores", "attention_forward", "hadamard", "score_scale",
+           "converter_unit"]
+
+_LN2 = np.float32(math.log(2.0))
+
+
+class Operand(NamedTuple):
+    """A Q, K or V operand as the tensor core sees it.
+
+    ``values`` float32 (..., S, D): what is multiplied inside a scale block (payload, times a
+    non-power-of-two block scale when that keeps partial sums exact). ``exps`` int32 block
+    exponents — Q/K: (..., S, D/block); V: (..., S/block, Dv or 1) — or None. ``post`` float32
+    (..., S) per-token factor or None; ``post_exp`` int32 (..., S) per-token power of two or
+    None. ``block``: contraction elements per scale block. ``exact``: partial sums of one block
+    are exact in float32. ``div``: convention divisor (6 for MXFP4 V). ``quantized``: the
+    :class:`~fp4sim.formats.blocks.QuantizedArray` (or codes) it came from, for inspection."""
+
+    values: Any
+    exps: Any
+    post: Any
+    post_exp: Any
+    block: int
+    exact: bool
+    div: float
+    quantized: Any
+
+
+class ForwardIntermediates(NamedTuple):
+    q: Operand
+    k: Operand
+    v: Operand
+    anchors: Any  # (..., Sq, n_tiles) float32: the running max m' used by each key tile
+    p_codes: Any  # (..., Sq, Skv_padded)
+    p_scales: Any  # (..., Sq, Skv_padded / block) or None
+    p_k: Any  # (..., Sq, Skv_padded / block) int32 block exponents or None
+    numerator: Any  # (..., Sq, Dv) float32 A, converter units
+    normalizer: Any  # (..., Sq) float32 L
+    score_scale: Any  # float32 c = softmax_scale·log2(e)
+
+
+class ForwardResult(NamedTuple):
+    out: Any  # (..., Sq, Dv) float32
+    lse: Any  # (..., Sq) float32, natural log
+    intermediates: ForwardIntermediates | None
+
+
+# --- inputs ---------------------------------------------------------------------------------
+def _as_f32(xp: Any, x: Any, name: str) -> Any:
+    x = xp.asarray(x)
+    if x.dtype == np.float32:
+        return x
+    if np.dtype(x.dtype).kind != "f" and "bfloat16" not in str(x.dtype):
+        raise TypeError(f"{name} has dtype {x.dtype}; allowed: float32, bfloat16, float16, "
+                        f"float64 (rounded to float32)")
+    return x.astype(np.float32)
+
+
+def score_scale(head_dim: int, softmax_scale: float | None) -> np.float32:
+    """``c = fl32(softmax_scale·log2 e)`` (softmax_scale defaults to 1/√head_dim)."""
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
+            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale={softmax_scale!r} must be a positive finite number")
+    return np.float32(float(softmax_scale) * math.log2(math.e))
+
+
+def converter_unit(recipe: AttentionRecipe) -> float:
+    """Constant ratio between the converter's MMA units and probabilities."""
+    conv = recipe.converter
+    if isinstance(conv, LogGroupP):
+        return 6.0 if recipe.p_format is PFormat.NVFP4 else 448.0
+    if isinstance(conv, SageTwoLevelP):
+        return 2688.0
+    if recipe.p_format is PFormat.MXFP4:
+        return 6.0
+    return 1.0
+
+
+def hadamard(x: Any) -> Any:
+    """Orthonormal Walsh-Hadamard transform along the last axis (a power of two), float32:
+    butterflies in a fixed order, then the scale 1/√D (exact when log2 D is even)."""
+    xp = namespace(x)
+    d = x.shape[-1]
+    n = d.bit_length() - 1
+    if d < 1 or (1 << n) != d:
+        raise ValueError(f"hadamard needs a power-of-two head dim; got {d}")
+    lead = x.shape[:-1]
+    h = 1
+    while h < d:
+        y = xp.reshape(x, (*lead, d // (2 * h), 2, h))
+        a, b = y[..., 0, :], y[..., 1, :]
+        x = xp.reshape(xp.stack([_f32.add(a, b), _f32.ftz(a - b)], axis=-2), (*lead, d))
+        h *= 2
+    if n % 2 == 0:
+        return _f32.ldexp(x, np.int32(-(n // 2)))
+    return _f32.mul(x, np.float32(2.0 ** (-n / 2)))
+
+
+# --- operands -------------------------------------------------------------------------------
+def _expand_last(xp: Any, s: Any, block: int) -> Any:
+    return xp.repeat(s, block, axis=-1)
+
+
+def quantize_qk(x: Any, recipe: AttentionRecipe) -> Operand:
+    """Q or K (..., S, D) in ``recipe.qk`` (scale groups along the head dim, per token)."""
+    xp = namespace(x)
+    fmt = recipe.qk
+    d = x.shape[-1]
+    blk = recipe.qk_block
+    if d % blk:
+        raise ValueError(f"head dim {d} is not a multiple of the {fmt.name} scale block {blk}")
+    x = _f32.ftz(x)
+    if fmt is QKFormat.FLOAT32:
+        return Operand(x, None, None, None, d, False, 1.0, None)
+    if fmt is QKFormat.BF16:
+        from fp4sim.attention.converters import bf16_round
+
+        from fp4sim._xp import bitcast
+
+        c = bf16_round(x)
+        return Operand(bitcast(c.astype(np.uint32) << np.uint32(16), np.float32), None, None,
+                       None, d, False, 1.0, c)
+    if fmt is QKFormat.FP8_PER_TENSOR:
+        q = blocks.quantize(x, blocks.FP8_E4M3_PER_TENSOR)
+        g = xp.broadcast_to(xp.reshape(q.global_scale, (1,) * (x.ndim - 1)), x.shape[:-1])
+        return Operand(decode(q.codes, E4M3), None, g, None, d, False, 1.0, q)
+    if fmt is QKFormat.MXFP8:
+        q = blocks.quantize(x, blocks.MXFP8, axis=-1)
+        return Operand(decode(q.codes, E4M3), blocks.scale_exponents(q), None, None, 32, False,
+                       1.0, q)
+    if fmt is QKFormat.NVFP4:
+        nv = {GlobalScale.NONE: blocks.NVFP4_SINGLE, GlobalScale.PER_TENSOR: blocks.NVFP4,
+              GlobalScale.PER_TOKEN: blocks.NVFP4.replace(
+                  global_scale=blocks.GlobalScale.PER_ROW)}[recipe.qk_global]
+        q = blocks.quantize(x, nv, axis=-1)
+        vals = decode(q.codes, E2M1) * _expand_last(xp, q.scale_values(), 16)  # exact
+        post = None
+        if q.global_scale is not None:
+            g = q.global_scale
+            if g.ndim == x.ndim:
+                g = g[..., 0]
+            post = xp.broadcast_to(xp.reshape(g, g.shape + (1,) * (x.ndim - 1 - g.ndim)),
+                                   x.shape[:-1])
+        return Operand(vals, None, post, None, 16, True, 1.0, q)
+    # TOKEN_BLOCK_FP8
+    if x.shape[-2] % 32:
+        raise ValueError(f"token-block Q/K need a multiple of 32 tokens; got {x.shape[-2]}")
+    q = blocks.quantize(x, blocks.MXFP8, axis=-2, geometry=blocks.Geometry.TOKEN_BLOCK)
+    pe = xp.repeat(blocks.scale_exponents(q)[..., 0], 32, axis=-1)
+    return Operand(decode(q.codes, E4M3), None, None, pe, d, False, 1.0, q)
+
+
+def _mxfp4_v(xp: Any, v: Any) -> tuple[Any, Any, Any]:
+    """Direct-P V convention: per 32 tokens and column, β = 2^ceil(log2 amax), payload
+    RN_E2M1(fl(6·fl(v/β))), value β·q/6."""
+    from fp4sim._xp import bitcast
+
+    *lead, s, dv = v.shape
+    vb = xp.reshape(v, (*lead, s // 32, 32, dv))
+    mag = bitcast(vb, np.uint32) & np.uint32(0x7FFFFFFF)
+    amax = xp.max(mag, axis=-2)
+    e_field = (amax >> np.uint32(23)).astype(np.int32)
+    e = e_field - 127 + ((amax & np.uint32(0x7FFFFF)) != 0).astype(np.int32)
+    e = xp.where(amax == 0, np.int32(-127), xp.clip(e, -127, 127))
+    scaled = _f32.mul(_f32.ldexp(vb, -e[..., None, :]), np.float32(6.0))
+    codes = xp.reshape(encode(scaled, E2M1), v.shape)
+    return codes, e, decode(codes, E2M1)
+
+
+def quantize_v(v: Any, recipe: AttentionRecipe) -> Operand:
+    """V (..., Skv, Dv) in ``recipe.v`` (scale groups along tokens)."""
+    xp = namespace(v)
+    fmt = recipe.v
+    v = _f32.ftz(v)
+    vb = recipe.v_block
+    if v.shape[-2] % vb:
+        raise ValueError(f"V has {v.shape[-2]} tokens, not a multiple of the {fmt.name} "
+                         f"token block {vb}")
+    if fmt is VFormat.FLOAT32:
+        return Operand(v, None, None, None, 1, False, 1.0, None)
+    if fmt is VFormat.BF16:
+        from fp4sim._xp import bitcast
+        from fp4sim.attention.converters import bf16_round
+
+        c = bf16_round(v)
+        return Operand(bitcast(c.astype(np.uint32) << np.uint32(16), np.float32), None, None,
+                       None, 1, False, 1.0, c)
+    if fmt is VFormat.FP8:
+        c = encode(v, E4M3)
+        return Operand(decode(c, E4M3), None, None, None, 1, False, 1.0, c)
+    if fmt is VFormat.MXFP4_TOKENS:
+        codes, e, vals = _mxfp4_v(xp, v)
+        return Operand(vals, e, None, None, 32, True, 6.0, (codes, e))
+    if fmt is VFormat.NVFP4_TOKENS:
+        q = blocks.quantize(v, blocks.NVFP4_SINGLE, axis=-2)
+        vals = decode(q.codes, E2M1) * xp.repeat(q.scale_values(), 16, axis=-2)
+        return Operand(vals, None, None, None, 16, True, 1.0, q)
+    if fmt is VFormat.MXFP8_TOKENS:
+        q = blocks.quantize(v, blocks.MXFP8, axis=-2)
+        return Operand(decode(q.codes, E4M3), blocks.scale_exponents(q), None, None, 32, False,
+                       1.0, q)
+    q = blocks.quantize(v, blocks.MXFP8, axis=-2, geometry=blocks.Geometry.TOKEN_BLOCK)
+    return Operand(decode(q.codes, E4M3), blocks.scale_exponents(q), None, None, 32, False,
+                   1.0, q)
+
+
+# --- products -------------------------------------------------------------------------------
+def _matmul(xp: Any, a: Any, b: Any) -> Any:
+    if xp is np:
+        return np.matmul(a, b)
+    import jax
+
+    return xp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
+
+
+def _seq_dot(a: Any, b: Any) -> Any:
+    """Σ_d fl(a[..., i, d]·b[..., j, d]) in d order, float32 flushed: (..., I, J)."""
+    acc = _f32.mul(a[..., :, None, 0], b[..., None, :, 0])
+    for d in range(1, a.shape[-1]):
+        acc = _f32.add(acc, _f32.mul(a[..., :, None, d], b[..., None, :, d]))
+    return acc
+
+
+def scores(q: Operand, k: Operand) -> Any:
+    """Raw float32 scores z (..., Sq, Sk) of quantized operands (module docstring, step 1)."""
+    xp = namespace(q.values, k.values)
+    d = q.values.shape[-1]
+    blk = q.block
+    acc = None
+    for b in range(d // blk):
+        qb = q.values[..., b * blk:(b + 1) * blk]
+        kb = k.values[..., b * blk:(b + 1) * blk]
+        part = _matmul(xp, qb, xp.swapaxes(kb, -1, -2)) if q.exact else _seq_dot(qb, kb)
+        if q.exps is not None:
+            part = _f32.ldexp(part, q.exps[..., :, None, b] + k.exps[..., None, :, b])
+        acc = part if acc is None else _f32.add(acc, part)
+    if q.post_exp is not None:
+        acc = _f32.ldexp(acc, q.post_exp[..., :, None] + k.post_exp[..., None, :])
+    if q.post is not None:
+        acc = _f32.mul(acc, _f32.mul(q.post[..., :, None], k.post[..., None, :]))
+    return acc
+
+
+def log2_scores(z: Any, c: Any, valid: Any) -> Any:
+    """``u = fl(z·c)`` with masked keys −inf."""
+    xp = namespace(z)
+    return xp.where(valid, _f32.mul(z, c), np.float32(-np.inf))
+
+
+def _pv(xp: Any, acc: Any, p: PTile, v_vals: Any, v_exps: Any, v_block: int, v_exact: bool,
+        pv_group: int, p_fp4: bool) -> Any:
+    """acc + P·V of one tile (module docstring, step 4)."""
+    n = p.values.shape[-1]
+    pb, vb = p.block, v_block
+    if pb > 1 and vb > 1:
+        sub = min(pb, vb)
+    else:
+        sub = max(pb, vb) if max(pb, vb) > 1 else 32
+    sub = min(sub, pv_group, n)
+    exact = p_fp4 and v_exact and pb > 1 and vb > 1 and p.factor_exp == 0
+    ns = n // sub
+    lead = p.values.shape[:-2]
+    sq = p.values.shape[-2]
+    dv = v_vals.shape[-1]
+    if exact:
+        pr = xp.moveaxis(xp.reshape(p.values, (*lead, sq, ns, sub)), -2, -3)  # (.., ns, Sq, sub)
+        vr = xp.reshape(v_vals, (*lead, ns, sub, dv))
+        parts = _matmul(xp, pr, vr)  # (.., ns, Sq, Dv), every entry exact
+    per_group = max(1, pv_group // sub)
+    gsum = None
+    for b in range(ns):
+        if exact:
+            part = parts[..., b, :, :]
+        else:
+            sl = slice(b * sub, (b + 1) * sub)
+            pv_p, pv_v = p.values[..., :, sl], v_vals[..., sl, :]
+            part = _f32.mul(pv_p[..., :, 0, None], pv_v[..., None, 0, :])
+            for j in range(1, sub):
+                part = _f32.add(part, _f32.mul(pv_p[..., :, j, None], pv_v[..., None, j, :]))
+        e = None
+        if p.exps is not None:
+            e = p.exps[..., :, (b * sub) // pb][..., None]
+        if v_exps is not None:
+            ev = v_exps[..., (b * sub) // vb, :][..., None, :]
+            e = ev if e is None else e + ev
+        if p.factor_exp:
+            e = np.int32(p.factor_exp) if e is None else e + np.int32(p.factor_exp)
+        if e is not None:
+            part = _f32.ldexp(part, e)
+        gsum = part if gsum is None else _f32.add(gsum, part)
+        if (b + 1) % per_group == 0 or b == ns - 1:
+            acc = _f32.add(acc, gsum)
+            gsum = None
+    return acc
+
+
+def _consistent_denominator(xp: Any, p: PTile, n: int) -> Any:
+    gb = p.block if p.block > 1 else (32 if n % 32 == 0 else n)
+    vb = xp.reshape(p.values, (*p.values.shape[:-1], n // gb, gb))
+    sums = _f32.tree_sum(vb, axis=-1)  # (..., Sq, nb)
+    if p.exps is not None or p.factor_exp:
+        e = p.exps if p.exps is not None else xp.zeros(sums.shape, dtype=np.int32)
+        per = block_denominator(sums, e + np.int32(p.factor_exp), p.pdiv)
+    elif p.pdiv != 1:
+        per = _f32.div(sums, np.float32(p.pdiv))
+    else:
+        per = sums
+    acc = per[..., 0]
+    for b in range(1, per.shape[-1]):
+        acc = _f32.add(acc, per[..., b])
+    return acc
+
+
+# --- the forward ----------------------------------------------------------------------------
+def _valid(xp: Any, sq: int, skv: int, tile_idx: Any, tile: int, causal: bool,
+           qseg: Any, kseg_tile: Any) -> Any:
+    rows = xp.arange(sq, dtype=np.int32)[:, None]
+    cols = xp.arange(tile, dtype=np.int32)[None, :] + tile_idx * np.int32(tile)
+    ok = cols < np.int32(skv)
+    if causal:
+        ok = ok & (cols <= rows + np.int32(skv - sq))
+    if qseg is not None:
+        ok = ok & (qseg[..., :, None] == kseg_tile[..., None, :])
+    return ok
+
+
+def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal: bool = False,
+                      q_segment_ids: Any = None, kv_segment_ids: Any = None,
+                      softmax_scale: float | None = None,
+                      return_intermediates: bool = False) -> ForwardResult:
+    """Emulated forward of ``recipe`` (see the module docstring). Returns O, LSE (natural log)
+    and, on request, the intermediates."""
+    if not isinstance(recipe, AttentionRecipe):
+        raise TypeError(f"recipe={recipe!r} must be an AttentionRecipe (see "
+                        f"fp4sim.attention.recipe.PRESETS)")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal={causal!r} must be a bool")
+    xp = namespace(q, k, v, q_segment_ids, kv_segment_ids)
+    q = _as_f32(xp, q, "q")
+    k = _as_f32(xp, k, "k")
+    v = _as_f32(xp, v, "v")
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(f"q, k, v must have the same rank >= 2; got shapes {q.shape}, "
+                         f"{k.shape}, {v.shape}")
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(f"leading dims differ: q {q.shape}, k {k.shape}, v {v.shape}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q head dim {q.shape[-1]} != k head dim {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k has {k.shape[-2]} keys but v has {v.shape[-2]}")
+    sq, d = q.shape[-2:]
+    skv, dv = v.shape[-2:]
+    if sq == 0 or skv == 0 or d == 0 or dv == 0:
+        raise ValueError(f"empty attention: q {q.shape}, k {k.shape}, v {v.shape}")
+    if d % recipe.qk_block:
+        raise ValueError(f"head dim {d} is not a multiple of the {recipe.qk.name} scale block "
+                         f"{recipe.qk_block}")
+    c = score_scale(d, softmax_scale)
+    if kv_segment_ids is not None and q_segment_ids is None:
+        raise ValueError("kv_segment_ids given without q_segment_ids")
+    qseg = kseg = None
+    if q_segment_ids is not None:
+        qseg = xp.asarray(q_segment_ids)
+        kseg = qseg if kv_segment_ids is None else xp.asarray(kv_segment_ids)
+        if np.dtype(qseg.dtype).kind not in "iu" or np.dtype(kseg.dtype).kind not in "iu":
+            raise TypeError(f"segment ids must be integer arrays; got {qseg.dtype}, {kseg.dtype}")
+        if qseg.shape[-1] != sq or kseg.shape[-1] != skv:
+            raise ValueError(f"segment ids must end in ({sq},) and ({skv},); got {qseg.shape} "
+                             f"and {kseg.shape}")
+        qseg = xp.broadcast_to(qseg.astype(np.int32), q.shape[:-1])
+        kseg = xp.broadcast_to(kseg.astype(np.int32), k.shape[:-1])
+
+    # pad keys to whole tiles (masked zero keys)
+    tile = recipe.block_kv
+    n_tiles = -(-skv // tile)
+    pad = n_tiles * tile - skv
+    if pad:
+        widths = [(0, 0)] * (k.ndim - 2) + [(0, pad), (0, 0)]
+        k = xp.pad(k, widths)
+        v = xp.pad(v, widths)
+        if kseg is not None:
+            kseg = xp.pad(kseg, [(0, 0)] * (kseg.ndim - 1) + [(0, pad)], constant_values=-1)
+
+    if recipe.hadamard:
+        q, k = hadamard(q), hadamard(k)
+    qop = quantize_qk(q, recipe)
+    kop = quantize_qk(k, recipe)
+    vop = quantize_v(v, recipe)
+
+    mism = recipe.normalization is Normalization.MISMATCHED
+    p_fp4 = recipe.p_format in (PFormat.MXFP4, PFormat.NVFP4)
+    lead = q.shape[:-2]
+
+    def tiles_of(x: Any, per: int, axis: int) -> Any:
+        """(n_tiles, ...) view: split ``axis`` into tiles of ``per`` entries."""
+        if x is None:
+            return None
+        axis = axis % x.ndim
+        shp = x.shape[:axis] + (n_tiles, per) + x.shape[axis + 1:]
+        return xp.moveaxis(xp.reshape(x, shp), axis, 0)
+
+    k_vals = tiles_of(kop.values, tile, -2)
+    k_exps = tiles_of(kop.exps, tile, -2)
+    k_post = tiles_of(kop.post, tile, -1)
+    k_pexp = tiles_of(kop.post_exp, tile, -1)
+    v_vals = tiles_of(vop.values, tile, -2)
+    v_exps = tiles_of(vop.exps, tile // vop.block, -2) if vop.exps is not None else None
+    k_seg = tiles_of(kseg, tile, -1)
+
+    def step(carry, xs):
+        m, acc, den, nanf = carry
+        idx, kv, ke, kp, kpe, vv, ve, ks = xs
+        kt = Operand(kv, ke, kp, kpe, kop.block, kop.exact, 1.0, None)
+        z = scores(qop, kt)
+        valid = _valid(xp, sq, skv, idx, tile, causal, qseg, ks)
+        u = log2_scores(z, c, valid)
+        nanf = nanf | xp.any(xp.isnan(u), axis=-1)
+        mt = xp.max(xp.where(xp.isnan(u), np.float32(-np.inf), u), axis=-1)
+        if recipe.rescale_threshold == 0:
+            m_new = xp.maximum(m, mt)
+        else:
+            move = (m == -np.inf) | (mt > _f32.add(m, np.float32(recipe.rescale_threshold)))
+            m_new = xp.where(move, xp.maximum(m, mt), m)
+        finite = m_new > -np.inf
+        t = xp.where(finite[..., None], u - xp.where(finite, m_new, np.float32(0.0))[..., None],
+                     np.float32(-np.inf))
+        r = xp.where(m > -np.inf, exp2_rn(m - xp.where(finite, m_new, np.float32(0.0))),
+                     np.float32(0.0))
+        p = convert_tile(recipe, t, need_mismatched=mism)
+        acc = _pv(xp, _f32.mul(acc, r[..., None]), p, vv, ve, vop.block, vop.exact,
+                  recipe.pv_group, p_fp4)
+        lt = p.mismatched if mism else _consistent_denominator(xp, p, tile)
+        den = _f32.add(_f32.mul(den, r), lt)
+        return (m_new, acc, den, nanf), (m_new, p.codes, p.scales, p.k)
+
+    m0 = xp.full(lead + (sq,), -np.inf, dtype=np.float32)
+    a0 = xp.zeros(lead + (sq, dv), dtype=np.float32)
+    l0 = xp.zeros(lead + (sq,), dtype=np.float32)
+    n0 = xp.zeros(lead + (sq,), dtype=bool)
+    idxs = xp.arange(n_tiles, dtype=np.int32)
+    xs = (idxs, k_vals, k_exps, k_post, k_pexp, v_vals, v_exps, k_seg)
+    if xp is np:
+        carry = (m0, a0, l0, n0)
+        ys = []
+        for i in range(n_tiles):
+            carry, y = step(carry, tuple(None if a is None else a[i] for a in xs))
+            ys.append(y)
+        ys = tuple(None if ys[0][j] is None else np.stack([y[j] for y in ys])
+                   for j in range(4))
+    else:
+        from jax import lax
+
+        carry, ys = lax.scan(step, (m0, a0, l0, n0), xs)
+    m, acc, den, nanf = carry
+
+    unit = converter_unit(recipe)
+    if mism:
+        a_div, lse_unit = vop.div, unit
+    else:
+        pdiv = 6.0 if recipe.p_format is PFormat.MXFP4 else 1.0
+        a_div, lse_unit = pdiv * vop.div, unit / pdiv
+    num = acc if a_div == 1 else _f32.div(acc, np.float32(a_div))
+    pos = den > 0
+    out = xp.where(pos[..., None],
+                   _f32.div(num, xp.where(pos, den, np.float32(1.0))[..., None]),
+                   np.float32(0.0))
+    l2 = log2_f32(den)
+    if lse_unit != 1:
+        l2 = _f32.ftz(l2 - np.float32(math.log2(lse_unit)))
+    lse = xp.where(pos, _f32.mul(_f32.add(m, l2), _LN2), np.float32(-np.inf))
+    out = xp.where(nanf[..., None], np.float32(np.nan), out)
+    lse = xp.where(nanf, np.float32(np.nan), lse)
+
+    inter = None
+    if return_intermediates:
+        def untile(y: Any) -> Any:  # (n_tiles, ..., Sq, w) -> (..., Sq, n_tiles*w)
+            if y is None:
+                return None
+            y = xp.moveaxis(y, 0, -2)
+            return xp.reshape(y, y.shape[:-2] + (y.shape[-2] * y.shape[-1],))
+
+        anchors = xp.moveaxis(ys[0], 0, -1)
+        inter = ForwardIntermediates(qop, kop, vop, anchors, untile(ys[1]), untile(ys[2]),
+                                     untile(ys[3]), acc, den, c)
+    return ForwardResult(out, lse, inter)

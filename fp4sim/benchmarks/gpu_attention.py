@@ -1,0 +1,252 @@
+"""GPU benchmark section ``attention``: fp4sim's FP8 attention forward against its peers.
+
+Owns the measurement of :mod:`fp4sim.kernels.attention_mgpu` on the GPU, side by side in one
+run with cuDNN bf16 (``jax.nn.dot_product_attention(implementation="cudnn")``), cuDNN FP8 with
+per-tensor scales (``jax._src.cudnn.fused_attention_stablehlo.dot_product_attention(...,
+use_fp8=True)``) and JAX's own Pallas ``attention_mgpu`` (f16). For every shape it reports the
+time, TFLOP/s (``4·B·T·S·H·D``, halved when causal) and the relative L2 error of each method
+against a float64 reference evaluated on a sample of query rows, plus the kernel variants that
+leave one stage out (where the time goes). Only numbers measured in this run are reported.
+
+Run it alone with ``python -m fp4sim.benchmarks.gpu_attention --out DIR`` or as the
+``attention`` section of ``python -m fp4sim bench gpu``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["add_arguments", "run", "run_section", "SHAPES"]
+
+SHAPES: tuple[tuple[int, int, int, int, bool], ...] = (
+    (2, 4096, 16, 128, False),
+    (2, 4096, 16, 128, True),
+    (1, 16384, 16, 128, False),
+    (1, 16384, 16, 128, True),
+)
+"""(batch, sequence, heads, head_dim, causal) measured by default."""
+
+_SAMPLE_ROWS = 256
+_SAMPLE_HEADS = (0, 9)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=None, help="directory for attention.json")
+    parser.add_argument("--quick", action="store_true",
+                        help="only B2 S4096 H16 D128 (non-causal and causal), fewer variants")
+    parser.add_argument("--reps", type=int, default=5, help="timing repetitions (median)")
+    parser.add_argument("--iters", type=int, default=10, help="calls per repetition")
+
+
+def run(args: argparse.Namespace) -> int:
+    res = run_section(out_dir=args.out, quick=args.quick, reps=args.reps, iters=args.iters)
+    return 0 if res.get("ok", False) else 1
+
+
+def _timeit(fn: Callable[[], Any], reps: int, iters: int) -> float:
+    import jax
+
+    jax.block_until_ready(fn())  # compile and warm up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = None
+        for _ in range(iters):
+            out = fn()
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / iters)
+    return statistics.median(times)
+
+
+def _reference_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, rows: np.ndarray, head: int,
+                    scale: float, causal: bool) -> np.ndarray:
+    """float64 attention output of batch 0, query ``rows`` of ``head`` (kv head = head // g)."""
+    g = q.shape[2] // k.shape[2]
+    qs = q[0, rows, head].astype(np.float64)
+    ks = k[0, :, head // g].astype(np.float64)
+    vs = v[0, :, head // g].astype(np.float64)
+    s = (qs @ ks.T) * scale
+    if causal:
+        s = np.where(np.arange(ks.shape[0])[None, :] <= rows[:, None], s, -np.inf)
+    s = s - s.max(axis=1, keepdims=True)
+    p = np.exp(s)
+    return (p @ vs) / p.sum(axis=1, keepdims=True)
+
+
+def _rel_l2(out: Any, ref: dict[int, np.ndarray], rows: np.ndarray) -> float:
+    o = np.asarray(out, dtype=np.float32)
+    num = den = 0.0
+    for h, r in ref.items():
+        d = o[0, rows, h].astype(np.float64) - r
+        num += float(np.sum(d * d))
+        den += float(np.sum(r * r))
+    return math.sqrt(num / den)
+
+
+def _cudnn_fp8(q: Any, k: Any, v: Any, scale: float, causal: bool):
+    """cuDNN FP8 forward with per-tensor scales: E4M3 inputs, P scaled by 256, E4M3 output."""
+    import jax.numpy as jnp
+    from jax._src.cudnn import fused_attention_stablehlo as fa
+
+    f8 = jnp.float8_e4m3fn
+    one = lambda x: jnp.asarray(x, jnp.float32).reshape(1, 1, 1, 1)  # noqa: E731
+    amax = [jnp.max(jnp.abs(x)).astype(jnp.float32) for x in (q, k, v)]
+    qq, kq, vq = [(x.astype(jnp.float32) * (448.0 / a)).astype(f8) for x, a in zip((q, k, v), amax)]
+    params = {key: one(1.0) for key in fa.fp8_params_keys}
+    params.update(descale_q=one(amax[0] / 448.0), descale_k=one(amax[1] / 448.0),
+                  descale_v=one(amax[2] / 448.0), scale_s=one(256.0), descale_s=one(1.0 / 256.0),
+                  scale_o=one(448.0 / amax[2]), descale_o=one(amax[2] / 448.0))
+    mask = fa.MaskType.CAUSAL if causal else fa.MaskType.NO_MASK
+
+    def call(qq, kq, vq, params):
+        out, _, _ = fa.dot_product_attention(qq, kq, vq, fp8_params=params, scale=scale,
+                                             mask_type=mask, qkv_layout="BTNH", use_fp8=True)
+        return out
+
+    return (qq, kq, vq, params), call, (lambda out: out.astype(jnp.float32) * (amax[2] / 448.0))
+
+
+def run_section(out_dir: str | None = None, quick: bool = False, reps: int = 5,
+                iters: int = 10) -> dict[str, Any]:
+    """Measure every method on every shape; return (and write) the JSON-able results."""
+    import jax
+    import jax.numpy as jnp
+
+    from fp4sim.attention.recipe import Normalization
+    from fp4sim.kernels import attention_mgpu as am
+
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        print("gpu_attention: no GPU visible to jax; nothing measured", file=sys.stderr)
+        return {"ok": False, "reason": "no GPU"}
+    dev = next(d for d in jax.devices() if d.platform == "gpu")
+    results: dict[str, Any] = {"device": dev.device_kind, "jax": jax.__version__,
+                               "flops": "4*B*T*S*H*D, halved when causal", "shapes": []}
+    shapes = SHAPES[:2] if quick else SHAPES
+    base = am.FP8AttentionConfig()
+    variants = {
+        "fp4sim_fp8": base,
+        "fp4sim_fp8_mismatched": base.replace(normalization=Normalization.MISMATCHED),
+        "fp4sim_fp8_exact_p": base.replace(conversion=am.PConversion.EXACT),
+        "fp4sim_fp8_bkv64": base.replace(block_kv=64),
+        "fp4sim_fp8_3stages": base.replace(max_concurrent_steps=3),
+        "ablate_no_pv": base.replace(ablation=am.Ablation.SKIP_PV),
+        "ablate_no_key_columns": base.replace(ablation=am.Ablation.SKIP_KEY_COLUMNS),
+        "ablate_no_normalizer": base.replace(ablation=am.Ablation.SKIP_NORMALIZER),
+    }
+    if quick:
+        variants = {k: v for k, v in variants.items()
+                    if k in ("fp4sim_fp8", "fp4sim_fp8_mismatched", "fp4sim_fp8_exact_p",
+                             "ablate_no_pv", "ablate_no_normalizer")}
+    ok = True
+    for (b, s, h, d, causal) in shapes:
+        scale = 1.0 / math.sqrt(d)
+        flops = 4.0 * b * s * s * h * d / (2.0 if causal else 1.0)
+        keys = jax.random.split(jax.random.key(0), 3)
+        q, k, v = (jax.random.normal(kk, (b, s, h, d), jnp.float32) for kk in keys)
+        qn, kn, vn = (np.asarray(x) for x in (q, k, v))
+        rows = np.unique(np.linspace(0, s - 1, _SAMPLE_ROWS).astype(np.int64))
+        ref = {hh: _reference_rows(qn, kn, vn, rows, hh, scale, causal) for hh in _SAMPLE_HEADS}
+        entry: dict[str, Any] = {"B": b, "S": s, "H": h, "D": d, "causal": causal,
+                                 "gflop": flops / 1e9, "methods": {}}
+        print(f"== B{b} S{s} H{h} D{d} causal={causal}", flush=True)
+
+        def record(name: str, fn: Callable[[], Any], post: Callable[[Any], Any] | None = None,
+                   **extra: Any) -> None:
+            nonlocal ok
+            try:
+                sec = _timeit(fn, reps, iters)
+                out = fn()
+                err = _rel_l2(post(out) if post else out, ref, rows)
+                entry["methods"][name] = {"ms": sec * 1e3, "tflops": flops / sec / 1e12,
+                                          "rel_l2": err, **extra}
+                print(f"  {name:26s} {sec * 1e3:8.3f} ms {flops / sec / 1e12:7.1f} TFLOP/s "
+                      f"rel-L2 {err:.3e}", flush=True)
+            except Exception as e:  # record the failure, keep measuring the others
+                ok = False
+                entry["methods"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                print(f"  {name:26s} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+        # fp4sim FP8: quantize once (timed separately), then the kernel on quantized operands.
+        quant = jax.jit(am.quantize_operands)
+        t_q = _timeit(lambda: quant(q, k, v), reps, iters)
+        ops = quant(q, k, v)
+        entry["fp4sim_quantize_ms"] = t_q * 1e3
+        for name, cfg in variants.items():
+            c = cfg.replace(causal=causal)
+            record(name, lambda c=c: am.attention_fp8_quantized(ops, softmax_scale=scale,
+                                                               config=c)[0], config=str(c))
+        # cuDNN bf16
+        qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
+        cud = jax.jit(lambda a, b_, c_: jax.nn.dot_product_attention(
+            a, b_, c_, scale=scale, is_causal=causal, implementation="cudnn"))
+        record("cudnn_bf16", lambda: cud(qb, kb, vb))
+        # cuDNN fp8 (per-tensor scales)
+        try:
+            args8, call8, post8 = _cudnn_fp8(q, k, v, scale, causal)
+            call8 = jax.jit(call8)
+            record("cudnn_fp8", lambda: call8(*args8), post=post8)
+        except Exception as e:
+            ok = False
+            entry["methods"]["cudnn_fp8"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        # JAX Pallas attention_mgpu (f16, no softmax scale: q pre-scaled)
+        try:
+            from jax.experimental.pallas.ops.gpu import attention_mgpu as jam
+
+            qh = (q * scale).astype(jnp.float16)
+            kh, vh = k.astype(jnp.float16), v.astype(jnp.float16)
+            jcfg = jam.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2,
+                                    causal=causal)
+            jfn = jax.jit(lambda a, b_, c_: jam.attention(a, b_, c_, jcfg))
+            record("jax_attention_mgpu_f16", lambda: jfn(qh, kh, vh))
+        except Exception as e:
+            ok = False
+            entry["methods"]["jax_attention_mgpu_f16"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        m = entry["methods"]
+        mine, peer = m.get("fp4sim_fp8", {}), m.get("cudnn_fp8", {})
+        if "tflops" in mine and "tflops" in peer:
+            entry["target"] = {
+                "speedup_vs_cudnn_fp8": mine["tflops"] / peer["tflops"],
+                "error_ratio_vs_cudnn_fp8": mine["rel_l2"] / peer["rel_l2"],
+                "met": bool(mine["tflops"] >= 1.1 * peer["tflops"]
+                            and mine["rel_l2"] <= peer["rel_l2"] / 3.0),
+            }
+            print(f"  target: {entry['target']}", flush=True)
+        results["shapes"].append(entry)
+        del q, k, v, ops
+    results["ok"] = ok
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "attention.json"), "w") as f:
+            json.dump(results, f, indent=1)
+    _print_table(results)
+    return results
+
+
+def _print_table(results: dict[str, Any]) -> None:
+    print("\nshape                      method                      TFLOP/s   rel-L2")
+    for e in results["shapes"]:
+        tag = f"B{e['B']} S{e['S']} H{e['H']} D{e['D']}{' causal' if e['causal'] else ''}"
+        for name, r in e["methods"].items():
+            if "tflops" in r:
+                print(f"{tag:26s} {name:26s} {r['tflops']:8.1f} {r['rel_l2']:9.2e}")
+            else:
+                print(f"{tag:26s} {name:26s}   FAILED")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

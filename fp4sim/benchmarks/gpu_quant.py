@@ -1,0 +1,184 @@
+"""The ``quant`` section of ``python -m fp4sim bench gpu``: quantization kernels on the GPU.
+
+For every shipped kernel configuration (:func:`fp4sim.kernels.quantize_mgpu.shipped_configs`)
+at ``--quant-size`` (default 8192 x 8192) this section
+
+1. builds a test tensor on the device: Gaussian rows scaled by 2^u (u uniform in [-140, 120],
+   so blocks span subnormal to huge), plus blocks that are all NaN-containing, Inf-containing,
+   zero, negative zero, and float32-subnormal (the bfloat16/float16 casts keep what they can);
+   NVFP4 with its per-tensor factor gets a finite tensor (one NaN would make every code 0), and
+   its specials are checked through the CONSTANT-factor variant;
+2. runs the kernel and the jitted emulator (:func:`fp4sim.formats.blocks.quantize`) on the same
+   device and counts code / scale / FP32-factor mismatches (the check column: ``bitwise ok`` or
+   the counts);
+3. times the kernel, the jitted emulator, and JAX's own quantizer
+   (``jax._src.cudnn.scaled_matmul_stablehlo.quantize``, modes mxfp8 / nvfp4) where one exists,
+   reporting useful bytes (input read once + codes + scales written) per second and the ratio
+   to the copy bandwidth measured in the same run. NVFP4's per-tensor amax pass is inside the
+   kernel's time but its extra read is not counted as useful.
+
+A tile-size sweep (``block_rows``) for MXFP8/NVFP4 on bfloat16 is recorded too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from typing import Any
+
+import numpy as np
+
+__all__ = ["add_arguments", "run_section", "test_tensor"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quant-size", type=int, default=8192,
+                        help="quant section: rows = cols of the test matrix (default 8192)")
+    parser.add_argument("--quant-no-sweep", action="store_true",
+                        help="quant section: skip the block_rows sweep")
+
+
+def test_tensor(n: int, dtype: Any, *, finite: bool = False, seed: int = 0) -> Any:
+    """The n x n device test tensor described in the module docstring."""
+    import jax
+    import jax.numpy as jnp
+
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    x = jax.random.normal(k1, (n, n), jnp.float32)
+    u = jax.random.randint(k2, (n, 1), -140, 121).astype(jnp.float32)
+    x = x * jnp.exp2(jnp.clip(u, -126, 127)) * jnp.where(u < -126, jnp.exp2(u + 126), 1.0)
+    tiny = jax.random.normal(k3, (8, n), jnp.float32) * np.float32(2.0 ** -130)  # subnormal
+    x = x.at[8:16].set(tiny)
+    x = x.at[16, :].set(0.0).at[17, :].set(-0.0)
+    x = x.at[18, 5::64].set(np.float32(2.0 ** -149))  # lone smallest subnormals
+    if not finite:
+        x = x.at[0, 3::96].set(jnp.nan).at[1, 7::80].set(jnp.inf).at[2, 11::128].set(-jnp.inf)
+        x = x.at[3, 0::32].set(jnp.nan)
+    return x.astype(dtype)
+
+
+def _mismatches(a: Any, b: Any) -> int:
+    import jax.numpy as jnp
+
+    if a is None or b is None:
+        return 0 if a is None and b is None else -1
+    if a.dtype == jnp.float32:
+        a, b = jnp.asarray(a).view(jnp.uint32), jnp.asarray(b).view(jnp.uint32)
+    return int(jnp.sum(a != b))
+
+
+def _case(ctx: Any, name: str, fmt: Any, x: Any, *, geometry: Any = None, block_rows: int = 256,
+          global_scale: Any = None, compare: bool = True, jax_mode: str | None = None) -> dict:
+    import jax
+
+    from fp4sim.formats import blocks
+    from fp4sim.kernels.quantize_mgpu import quantize_mgpu
+
+    geometry = geometry or blocks.Geometry.BLOCK
+    axis = -1 if geometry is blocks.Geometry.BLOCK else -2
+    kw = {} if global_scale is None else {"global_scale": global_scale}
+    kern = jax.jit(functools.partial(quantize_mgpu, fmt=fmt, axis=axis, geometry=geometry,
+                                     block_rows=block_rows, **kw))
+    out: dict[str, Any] = {"name": name, "shape": list(x.shape), "dtype": str(x.dtype),
+                           "block_rows": block_rows}
+    qk = jax.block_until_ready(kern(x))
+    t = ctx.time_call(kern, x)
+    useful = x.nbytes + qk.codes.nbytes + qk.scales.nbytes
+    out.update(kernel_s=t, useful_bytes=useful, bytes_per_s=useful / t,
+               ratio_to_copy=useful / t / ctx.copy_bytes_per_s)
+    if compare:
+        emu = jax.jit(functools.partial(blocks.quantize, fmt=fmt, axis=axis, geometry=geometry,
+                                        pack=bool(qk.packed), **kw))
+        qe = jax.block_until_ready(emu(x))
+        out["mismatch"] = {"codes": _mismatches(qk.codes, qe.codes),
+                           "scales": _mismatches(qk.scales, qe.scales),
+                           "global_scale": _mismatches(qk.global_scale, qe.global_scale)}
+        out["emulator_s"] = ctx.time_call(emu, x, iters=5, repeats=3)
+    if jax_mode is not None:
+        out["jax"] = _jax_peer(ctx, x, jax_mode, qk)
+    return out
+
+
+def _jax_peer(ctx: Any, x: Any, mode: str, qk: Any) -> dict:
+    """Time JAX's own quantizer and report how often its element values equal ours."""
+    import jax
+    import jax.numpy as jnp
+    from jax._src.cudnn import scaled_matmul_stablehlo as sms
+
+    cfg = jax.nn.get_scaled_dot_general_config(mode)
+    f = jax.jit(lambda v: sms.quantize(v, cfg))
+    xq, _ = jax.block_until_ready(f(x))
+    t = ctx.time_call(f, x)
+    res: dict[str, Any] = {"seconds": t}
+    if mode == "mxfp8":  # JAX returns the scaled elements: compare them with our codes' values
+        theirs = xq.astype(jnp.float32)
+        mine = qk.values()
+        res["element_values_equal_fraction"] = float(jnp.mean(
+            (theirs == mine) | (jnp.isnan(theirs) & jnp.isnan(mine))))
+    return res
+
+
+def _row(ctx: Any, r: dict) -> dict:
+    from fp4sim.benchmarks.gpu import row
+
+    mm = r.get("mismatch")
+    if mm is None:
+        check = "not compared"
+    elif all(v == 0 for v in mm.values()):
+        check = "bitwise ok"
+    else:
+        check = "MISMATCH " + ",".join(f"{k}={v}" for k, v in mm.items() if v)
+    extra = ""
+    if "emulator_s" in r:
+        extra = f" emu x{r['emulator_s'] / r['kernel_s']:.1f}"
+    if "jax" in r:
+        extra += f" jax x{r['jax']['seconds'] / r['kernel_s']:.2f}"
+    return row(r["name"], ms=1e3 * r["kernel_s"], rate=f"{r['bytes_per_s'] / 1e12:.2f} TB/s",
+               ratio=r["ratio_to_copy"], ratio_to="copy", check=check + extra)
+
+
+def run_section(args: argparse.Namespace, ctx: Any) -> dict:
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    from fp4sim.formats import blocks
+
+    n = int(args.quant_size)
+    cases: list[dict] = []
+    rows: list[dict] = []
+    bf16 = ml_dtypes.bfloat16
+
+    def run(*a: Any, **k: Any) -> None:
+        if ctx.seconds_left() < 20:
+            cases.append({"name": a[0], "skipped": "time budget"})
+            return
+        r = _case(ctx, *a, **k)
+        cases.append(r)
+        rows.append(_row(ctx, r))
+        print(rows[-1], flush=True)
+
+    x_bf = test_tensor(n, bf16)
+    x_bf_fin = test_tensor(n, bf16, finite=True)
+    run("MXFP8_E4M3 bf16", blocks.MXFP8_E4M3, x_bf, jax_mode="mxfp8")
+    run("MXFP8_E5M2 bf16", blocks.MXFP8_E5M2, x_bf)
+    run("MXFP4 bf16 packed", blocks.MXFP4, x_bf)
+    run("NVFP4 bf16 packed (per-tensor g)", blocks.NVFP4, x_bf_fin, jax_mode="nvfp4")
+    nv_const = blocks.NVFP4.replace(global_scale=blocks.GlobalScale.CONSTANT)
+    run("NVFP4 bf16 packed (constant g, specials)", nv_const, x_bf,
+        global_scale=jnp.float32(2.0 ** -7))
+    for dt, label in ((np.float16, "f16"), (np.float32, "f32")):
+        xd = test_tensor(n, dt)
+        run(f"MXFP8_E4M3 {label}", blocks.MXFP8_E4M3, xd)
+        run(f"MXFP4 {label}", blocks.MXFP4, xd)
+        run(f"NVFP4 {label} (per-tensor g)", blocks.NVFP4, test_tensor(n, dt, finite=True))
+    xt = x_bf.reshape(n * n // 128, 128)
+    run("MXFP8_E4M3 token-block bf16 D128", blocks.MXFP8_E4M3, xt,
+        geometry=blocks.Geometry.TOKEN_BLOCK)
+    run("MXFP4 token-block bf16 D128", blocks.MXFP4, xt, geometry=blocks.Geometry.TOKEN_BLOCK)
+    if not args.quant_no_sweep:
+        for br in (64, 128, 512, 1024):
+            run(f"MXFP8_E4M3 bf16 block_rows={br}", blocks.MXFP8_E4M3, x_bf, block_rows=br,
+                compare=False)
+            run(f"NVFP4 bf16 block_rows={br}", blocks.NVFP4, x_bf_fin, block_rows=br,
+                compare=False)
+    return {"size": n, "cases": cases, "rows": rows}

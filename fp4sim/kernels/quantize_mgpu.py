@@ -1,0 +1,768 @@
+"""Block-quantization kernels (Pallas Mosaic GPU, Hopper sm_90a): float in, codes + scales out.
+
+This module owns the GPU implementation of :func:`fp4sim.formats.blocks.quantize` for the
+formats a kernel needs at full memory bandwidth. Its results are the emulator's, bit for bit,
+in the emulator's layouts (a :class:`~fp4sim.formats.blocks.QuantizedArray`), including NaN,
+Inf, zero and subnormal inputs; ``tests/kernels/test_quantize_mgpu.py`` checks that in GPU
+interpret mode on the CPU and at 8192x8192 on the H200.
+
+What the kernels do
+===================
+The input is read as 32-bit *words*, never as floats: a bfloat16/float16 tensor is viewed
+(free, in XLA) as uint32 words holding an (even, odd) element pair, a float32 tensor as one
+element per word. The tensor is then seen as a matrix whose rows are scale blocks
+(``BLOCK`` geometry: ``block_size`` consecutive elements of the last axis form one row of
+``block_size/2`` pair words), and each CTA of a 1-D grid
+
+1. copies ``block_rows`` such rows to SMEM with TMA,
+2. loads them into registers in the WGMMA layout and reduces each row to the block max-abs as
+   an *integer* max over ``bits & 0x7FFFFFFF`` (exact, NaN-aware, immune to flush-to-zero),
+3. derives the scale code per row with the emulator's rule (see below),
+4. converts both elements of every word and packs the two codes into one uint16 (FP8) or one
+   byte (FP4, even element in the low nibble),
+5. writes codes and scales back through SMEM with TMA.
+
+``TOKEN_BLOCK`` geometry (32 tokens x the whole head dimension share one power-of-two scale)
+uses a second body: each CTA takes ``token_blocks`` such (32, D) blocks, reduces each with a
+full warpgroup reduction and converts it with the same element code as above.
+
+Exactness on every backend. Mosaic GPU's in-register float ops are IEEE on the GPU, while GPU
+interpret mode runs them on XLA:CPU, which flushes subnormals (FTZ/DAZ). The kernels therefore
+only use float arithmetic whose operands and results are normal: scale codes come from the
+normalised significand of the block max (subnormals normalised with an exact int->float
+conversion) times the normalised ``fl(1/M)``, with exponents handled as integers; elements are
+scaled by power-of-two exponents in the integer domain; FP4 codes are decided by comparing the
+*unscaled* input bits with per-block thresholds ``t·2^k`` (the E2M1 round-to-nearest-even
+decision points), NVFP4 by one normal float multiply of normalised significands. FP8 codes use
+the hardware ``cvt.rn.satfinite`` (XLA's cast in interpret mode) on values already clipped to
+the format's maximum, with NaN codes patched in by integer selects.
+
+Supported configurations (anything else raises ``ValueError`` before a kernel is built)
+=====================================================================================
+* formats ``MXFP8_E4M3``, ``MXFP8_E5M2``, ``MXFP4`` (scale rules RCEIL, FLOOR, CEIL, EVEN;
+  ``NonFinite.SATFINITE`` or ``NAN``), ``NVFP4`` / ``NVFP4_SINGLE`` (``NEAREST`` UE4M3 scales,
+  TransformerEngine order of operations, FP32 factor ``PER_TENSOR``, ``CONSTANT`` scalar or
+  none, ``min_scale`` 0);
+* the default element :class:`~fp4sim.formats.spec.Policy` (RNE, saturate, NaN kept, signed
+  zero kept) and ``Arithmetic.TRANSFORMER_ENGINE``;
+* ``Geometry.BLOCK`` along the last axis, or ``Geometry.TOKEN_BLOCK`` along axis -2 for the MX
+  formats (D = last axis, 16 <= D <= 256, a multiple of 16);
+* bfloat16, float16 or float32 input. FP4 codes are packed in the kernel for 16-bit inputs;
+  for float32 the kernel writes one code per byte and XLA packs them.
+* the number of scale blocks must be a multiple of 64 (BLOCK) or of ``token_blocks``.
+
+NVFP4 exactness holds whenever the FP32 decode factor ``g`` is at least 2^-117 (tensor amax at
+least ~2^-105.6 with the per-tensor factor): then every product the kernel forms is a normal
+float32. Below that the emulator rounds ``s·g`` to a float32 subnormal, which the kernel does not
+model.
+
+Public names
+============
+``QuantKernelConfig``  frozen, hashable: ``fmt``, ``geometry``, ``in_dtype``, ``block_rows``
+                       (scale blocks per CTA, BLOCK), ``token_blocks`` (token blocks per CTA).
+``quantize_mgpu(x, fmt, *, axis=-1, geometry=Geometry.BLOCK, global_scale=None,
+                global_encode_scale=None, pack=None, block_rows=256, token_blocks=2)
+                -> QuantizedArray``  (``pack`` defaults to True for FP4, False otherwise)
+``check_supported(fmt, geometry, dtype)``  the validation ``quantize_mgpu`` does first.
+``build_kernel(config, num_rows)``  the ``plgpu.kernel`` callable on words, for cross-lowering.
+``shipped_configs()``  every configuration the benchmarks run (cross-lowered in CI).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from fp4sim.formats.blocks import (
+    MXFP4,
+    MXFP8_E4M3,
+    MXFP8_E5M2,
+    NVFP4,
+    NVFP4_SINGLE,
+    Arithmetic,
+    BlockFormat,
+    Geometry,
+    GlobalScale,
+    NonFinite,
+    QuantizedArray,
+    ScaleRule,
+)
+from fp4sim.formats.spec import DEFAULT_POLICY, E2M1, E4M3, UE4M3
+from fp4sim.kernels.harness import interpreting
+
+__all__ = [
+    "QuantKernelConfig",
+    "quantize_mgpu",
+    "check_supported",
+    "build_kernel",
+    "shipped_configs",
+    "INPUT_DTYPES",
+]
+
+INPUT_DTYPES = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32))
+_U = np.uint32
+_I = np.int32
+_F32_INF = 0x7F800000
+
+# E2M1 round-to-nearest-even decision points: code magnitude = number of points passed;
+# ties go to the even code, so 0.25, 1.25, 2.5, 5 are passed only when exceeded ("gt") and
+# 0.75, 1.75, 3.5 already when reached ("ge").
+_E2M1_POINTS = ((0x3E800000, True), (0x3F400000, False), (0x3FA00000, True),
+                (0x3FE00000, False), (0x40200000, True), (0x40600000, False),
+                (0x40A00000, True))
+
+
+# --- configuration ----------------------------------------------------------------------------
+def _fmt_key(fmt: BlockFormat) -> str:
+    for base in (MXFP8_E4M3, MXFP8_E5M2, MXFP4, NVFP4, NVFP4_SINGLE):
+        if fmt.elem is base.elem and fmt.scale is base.scale and fmt.block_size == base.block_size:
+            return "nv" if fmt.scale is UE4M3 else ("mx4" if fmt.elem is E2M1 else "mx8")
+    return ""
+
+
+def check_supported(fmt: Any, geometry: Any = Geometry.BLOCK, dtype: Any = np.float32) -> None:
+    """Raise ``ValueError``/``TypeError`` unless a kernel implements this configuration."""
+    if not isinstance(fmt, BlockFormat):
+        raise TypeError(f"fmt={fmt!r} must be a BlockFormat (MXFP8_E4M3, MXFP8_E5M2, MXFP4, "
+                        f"NVFP4, NVFP4_SINGLE)")
+    if not isinstance(geometry, Geometry):
+        raise TypeError(f"geometry={geometry!r} must be a Geometry")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"x has dtype {dtype!r}; allowed: bfloat16, float16, float32") from None
+    if dt not in INPUT_DTYPES:
+        raise TypeError(f"x has dtype {dt}; allowed: bfloat16, float16, float32")
+    kind = _fmt_key(fmt)
+    if not kind:
+        raise ValueError(f"fmt={fmt.name} ({fmt.elem}/{fmt.scale}/{fmt.block_size}) has no GPU "
+                         f"kernel; allowed: MXFP8_E4M3, MXFP8_E5M2, MXFP4, NVFP4, NVFP4_SINGLE "
+                         f"(and their variants below)")
+    if fmt.policy != DEFAULT_POLICY:
+        raise ValueError(f"fmt.policy={fmt.policy} has no GPU kernel; allowed: DEFAULT_POLICY")
+    if fmt.arithmetic is not Arithmetic.TRANSFORMER_ENGINE:
+        raise ValueError(f"fmt.arithmetic={fmt.arithmetic.name} has no GPU kernel; allowed: "
+                         f"TRANSFORMER_ENGINE")
+    if kind == "nv":
+        if fmt.rule is not ScaleRule.NEAREST or fmt.min_scale != 0.0:
+            raise ValueError(f"{fmt.name}: rule={fmt.rule.name}, min_scale={fmt.min_scale} have "
+                             f"no GPU kernel; allowed: rule NEAREST, min_scale 0.0")
+        if fmt.global_scale not in (GlobalScale.NONE, GlobalScale.PER_TENSOR,
+                                    GlobalScale.CONSTANT):
+            raise ValueError(f"{fmt.name}: global_scale={fmt.global_scale.name} has no GPU "
+                             f"kernel; allowed: NONE, PER_TENSOR, CONSTANT (scalar)")
+        if geometry is not Geometry.BLOCK:
+            raise ValueError(f"geometry={geometry.name} with {fmt.name} has no GPU kernel; "
+                             f"allowed: BLOCK")
+    else:
+        if fmt.rule not in (ScaleRule.RCEIL, ScaleRule.FLOOR, ScaleRule.CEIL, ScaleRule.EVEN):
+            raise ValueError(f"{fmt.name}: rule={fmt.rule.name} has no GPU kernel")
+        if fmt.nonfinite not in (NonFinite.SATFINITE, NonFinite.NAN):
+            raise ValueError(f"{fmt.name}: nonfinite={fmt.nonfinite.name} has no GPU kernel; "
+                             f"allowed: SATFINITE, NAN")
+        if fmt.global_scale is not GlobalScale.NONE:
+            raise ValueError(f"{fmt.name}: an FP32 global factor with UE8M0 scales has no GPU "
+                             f"kernel")
+        if geometry not in (Geometry.BLOCK, Geometry.TOKEN_BLOCK):
+            raise ValueError(f"geometry={geometry.name} has no GPU kernel; allowed: BLOCK, "
+                             f"TOKEN_BLOCK")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QuantKernelConfig:
+    """One compiled quantization kernel: what it converts and how it tiles the work."""
+
+    fmt: BlockFormat
+    geometry: Geometry = Geometry.BLOCK
+    in_dtype: np.dtype = np.dtype(ml_dtypes.bfloat16)
+    block_rows: int = 256  # scale blocks (rows of the block view) per CTA, BLOCK geometry
+    token_blocks: int = 2  # (32 x D) token blocks per CTA, TOKEN_BLOCK geometry
+    head_dim: int = 128  # D, TOKEN_BLOCK geometry only
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "in_dtype", np.dtype(self.in_dtype))
+        check_supported(self.fmt, self.geometry, self.in_dtype)
+        for name in ("block_rows", "token_blocks", "head_dim"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"QuantKernelConfig.{name}={v!r} must be a positive int")
+        if self.geometry is Geometry.BLOCK and (self.block_rows % 64 or self.block_rows > 1024):
+            raise ValueError(f"QuantKernelConfig.block_rows={self.block_rows} must be a multiple "
+                             f"of 64 (the WGMMA row tile) and at most 1024")
+        if self.geometry is Geometry.TOKEN_BLOCK and (self.head_dim % 16 or
+                                                      not 16 <= self.head_dim <= 256):
+            raise ValueError(f"QuantKernelConfig.head_dim={self.head_dim} must be a multiple of "
+                             f"16 in [16, 256]")
+
+    @property
+    def kind(self) -> str:
+        return _fmt_key(self.fmt)
+
+    @property
+    def paired(self) -> bool:
+        """True when a 32-bit input word holds two elements (16-bit input)."""
+        return self.in_dtype.itemsize == 2
+
+    @property
+    def words_per_block(self) -> int:
+        n = self.fmt.block_size if self.geometry is Geometry.BLOCK else self.head_dim
+        return n // 2 if self.paired else n
+
+    @property
+    def packs_in_kernel(self) -> bool:
+        return self.fmt.elem is E2M1 and self.paired
+
+
+def shipped_configs() -> tuple[QuantKernelConfig, ...]:
+    """The configurations ``python -m fp4sim bench gpu --only quant`` runs."""
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    out = []
+    for fmt in (MXFP8_E4M3, MXFP8_E5M2, MXFP4, NVFP4):
+        for dt in INPUT_DTYPES:
+            out.append(QuantKernelConfig(fmt=fmt, in_dtype=dt))
+    out.append(QuantKernelConfig(fmt=NVFP4_SINGLE, in_dtype=bf16))
+    out.append(QuantKernelConfig(fmt=MXFP8_E4M3, geometry=Geometry.TOKEN_BLOCK, in_dtype=bf16,
+                                 head_dim=128))
+    out.append(QuantKernelConfig(fmt=MXFP4, geometry=Geometry.TOKEN_BLOCK, in_dtype=bf16,
+                                 head_dim=128))
+    return tuple(out)
+
+
+# --- element helpers (work on any register layout; per-block values already broadcast) --------
+def _f16_to_f32_bits(h: Any) -> Any:
+    """float32 bit patterns of float16 bit patterns ``h`` (uint32, low 16 bits), exactly:
+    normal/Inf/NaN by moving fields, subnormals by an exact int->float conversion."""
+    import jax.numpy as jnp
+
+    s = (h & _U(0x8000)) << _U(16)
+    e = (h >> _U(10)) & _U(0x1F)
+    m = h & _U(0x3FF)
+    normal = ((e + _U(112)) << _U(23)) | (m << _U(13))
+    special = _U(_F32_INF) | (m << _U(13))
+    fm = _bits(m.astype(jnp.int32).astype(jnp.float32))  # m >= 1: a normal float
+    sub = jnp.where(m == 0, _U(0), fm - _U(24 << 23))
+    return s | jnp.where(e == 0, sub, jnp.where(e == _U(31), special, normal))
+
+
+def _widen(w: Any, cfg: QuantKernelConfig) -> tuple[Any, ...]:
+    """float32 bit patterns of the element(s) in each uint32 word: (even, odd) or (x,)."""
+    if not cfg.paired:
+        return (w,)
+    if cfg.in_dtype == np.dtype(ml_dtypes.bfloat16):
+        return (w << _U(16), w & _U(0xFFFF0000))
+    return (_f16_to_f32_bits(w & _U(0xFFFF)), _f16_to_f32_bits(w >> _U(16)))
+
+
+def _bits(v: Any) -> Any:
+    from jax import lax
+
+    return lax.bitcast_convert_type(v, np.uint32)
+
+
+def _f32(b: Any) -> Any:
+    from jax import lax
+
+    return lax.bitcast_convert_type(b, np.float32)
+
+
+def _normalize(a: Any) -> tuple[Any, Any]:
+    """(m, e): float32 m in [1, 2) and int32 e with a = m·2^e, for positive finite a given as
+    magnitude bits (garbage for 0). Subnormals are normalised by an exact int->float conversion,
+    so no float operation sees a subnormal."""
+    import jax.numpy as jnp
+
+    field = (a >> _U(23)).astype(jnp.int32)
+    fm = _bits((a & _U(0x7FFFFF)).astype(jnp.int32).astype(jnp.float32))
+    sub = field == 0
+    src = jnp.where(sub, fm, a)
+    m = _f32((src & _U(0x7FFFFF)) | _U(0x3F800000))
+    e = jnp.where(sub, (fm >> _U(23)).astype(jnp.int32) - _I(127 + 149), field - _I(127))
+    return m, e
+
+
+def _mx_scale_code(amax: Any, fmt: BlockFormat) -> Any:
+    """int32 UE8M0 code (255 = NaN) from block max-abs bits, exactly as the emulator's
+    ``_pow2_scale_code``; RCEIL via the normalised product ``fl(m·fl(1/M)·2^(eM+1))``."""
+    import jax.numpy as jnp
+
+    e_m = fmt.elem.emax
+    field = (amax >> _U(23)).astype(jnp.int32)
+    if fmt.rule is ScaleRule.RCEIL:
+        c = np.float32(1.0) / np.float32(fmt.elem.max)  # fl(1/M), as the emulator
+        c_norm = float(c) * 2.0 ** (e_m + 1)  # exact: c = c_norm·2^-(eM+1), c_norm in [1, 2)
+        assert 1.0 <= c_norm < 2.0
+        m, e = _normalize(amax)
+        p = _bits(m * np.float32(c_norm))  # in [1, 4): a normal product on every backend
+        pe = (p >> _U(23)).astype(jnp.int32) - _I(127)
+        pm = p & _U(0x7FFFFF)
+        t = e - _I(e_m + 1) + pe  # floor(log2 d) for the descale d = amax·fl(1/M)
+        up = (pm != 0).astype(jnp.int32)
+        code = jnp.where(t >= -126, jnp.minimum(t + _I(127) + up, _I(254)),
+                         jnp.where(t == -127, (pm > _U(1)).astype(jnp.int32), _I(0)))
+        code = jnp.where(amax == 0, _I(0), code)
+    else:
+        if fmt.rule is ScaleRule.EVEN:
+            half = _U(1 << (23 - fmt.elem.mbits - 1))
+            field = (((amax + half) >> _U(23)) & _U(0x1FF)).astype(jnp.int32)
+        e = field - _I(e_m)
+        if fmt.rule is ScaleRule.CEIL:
+            e = e + ((amax & _U(0x7FFFFF)) != 0).astype(jnp.int32)
+        code = jnp.clip(e, 0, 254)
+    inf_c = 254 if fmt.nonfinite is NonFinite.SATFINITE else 255
+    code = jnp.where(amax == _U(_F32_INF), _I(inf_c), code)
+    return jnp.where(amax > _U(_F32_INF), _I(255), code)
+
+
+def _fp8_codes(b: Any, k: Any, fmt: BlockFormat) -> Any:
+    """uint32 FP8 codes of x·2^-k (x given as float32 bits ``b``, k int32 broadcast)."""
+    import jax.numpy as jnp
+
+    elem = fmt.elem
+    a = b & _U(0x7FFFFFFF)
+    field = (a >> _U(23)).astype(jnp.int32)
+    # |x|·2^-k by exponent arithmetic (normal results only; smaller ones encode to 0 anyway)
+    scaled = (a.astype(jnp.int32) - (k << _I(23))).astype(jnp.uint32)
+    pow2 = ((_I(-22) - k) << _I(23)).astype(jnp.uint32)  # 2^(-149-k), normal when k <= -23
+    sub = _bits((a & _U(0x7FFFFF)).astype(jnp.int32).astype(jnp.float32) * _f32(pow2))
+    y = jnp.where((field >= 1) & (field > k), scaled,
+                  jnp.where((field == 0) & (k <= -23), sub, _U(0)))
+    y = jnp.where(field == 255, a, y)
+    max_bits = int(np.float32(elem.max).view(np.uint32))
+    y = jnp.minimum(y, _U(max_bits))  # saturate (Inf and NaN too; NaN is patched below)
+    sign = b & _U(0x80000000)
+    dt = jnp.float8_e4m3fn if elem is E4M3 else jnp.float8_e5m2
+    code = _bits_u8(_f32(y | sign).astype(dt)).astype(jnp.uint32)
+    nan_code = 0x7F if elem is E4M3 else 0x7E
+    return jnp.where(a > _U(_F32_INF), _U(nan_code) | (sign >> _U(24)), code)
+
+
+def _bits_u8(v: Any) -> Any:
+    from jax import lax
+
+    return lax.bitcast_convert_type(v, np.uint8)
+
+
+def _e2m1_thresholds(k: Any) -> list[Any]:
+    """The E2M1 decision points t·2^k as float32 bits (exact: t has <= 3 significant bits and
+    k >= -127; points above the float32 range become +Inf bits)."""
+    import jax.numpy as jnp
+
+    out = []
+    for tb, _ in _E2M1_POINTS:
+        f = _I(tb >> 23) + k
+        normal = (jnp.clip(f, 1, 255).astype(jnp.uint32) << _U(23)) | _U(tb & 0x7FFFFF)
+        sub = (_U((tb & 0x7FFFFF) | 0x800000) >> jnp.clip(1 - f, 0, 31).astype(jnp.uint32))
+        out.append(jnp.where(f >= 255, _U(_F32_INF), jnp.where(f >= 1, normal, sub)))
+    return out
+
+
+def _e2m1_from_points(a: Any, points: list[Any]) -> Any:
+    """E2M1 magnitude code of magnitude bits ``a`` (finite) given decision points."""
+    import jax.numpy as jnp
+
+    mag = jnp.zeros(a.shape, jnp.uint32)
+    for (tb, strict), t in zip(_E2M1_POINTS, points):
+        hit = (a > t) if strict else (a >= t)
+        mag = mag + hit.astype(jnp.uint32)
+    return mag
+
+
+def _e2m1_finish(b: Any, mag: Any) -> Any:
+    """Apply sign, Inf (saturates to 6) and NaN (+0, the emulator's E2M1 NaN policy)."""
+    import jax.numpy as jnp
+
+    a = b & _U(0x7FFFFFFF)
+    mag = jnp.where(a == _U(_F32_INF), _U(7), mag)
+    code = mag | ((b >> _U(28)) & _U(8))
+    return jnp.where(a > _U(_F32_INF), _U(0), code)
+
+
+def _mx4_codes(b: Any, points: list[Any]) -> Any:
+    a = b & _U(0x7FFFFFFF)
+    return _e2m1_finish(b, _e2m1_from_points(a, points))
+
+
+_E2M1_POINT_BITS = tuple(tb for tb, _ in _E2M1_POINTS)
+
+
+def _nv_codes(b: Any, enc_m: Any, enc_e: Any, nan_block: Any) -> Any:
+    """E2M1 codes of fl(x·enc) (enc = enc_m·2^enc_e, a normal float32; per block)."""
+    import jax.numpy as jnp
+
+    a = b & _U(0x7FFFFFFF)
+    m, e = _normalize(a)
+    p = _bits(m * enc_m)  # normal product in [1, 4): exact IEEE rounding on every backend
+    f = (p >> _U(23)).astype(jnp.int32) + e + enc_e  # biased exponent field of fl(x·enc)
+    y = (p & _U(0x7FFFFF)) | (jnp.clip(f, 1, 254).astype(jnp.uint32) << _U(23))
+    y = jnp.where(f >= 255, _U(_F32_INF), jnp.where(f < 1, _U(0), y))
+    y = jnp.where(a == 0, _U(0), y)
+    mag = jnp.zeros(a.shape, jnp.uint32)
+    for tb, strict in _E2M1_POINTS:
+        hit = (y > _U(tb)) if strict else (y >= _U(tb))
+        mag = mag + hit.astype(jnp.uint32)
+    code = _e2m1_finish(b, mag)
+    return jnp.where(nan_block, _U(0), code)
+
+
+def _nv_block(amax: Any, params: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """Per block: (UE4M3 scale code, enc significand, enc exponent, NaN-block mask), the
+    emulator's TransformerEngine order: s = E4M3(clip(amax·k, 0, 448)),
+    enc = min(fl(1/fl(s·g)), max_f32)."""
+    import jax.numpy as jnp
+
+    m, e = _normalize(amax)
+    p = _bits(m * params["k_m"])
+    f = (p >> _U(23)).astype(jnp.int32) + e + params["k_e"]
+    s_bits = (p & _U(0x7FFFFF)) | (jnp.clip(f, 1, 254).astype(jnp.uint32) << _U(23))
+    s_bits = jnp.where(f < 1, _U(0), s_bits)
+    s_bits = jnp.minimum(jnp.where(f >= 255, _U(_F32_INF), s_bits), _U(0x43E00000))  # <= 448
+    s_bits = jnp.where(amax == 0, _U(0), s_bits)
+    nan = (amax > _U(_F32_INF)) | params["nan"]
+    s8 = _f32(s_bits).astype(jnp.float8_e4m3fn)
+    s_code = jnp.where(nan, _U(0x7F), _bits_u8(s8).astype(jnp.uint32))
+    s = s8.astype(jnp.float32)
+    denom = s * params["g"]  # normal (or 0) for g >= 2^-117: IEEE on every backend
+    enc = jnp.minimum(np.float32(1.0) / denom, np.float32(np.finfo(np.float32).max))
+    enc_m, enc_e = _normalize(_bits(enc))
+    return s_code, enc_m, enc_e, nan
+
+
+# --- kernel bodies ------------------------------------------------------------------------------
+def _out_word_dtype(cfg: QuantKernelConfig) -> Any:
+    if cfg.kind == "mx8" and cfg.paired:
+        return np.uint16
+    return np.uint8
+
+
+def _out_words(cfg: QuantKernelConfig) -> int:
+    """Output elements (of ``_out_word_dtype``) per block row."""
+    if cfg.paired:
+        return cfg.words_per_block  # one uint16 (FP8 pair) or one packed byte (FP4 pair)
+    return cfg.words_per_block  # float32 input: one code byte per element
+
+
+def _widen_amax(w: Any, cfg: QuantKernelConfig) -> tuple[tuple[Any, ...], Any]:
+    """(float32 bits of the elements of each word, elementwise max of their magnitudes)."""
+    import jax.numpy as jnp
+
+    xs = _widen(w, cfg)
+    amax = xs[0] & _U(0x7FFFFFFF)
+    for x in xs[1:]:
+        amax = jnp.maximum(amax, x & _U(0x7FFFFFFF))
+    return xs, amax
+
+
+def _codes_from(xs: tuple[Any, ...], cfg: QuantKernelConfig, per_block: dict[str, Any],
+                bc: Any) -> Any:
+    import jax.numpy as jnp
+
+    fmt = cfg.fmt
+    if cfg.kind == "mx8":
+        k = bc(per_block["k"])
+        codes = [_fp8_codes(x, k, fmt) for x in xs]
+        if len(codes) == 2:
+            return (codes[0] | (codes[1] << _U(8))).astype(jnp.uint16)
+        return codes[0].astype(jnp.uint8)
+    if cfg.kind == "mx4":
+        points = [bc(t) for t in per_block["points"]]
+        codes = [_mx4_codes(x, points) for x in xs]
+    else:
+        enc_m, enc_e, nan = bc(per_block["enc_m"]), bc(per_block["enc_e"]), bc(per_block["nan"])
+        codes = [_nv_codes(x, enc_m, enc_e, nan) for x in xs]
+    if len(codes) == 2:
+        return (codes[0] | (codes[1] << _U(4))).astype(jnp.uint8)
+    return codes[0].astype(jnp.uint8)
+
+
+def _per_block(amax: Any, cfg: QuantKernelConfig, params: dict[str, Any]) -> tuple[Any, dict]:
+    """(uint32 scale codes, per-block values the element code needs)."""
+    import jax.numpy as jnp
+
+    if cfg.kind == "nv":
+        s_code, enc_m, enc_e, nan = _nv_block(amax, params)
+        return s_code, {"enc_m": enc_m, "enc_e": enc_e, "nan": nan}
+    code = _mx_scale_code(amax, cfg.fmt)
+    k = jnp.where(code == 255, _I(0), code - _I(127))
+    if cfg.kind == "mx8":
+        return code.astype(jnp.uint32), {"k": k}
+    return code.astype(jnp.uint32), {"points": _e2m1_thresholds(k)}
+
+
+def _load_params(p_smem: Any, shape: tuple[int, ...]) -> dict[str, Any]:
+    """NVFP4 scalars from SMEM, [k_m (f32 bits), k_e, g (f32 bits), nan flag], as splat arrays
+    of ``shape`` (Mosaic GPU reinterprets bits of arrays, not of scalars)."""
+    from jax import lax
+
+    v = [lax.broadcast_in_dim(p_smem[i], shape, ()) for i in range(4)]
+    return {"k_m": _f32(v[0]), "k_e": v[1].astype(np.int32), "g": _f32(v[2]),
+            "nan": v[3] != _U(0)}
+
+
+def build_kernel(cfg: QuantKernelConfig, num_rows: int) -> Any:
+    """The Pallas kernel ``(words, params) -> (codes, scales)`` for ``num_rows`` scale blocks.
+
+    ``words``: uint32 ``(num_rows, words_per_block)`` (BLOCK) or ``(num_rows, 32, words)``
+    (TOKEN_BLOCK); ``params``: uint32 ``(4,)`` NVFP4 scalars (ignored by MX kernels).
+    """
+    if not isinstance(cfg, QuantKernelConfig):
+        raise TypeError(f"cfg={cfg!r} must be a QuantKernelConfig")
+    if cfg.geometry is Geometry.TOKEN_BLOCK:
+        return _build_token_block(cfg, num_rows)
+    return _build_block(cfg, num_rows)
+
+
+def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    tr = cfg.block_rows
+    if num_rows % 64:
+        raise ValueError(f"the input has {num_rows} scale blocks; the {cfg.fmt.name} kernel "
+                         f"needs a multiple of 64 (pad the leading dimensions)")
+    while num_rows % tr:
+        tr //= 2
+    ww = cfg.words_per_block
+    ow, odt = _out_words(cfg), _out_word_dtype(cfg)
+    chunk = min(tr, 256)  # TMA boxes are at most 256 rows
+    # GMEM rows of a TMA copy must be >= 16 bytes: fold f block rows into one output row.
+    # (The interpreter has no such limit and cannot reshape SMEM refs: it does not fold.)
+    fold = 1 if interpreting() else max(1, 16 // (ow * np.dtype(odt).itemsize))
+
+    def body(x_g, p_g, o_g, s_g, x_s, p_s, o_s, s_s, bar):
+        i = lax.axis_index("tiles")
+        n = tr // chunk
+        for c in range(n):
+            plgpu.copy_gmem_to_smem(x_g.at[pl_ds(i * tr + c * chunk, chunk)],
+                                    x_s.at[pl_ds(c * chunk, chunk)], bar.at[c])
+        plgpu.copy_gmem_to_smem(p_g, p_s, bar.at[n])
+        for c in range(n + 1):
+            plgpu.barrier_wait(bar.at[c])
+        params = _load_params(p_s, (tr,)) if cfg.kind == "nv" else {}
+        w = plgpu.load(x_s, layout=plgpu.Layout.WGMMA)
+        xs, mag = _widen_amax(w, cfg)
+        amax = jnp.max(mag, axis=1)
+        scales, per_block = _per_block(amax, cfg, params)
+        bc = lambda v: lax.broadcast_in_dim(v, (tr, ww), [0])  # noqa: E731
+        codes = _codes_from(xs, cfg, per_block, bc)
+        if fold == 1:
+            o_s[...] = codes
+        else:
+            o_s.reshape(tr, ow)[...] = codes
+        s_s[...] = scales.astype(jnp.uint8)
+        plgpu.commit_smem()
+        oc = chunk // fold
+        for c in range(n):
+            plgpu.copy_smem_to_gmem(o_s.at[pl_ds(c * oc, oc)],
+                                    o_g.at[pl_ds((i * tr + c * chunk) // fold, oc)])
+            plgpu.copy_smem_to_gmem(s_s.at[pl_ds(c * chunk, chunk)],
+                                    s_g.at[pl_ds(i * tr + c * chunk, chunk)])
+        plgpu.wait_smem_to_gmem(0)
+
+    return plgpu.kernel(
+        body,
+        out_type=(jax.ShapeDtypeStruct((num_rows // fold, ow * fold), odt),
+                  jax.ShapeDtypeStruct((num_rows,), jnp.uint8)),
+        grid=(num_rows // tr,), grid_names=("tiles",),
+        scratch_types=[plgpu.SMEM((tr, ww), jnp.uint32), plgpu.SMEM((4,), jnp.uint32),
+                       plgpu.SMEM((tr // fold, ow * fold), odt), plgpu.SMEM((tr,), jnp.uint8),
+                       plgpu.Barrier(num_barriers=tr // chunk + 1)],
+
+    )
+
+
+def _build_token_block(cfg: QuantKernelConfig, num_blocks: int) -> Any:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    tb = cfg.token_blocks
+    if num_blocks % tb:
+        tb = math.gcd(num_blocks, tb)
+    ww = cfg.words_per_block
+    ow, odt = _out_words(cfg), _out_word_dtype(cfg)
+
+    def body(x_g, p_g, o_g, s_g, x_s, o_s, s_s, bar):
+        i = lax.axis_index("tiles")
+        plgpu.copy_gmem_to_smem(x_g.at[pl_ds(i * tb, tb)], x_s, bar.at[0])
+        plgpu.barrier_wait(bar.at[0])
+        for j in range(tb):
+            w = x_s.at[j][...]
+            xs, mag = _widen_amax(w, cfg)
+            # Mosaic GPU reinterprets bits of arrays only: do the per-block arithmetic on a
+            # (128,) vector (one lane per thread) holding the block max, then reduce back.
+            amax = plgpu.layout_cast(lax.broadcast_in_dim(jnp.max(mag), (128,), ()),
+                                     plgpu.Layout.WG_STRIDED((128,), 1))
+            scale, per_block = _per_block(amax, cfg, {})
+            per_block = jax.tree.map(jnp.max, per_block)
+            bc = lambda v: lax.broadcast_in_dim(v, w.shape, ())  # noqa: E731  (splat)
+            o_s.at[j][...] = _codes_from(xs, cfg, per_block, bc)
+            s_s[j, 0] = jnp.max(scale).astype(jnp.uint8)  # TMA rows are >= 16 bytes: byte 0
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_s, o_g.at[pl_ds(i * tb, tb)])
+        plgpu.copy_smem_to_gmem(s_s, s_g.at[pl_ds(i * tb, tb)])
+        plgpu.wait_smem_to_gmem(0)
+
+    return plgpu.kernel(
+        body,
+        out_type=(jax.ShapeDtypeStruct((num_blocks, 32, ow), odt),
+                  jax.ShapeDtypeStruct((num_blocks, 16), jnp.uint8)),
+        grid=(num_blocks // tb,), grid_names=("tiles",),
+        scratch_types=[plgpu.SMEM((tb, 32, ww), jnp.uint32), plgpu.SMEM((tb, 32, ow), odt),
+                       plgpu.SMEM((tb, 16), jnp.uint8), plgpu.Barrier(num_barriers=1)],
+
+    )
+
+
+def pl_ds(start: Any, size: int) -> Any:
+    from jax.experimental import pallas as pl
+
+    return pl.ds(start, size)
+
+
+# --- host-side wrapper --------------------------------------------------------------------------
+def _nv_params(amax_bits: Any, fmt: BlockFormat, global_scale: Any, global_encode_scale: Any):
+    """(uint32[4] kernel scalars, float32 decode factor or None), with the emulator's own
+    functions for the FP32 factor (scalars only, so their cost does not matter)."""
+    import jax.numpy as jnp
+
+    from fp4sim.formats import blocks
+
+    one = np.float32(1.0)
+    g_dec = s_enc = None
+    if fmt.global_scale is GlobalScale.CONSTANT:
+        if (global_scale is None) == (global_encode_scale is None):
+            raise ValueError(f"{fmt.name} has a CONSTANT FP32 factor: give exactly one of "
+                             f"global_scale= (decode) or global_encode_scale= (encode)")
+        given = global_scale if global_scale is not None else global_encode_scale
+        if np.ndim(given) != 0:
+            raise ValueError(f"the GPU kernel takes a scalar FP32 factor; got shape "
+                             f"{np.shape(given)}")
+        if global_scale is not None:
+            g_dec = jnp.asarray(global_scale, jnp.float32)
+            s_enc = blocks.div_f32(one, g_dec)
+        else:
+            s_enc = jnp.asarray(global_encode_scale, jnp.float32)
+            g_dec = blocks.div_f32(one, s_enc)
+    elif fmt.global_scale is GlobalScale.PER_TENSOR:
+        amax_t = _f32(amax_bits)
+        s_enc = blocks.global_encode_scale(amax_t, fmt)
+        g_dec = blocks.div_f32(one, s_enc)
+    elif global_scale is not None or global_encode_scale is not None:
+        raise ValueError(f"global_scale/global_encode_scale given but {fmt.name}.global_scale is "
+                         f"{fmt.global_scale.name}")
+    inv_m = one / np.float32(fmt.elem.max)
+    k = jnp.asarray(inv_m) if s_enc is None else blocks.mul_f32(s_enc, inv_m)
+    g = jnp.asarray(one) if g_dec is None else g_dec
+    kb = _bits(jnp.asarray(k, jnp.float32))
+    field = (kb >> _U(23)).astype(jnp.int32)
+    k_m = (kb & _U(0x7FFFFF)) | _U(0x3F800000)
+    k_e = field - 127
+    nan = (kb & _U(0x7FFFFFFF)) > _U(_F32_INF)
+    params = jnp.stack([k_m, k_e.astype(jnp.uint32), _bits(jnp.asarray(g, jnp.float32)),
+                        nan.astype(jnp.uint32)])
+    return params, g_dec
+
+
+def _words(x: Any, cfg: QuantKernelConfig) -> Any:
+    """The input as uint32 words (free reinterpretation in XLA)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    if cfg.paired:
+        u16 = lax.bitcast_convert_type(x, jnp.uint16)
+        return lax.bitcast_convert_type(u16.reshape(u16.shape[:-1] + (u16.shape[-1] // 2, 2)),
+                                        jnp.uint32)
+    return lax.bitcast_convert_type(x, jnp.uint32)
+
+
+def quantize_mgpu(x: Any, fmt: BlockFormat, *, axis: int = -1,
+                  geometry: Geometry = Geometry.BLOCK, global_scale: Any = None,
+                  global_encode_scale: Any = None, pack: bool | None = None,
+                  block_rows: int = 256, token_blocks: int = 2) -> QuantizedArray:
+    """Quantize ``x`` on the GPU (or in interpret mode); same result as ``blocks.quantize``.
+
+    ``axis`` must be -1 for ``BLOCK`` and -2 for ``TOKEN_BLOCK`` (transpose first otherwise).
+    ``pack`` defaults to True for FP4 and must be False otherwise. Configuration errors raise
+    before any kernel is built; see the module docstring for what is supported.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from fp4sim.formats import blocks
+
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"x must be an array, got {type(x).__name__}")
+    check_supported(fmt, geometry, x.dtype)
+    shape = tuple(x.shape)
+    nd = len(shape)
+    want_axis = -1 if geometry is Geometry.BLOCK else -2
+    if not isinstance(axis, int) or isinstance(axis, bool) or not -nd <= axis < nd:
+        raise ValueError(f"axis={axis!r} is out of range for x of shape {shape}")
+    if axis - nd * (axis >= 0) != want_axis:
+        raise ValueError(f"axis={axis}: the {geometry.name} kernel quantizes along axis "
+                         f"{want_axis}; move that axis there first")
+    blocks.block_extents(shape, fmt, geometry, axis)  # the emulator's divisibility errors
+    if pack is None:
+        pack = fmt.elem is E2M1
+    if not isinstance(pack, bool) or (pack and fmt.elem is not E2M1):
+        raise ValueError(f"pack={pack!r}: only FP4 codes can be packed")
+    bf = np.dtype(x.dtype)
+    if geometry is Geometry.BLOCK:
+        cfg = QuantKernelConfig(fmt=fmt, geometry=geometry, in_dtype=bf, block_rows=block_rows)
+    else:
+        cfg = QuantKernelConfig(fmt=fmt, geometry=geometry, in_dtype=bf,
+                                token_blocks=token_blocks, head_dim=shape[-1])
+    return _quantize_jit(jnp.asarray(x), global_scale, global_encode_scale, cfg=cfg, pack=pack)
+
+
+@functools.partial(__import__("jax").jit, static_argnames=("cfg", "pack"))
+def _quantize_jit(x: Any, global_scale: Any, global_encode_scale: Any, *,
+                  cfg: QuantKernelConfig, pack: bool) -> QuantizedArray:
+    import jax.numpy as jnp
+    from jax import lax
+
+
+    fmt = cfg.fmt
+    shape = tuple(x.shape)
+    words = _words(x, cfg)
+    g_dec = None
+    if cfg.kind == "nv":
+        if cfg.paired:  # max of the 15 magnitude bits commutes with the exact widening
+            top = jnp.max(lax.bitcast_convert_type(x, jnp.uint16) & jnp.uint16(0x7FFF))
+            top = top.astype(jnp.uint32)
+            amax_bits = top << _U(16) if cfg.in_dtype == np.dtype(ml_dtypes.bfloat16) \
+                else _f16_to_f32_bits(top)
+        else:
+            amax_bits = jnp.max(words & _U(0x7FFFFFFF))
+        params, g_dec = _nv_params(amax_bits, fmt, global_scale, global_encode_scale)
+    else:
+        params = jnp.zeros((4,), jnp.uint32)
+    if cfg.geometry is Geometry.BLOCK:
+        rows = x.size // fmt.block_size
+        codes, scales = build_kernel(cfg, rows)(words.reshape(rows, cfg.words_per_block), params)
+        scale_shape = shape[:-1] + (shape[-1] // fmt.block_size,)
+    else:
+        rows = x.size // (32 * shape[-1])
+        codes, scales = build_kernel(cfg, rows)(words.reshape(rows, 32, cfg.words_per_block),
+                                                params)
+        scales = scales[:, 0]
+        scale_shape = shape[:-2] + (shape[-2] // 32, 1)
+    if codes.dtype == jnp.uint16:
+        codes = lax.bitcast_convert_type(codes, jnp.uint8)
+    if cfg.packs_in_kernel:
+        codes = codes.reshape(shape[:-1] + (shape[-1] // 2,))
+        q = QuantizedArray(codes, scales.reshape(scale_shape), g_dec, fmt, cfg.geometry,
+                           -1 if cfg.geometry is Geometry.BLOCK else -2, True)
+        return q if pack else q.unpack()
+    codes = codes.reshape(shape)
+    q = QuantizedArray(codes, scales.reshape(scale_shape), g_dec, fmt, cfg.geometry,
+                       -1 if cfg.geometry is Geometry.BLOCK else -2, False)
+    return q.pack() if pack else q

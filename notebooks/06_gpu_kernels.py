@@ -1,0 +1,102 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The GPU kernels (Hopper, Pallas Mosaic GPU)
+#
+# fp4sim's kernels live in `fp4sim.kernels` and are imported explicitly (importing `fp4sim` never
+# initialises a GPU backend). This notebook needs an NVIDIA Hopper GPU (sm_90a) with jax's CUDA
+# backend; it is *not* executed in CI (the CPU tests run the same kernels in GPU interpret mode
+# and cross-lower them for sm_90a instead).
+#
+# It shows how to call the kernels under `jax.jit`, and checks them against the emulators:
+#
+# 1. the FP8 attention forward (token-block E4M3 Q/K/V, E4M3 P, float32 accumulation), against
+#    the kernel's own float64 reference of its numerics;
+# 2. its output against exact attention, beside cuDNN's bf16 attention.
+#
+# `FP4SIM_SMALL=1` shrinks the shapes.
+
+# %%
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fp4sim
+from fp4sim import kernels
+
+SMALL = os.environ.get("FP4SIM_SMALL") == "1"
+if not kernels.gpu_available():
+    raise RuntimeError("this notebook needs an NVIDIA GPU visible to jax (CUDA backend)")
+print("device:", jax.devices()[0].device_kind, "arch:", kernels.device_arch())
+
+# %% [markdown]
+# ## FP8 attention forward under jax.jit
+#
+# Shapes follow the kernel's convention: `q` (B, T, H, D), `k`/`v` (B, S, H, D). The config is a
+# frozen, hashable value: a static argument of `jax.jit`.
+
+# %%
+B, T, H, D = (1, 256, 2, 128) if SMALL else (1, 4096, 8, 128)
+key = jax.random.key(0)
+kq, kk, kv = jax.random.split(key, 3)
+q = jax.random.normal(kq, (B, T, H, D), jnp.bfloat16)
+k = jax.random.normal(kk, (B, T, H, D), jnp.bfloat16)
+v = jax.random.normal(kv, (B, T, H, D), jnp.bfloat16)
+
+config = kernels.FP8AttentionConfig(conversion=kernels.PConversion.EXACT, out_type=kernels.OutType.FLOAT32)
+attn = jax.jit(lambda q, k, v: kernels.attention_fp8(q, k, v, config=config))
+out, lse2 = attn(q, k, v)
+out.block_until_ready()
+
+def timeit(fn, *args, n=10):
+    fn(*args)[0].block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        r = fn(*args)
+    r[0].block_until_ready()
+    return (time.perf_counter() - t0) / n
+
+flops = 4 * B * H * T * T * D
+t_fp8 = timeit(attn, q, k, v)
+print(f"FP8 kernel: {t_fp8 * 1e3:.3f} ms, {flops / t_fp8 / 1e12:.0f} TFLOP/s")
+
+# %% [markdown]
+# ## Bitwise-defined parts against the kernel's reference
+#
+# P codes, the running max and the tile exponents are bit-defined; the sums run in the tensor
+# core's accumulation order, so O is compared with a bound.
+
+# %%
+ops = kernels.quantize_operands(q, k, v)
+ref = kernels.reference_forward(jax.tree.map(np.asarray, ops), softmax_scale=1 / math.sqrt(D), config=config)
+o = np.asarray(out, dtype=np.float64)
+err = np.abs(o - ref["o"]).max() / np.abs(ref["o"]).max()
+print(f"max |O_kernel - O_reference| / max |O_reference| = {err:.2e}")
+
+# %% [markdown]
+# ## Against exact attention, beside cuDNN bf16
+
+# %%
+exact = fp4sim.attention_reference(*(np.swapaxes(np.asarray(x, np.float64), 1, 2) for x in (q, k, v)))
+exact_o = np.swapaxes(np.asarray(exact.out), 1, 2)
+cudnn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn"))
+t_cudnn = timeit(lambda *a: (cudnn(*a),), q, k, v)
+o_cudnn = np.asarray(cudnn(q, k, v), dtype=np.float64)
+for name, o_, t_ in (("fp4sim FP8 kernel", o, t_fp8), ("cuDNN bf16", o_cudnn, t_cudnn)):
+    e = fp4sim.error_summary(o_, exact_o)
+    print(f"{name:18s} cosine {e.cosine:.5f} rel-L2 {e.rel_l2:.4f}  {t_ * 1e3:.3f} ms")
