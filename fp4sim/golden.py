@@ -639,8 +639,34 @@ def _register_attention_cases() -> None:
                              "accumulation order)",
                  preset=preset, seed=_FWD_SEED, q_shape=[1, 32, 64], kv_shape=[1, 256, 64])(forward_case)
 
+    for preset in _training_preset_names():
+        def training_case(preset=preset) -> dict[str, np.ndarray]:
+            from fp4sim.attention import TRAINING_PRESETS, training_backward, training_forward
+
+            rng = np.random.default_rng(_TRAIN_SEED)
+            q, k, v, d_out = (rng.standard_normal((1, 128, 64)).astype(np.float32) for _ in range(4))
+            recipe = TRAINING_PRESETS[preset]
+            out, saved = training_forward(q, k, v, recipe, causal=True)
+            trace = training_backward(saved, d_out, recipe)
+            arrays = {"q": q, "k": k, "v": v, "d_out": d_out, "o": out, "lse": saved.lse,
+                      "dq": trace.grads.dq, "dk": trace.grads.dk, "dv": trace.grads.dv,
+                      "delta": trace.delta, "ds": trace.ds}
+            return {key: np.asarray(a, dtype=np.float32) for key, a in arrays.items()}
+
+        register(f"attention.training.{preset}",
+                 description=f"causal training step of the {preset} training recipe on Gaussian q, k, v, dO "
+                             "(1, 128, 64): O, LSE, D = rowsum(dO∘O), dS, dQ, dK, dV",
+                 preset=preset, seed=_TRAIN_SEED, shape=[1, 128, 64], causal=True)(training_case)
+
 
 _TILE_SEED = 7
+_TRAIN_SEED = 13
+
+
+def _training_preset_names() -> list[str]:
+    from fp4sim.attention import TRAINING_PRESETS
+
+    return sorted(TRAINING_PRESETS)
 _FWD_SEED = 11
 
 
@@ -668,3 +694,40 @@ def _qkv(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 _register_attention_cases()
+
+
+def _register_storage_cases() -> None:
+    from fp4sim.formats import spec
+
+    for fmt in (spec.E2M1, spec.E2M3, spec.E3M2):
+        def pack_case(fmt=fmt) -> dict[str, np.ndarray]:
+            from fp4sim.formats import NibbleOrder, all_codes, pack
+
+            codes = np.resize(all_codes(fmt), (4, 64)).astype(np.uint8)
+            codes[1] = codes[1][::-1]
+            out = {"codes": codes}
+            orders = list(NibbleOrder) if fmt is spec.E2M1 else [NibbleOrder.INTERLEAVED]
+            for order in orders:
+                out[f"packed_{order.name.lower()}"] = np.asarray(pack(codes, fmt, order=order), np.uint8)
+            return out
+
+        register(f"formats.{_case_slug(fmt)}.packing",
+                 description=f"{fmt} codes (4 x 64, every code) packed along the last axis: "
+                             f"{'each NibbleOrder (INTERLEAVED = even element in the low nibble)' if fmt is spec.E2M1 else '4 codes in 3 bytes, little-endian bit stream'}",
+                 format=fmt.name, shape=[4, 64])(pack_case)
+
+    @register("formats.layouts.scales", description="a 200 x 7 uint8 scale matrix in each ScaleLayout "
+                                                    "(128x4 swizzle, Mosaic TMEM view, 8x4 swizzle), "
+                                                    "zero-padded", shape=[200, 7])
+    def layouts_case() -> dict[str, np.ndarray]:
+        from fp4sim.formats import ScaleLayout, to_layout
+
+        scales = (np.arange(200 * 7, dtype=np.int64) * 37 % 251 + 1).astype(np.uint8).reshape(200, 7)
+        out = {"scales": scales}
+        for layout in ScaleLayout:
+            if layout is not ScaleLayout.PLAIN:
+                out[layout.name.lower()] = np.asarray(to_layout(scales, layout), dtype=np.uint8)
+        return out
+
+
+_register_storage_cases()

@@ -98,3 +98,10 @@ def test_golden_list_and_figures_list(capsys):
     assert cli.main(["figures", "--list"]) == 0
     out = capsys.readouterr().out
     assert all(f.filename in out for f in FIGURES.values())
+
+
+def test_figures_command_writes_a_png(tmp_path, capsys):
+    assert cli.main(["figures", "--quick", "--no-progress", "--out", str(tmp_path), "--only", "e2m1_grid"]) == 0
+    png = tmp_path / "e2m1_grid.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert str(png) in capsys.readouterr().out

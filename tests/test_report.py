@@ -26,6 +26,8 @@ def test_writes_every_section_table_and_figure(quick_run):
 
     out, text, results = quick_run
     assert set(results["sections"]) == set(report.SECTIONS)
+    drawn = {f for fn in report.SECTIONS.values() for f in fn(report.QUICK).figures}
+    assert drawn == set(FIGURES), "every figure is part of the report"
     for name, fn in report.SECTIONS.items():
         section = fn(report.QUICK)  # cached experiments: cheap the second time
         assert f"## {section.title}" in text
@@ -69,3 +71,97 @@ def test_formats_numbers(quick_run):
     got = np.array([float(v) for v in nums["e2m1_values"]], dtype=np.float32)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert nums["rne_all_agree"] is True
+
+
+def _section(quick_run, key):
+    return quick_run[2]["sections"][key]["numbers"]
+
+
+def test_code_match_numbers(quick_run):
+    nums = _section(quick_run, "code_match")
+    x = fp4sim.uniform_grid(report.QUICK.grid_points)
+    for name, conv in (("affine", fp4sim.AffineP()), ("mitchell_boundary", fp4sim.MitchellP()),
+                       ("mitchell_s0", fp4sim.MitchellP(shift=0.0))):
+        assert nums["grid"][name] == fp4sim.code_match_rate(conv, fp4sim.ExactP(), x)
+    # and they are the seeds' rates (seed_algorithms §8 item 3) to within the grid's resolution
+    assert abs(nums["grid"]["affine"] - 0.632884) < 2e-4
+    assert abs(nums["grid"]["mitchell_boundary"] - 0.98671) < 2e-4
+
+
+def test_route_error_numbers(quick_run):
+    nums = _section(quick_run, "route_errors")
+    s = report.QUICK.seq_lens[-1]
+    q, k, v = report.gaussian_qkv(s, report.QUICK.head_dim, report.QUICK.seed + s)
+    ref = fp4sim.attention_reference(*(a.astype(np.float64) for a in (q, k, v))).out
+    for name in ("hw_fp4_direct_p", "hao_log_mxfp8"):
+        e = fp4sim.error_summary(fp4sim.attention_forward(q, k, v, fp4sim.PRESETS[name]).out, ref)
+        got = nums["by_len"][name][str(s)]
+        assert got["cosine"] == float(e.cosine) and got["rel_l2"] == float(e.rel_l2)
+
+
+def test_scale_rule_numbers(quick_run):
+    rows = {(r["format"], r["rule"]): r for r in _section(quick_run, "scale_rules")["rows"]}
+    rng = np.random.default_rng(report.QUICK.seed)
+    x = rng.standard_normal((report.QUICK.scale_blocks, 32)).astype(np.float32)
+    q = fp4sim.quantize(x, fp4sim.MXFP4, rule=fp4sim.ScaleRule.FLOOR)
+    scale = fp4sim.decode(q.scales, fp4sim.UE8M0).astype(np.float64)[:, 0]
+    clipped = np.abs(x).max(-1) > 6.0 * scale
+    assert rows[("MXFP4", "FLOOR")]["clip_rate"] == clipped.mean() > 0.1
+    assert rows[("MXFP4", "RCEIL")]["clip_rate"] == 0.0
+
+
+def test_exp2_numbers(quick_run):
+    nums = _section(quick_run, "exp2")
+    x = np.linspace(-126.0, 0.0, report.QUICK.grid_points, endpoint=False).astype(np.float32)
+    rel = np.asarray(fp4sim.exp2_fa4(x), np.float64) / np.exp2(x.astype(np.float64)) - 1
+    assert nums["fa4_rel_min"] == rel.min() and nums["fa4_rel_max"] == rel.max()
+    assert nums["fa4_abs_max"] <= 9e-5  # seed_algorithms §8 item 10
+    assert nums["rn_mismatches"] == 0
+
+
+def test_normalization_numbers(quick_run):
+    nums = _section(quick_run, "normalization")
+    for v, want in (([2.0, 2.0], (2.0, 2.0, 40 / 21)), ([0.0, 6.0], (12 / 7, 1.5, 10 / 7))):
+        got = nums["outputs"][str(v)]
+        for name, w in zip(("EXACT", "CONSISTENT", "MISMATCHED"), want):
+            assert got[name] == float(fp4sim.normalize(np.array([1.0, 0.4]), np.array([1.0, 1 / 3]),
+                                                        np.array(v), fp4sim.Normalization[name]).out)
+            assert abs(got[name] - w) < 1e-12
+    assert nums["denominators"]["PER_ELEMENT"] == 0.0
+    assert nums["denominators"]["PAYLOAD_SUM_FIRST"] == float(np.float32(8 / 6) * np.float32(2.0 ** -126))
+
+
+def test_leak_numbers(quick_run):
+    rows = _section(quick_run, "leak")["rows"]
+    assert [r["name"] for r in rows] == list(fp4sim.LEAK_TABLE)
+    for r in (rows[0], rows[4]):
+        rep = fp4sim.leak_probe(fp4sim.LEAK_TABLE[r["name"]], n_tokens=report.QUICK.leak_tokens)
+        assert (r["leak_o"], r["leak_dq"], r["vacuous"]) == (rep.leak_o, rep.leak_dq, rep.vacuous)
+    assert rows[0]["class"] == "exactly 0" and rows[4]["class"] == "large"
+
+
+def test_consistency_numbers(quick_run):
+    nums = _section(quick_run, "consistency")
+    assert nums["two_key_sums"]["CONSISTENT"] == 0.0
+    assert abs(nums["two_key_sums"]["MISMATCHED"] - 0.068027) < 1e-6
+    matched = [c for c in nums["checks"] if c["variant"] == "matched" and c["normalization"] != "MISMATCHED"]
+    assert matched and all(c["ok"] for c in matched)
+    assert all(not c["ok"] or c["noop"] for c in nums["checks"] if c["variant"] != "matched")
+
+
+def test_summary_is_in_the_report(quick_run):
+    text = quick_run[1]
+    numbers = {k: v["numbers"] for k, v in quick_run[2]["sections"].items()}
+    for what, _, computed in report.summary_rows(numbers):
+        assert f"| {what} |" in text and computed in text
+
+
+def test_readme_table_is_the_report_summary(quick_run):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    body = readme.split("## What fp4sim reproduces", 1)[1].split("\n## ", 1)[0]
+    listed = [m.group(1).strip() for m in re.finditer(r"^\| (.+?) \| .+ \| .+ \|$", body, flags=re.M)]
+    numbers = {k: v["numbers"] for k, v in quick_run[2]["sections"].items()}
+    assert listed[1:] == [what for what, _, _ in report.summary_rows(numbers)]  # [0] is the header

@@ -330,7 +330,7 @@ def training_backward(saved: SavedForward, d_out: Any, recipe: TrainingRecipe) -
         rebuilt.p, saved.q_hat, saved.k_hat, saved.v_hat, saved.out, d_out,
         softmax_scale=saved.softmax_scale, d_out_scaling=recipe.d_out,
         p_scaling=recipe.p_backward, ds_scaling=recipe.ds, delta=recipe.delta,
-        quantize=_quantizer(saved.segment_ids, recipe.segment_aligned))
+        accumulation=recipe.accumulation, quantize=_quantizer(saved.segment_ids, recipe.segment_aligned))
     return TrainingTrace(trace.grads, rebuilt.p, rebuilt, trace)
 
 

@@ -3,8 +3,8 @@
 This module owns the gradient of softmax attention ``O = softmax(c_e·Q Kᵀ + mask) V``
 (``c_e`` = softmax scale, natural-log units) with respect to Q, K and V, in two forms:
 
-* :func:`attention_grad_reference`: NumPy float64, no quantization, the oracle. It also serves
-  the float64 forward (O, natural-log LSE) of the same mask so the two always agree.
+* :func:`attention_grad_reference`: NumPy float64, no quantization, the oracle (built on the
+  float64 forward :func:`fp4sim.attention.reference.attention_reference`).
 * :func:`emulated_backward`: what a low-precision training kernel computes, written once against
   the array namespace (NumPy, or jax under ``jit``/``vmap``). It takes the forward's saved state
   (the represented probabilities ``P̃`` rebuilt bit-identically from the saved quantized Q/K,
@@ -21,16 +21,19 @@ This module owns the gradient of softmax attention ``O = softmax(c_e·Q Kᵀ + m
       dQ   = c_e · dS_q · K̂      dK = c_e · dS_qᵀ · Q̂
 
   Products are float32 matrix products of dequantized operands: every operand is exactly its
-  low-precision value, the accumulation is float32 (the tensor core's is modelled in
-  :mod:`fp4sim.formats.matmul`, not here).
+  low-precision value, the accumulation is float32 term by term in contraction order
+  (:class:`Accumulation` ``SEQUENTIAL``: the same bits on NumPy and under jit; the tensor
+  core's own accumulation is modelled in :mod:`fp4sim.formats.matmul`, not here) or, for speed,
+  the backend's matmul (``BACKEND``). ``D`` is a fixed pairwise-tree sum, ``dS`` is formed
+  elementwise; every float32 step flushes results below 2^-126 (``.ftz`` arithmetic).
 
 The identity ``D_i = Σ_j P̃_ij dP_ij = rowsum(dO_i ∘ O_i)`` holds only when ``O = P̃ V̂`` with the
 very ``P̃`` used in dS (consistent normalization, seed_algorithms.md §5.2); then every row of dS
 sums to zero. :mod:`fp4sim.attention.consistency` checks this and the other invariants.
 
-Masks: ``causal`` (query i sees keys j ≤ i + (M − N), i.e. aligned at the end, as in
-``jax.nn.dot_product_attention``) and ``segment_ids`` (packed documents: query i sees key j only
-when both carry the same id). A fully masked row has O = 0, LSE = −inf and zero gradients.
+Masks are those of :mod:`fp4sim.attention.reference`: ``causal`` aligned at the end (query i
+sees keys j ≤ i + (M − N)) and segment ids (packed documents: query i sees key j only when both
+carry the same id). A fully masked row has O = 0, LSE = −inf and zero gradients.
 """
 
 from __future__ import annotations
@@ -46,11 +49,10 @@ from fp4sim import _xp
 
 __all__ = [
     "Gradients",
-    "attention_mask",
-    "attention_forward_reference",
     "attention_grad_reference",
     "softmax_grad",
     "DeltaSource",
+    "Accumulation",
     "BackwardTrace",
     "emulated_backward",
     "TrainingRecipe",
@@ -63,88 +65,6 @@ class Gradients(NamedTuple):
     dq: Any
     dk: Any
     dv: Any
-
-
-def _check_qkv(q: Any, k: Any, v: Any) -> None:
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if getattr(x, "ndim", 0) < 2:
-            raise ValueError(f"{name} must have shape (..., tokens, head_dim); got shape "
-                             f"{getattr(x, 'shape', None)}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share head_dim; got q.shape={q.shape}, k.shape={k.shape}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same number of tokens; got k.shape={k.shape}, "
-                         f"v.shape={v.shape}")
-
-
-def attention_mask(n_q: int, n_kv: int, *, causal: bool = False, q_segment_ids: Any = None,
-                   kv_segment_ids: Any = None) -> Any:
-    """Boolean mask (..., n_q, n_kv): True where query i may attend to key j.
-
-    ``causal`` aligns the diagonal at the end (query i sees keys ``j ≤ i + n_kv − n_q``).
-    Segment ids are integer arrays (..., n_q) and (..., n_kv); ``kv_segment_ids`` defaults to
-    ``q_segment_ids`` (self-attention over packed documents). The namespace follows the segment
-    ids (NumPy when none are given).
-    """
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal={causal!r} must be a bool")
-    if kv_segment_ids is not None and q_segment_ids is None:
-        raise ValueError("kv_segment_ids given without q_segment_ids; pass both or only "
-                         "q_segment_ids")
-    xp = _xp.namespace(q_segment_ids, kv_segment_ids)
-    rows = xp.arange(n_q)[:, None]
-    cols = xp.arange(n_kv)[None, :]
-    mask = xp.ones((n_q, n_kv), dtype=bool)
-    if causal:
-        mask = cols <= rows + (n_kv - n_q)
-    if q_segment_ids is None:
-        return mask
-    kv_ids = q_segment_ids if kv_segment_ids is None else kv_segment_ids
-    if q_segment_ids.shape[-1] != n_q or kv_ids.shape[-1] != n_kv:
-        raise ValueError(f"segment ids must end in (n_q={n_q},) and (n_kv={n_kv},); got "
-                         f"q_segment_ids.shape={q_segment_ids.shape}, "
-                         f"kv_segment_ids.shape={kv_ids.shape}")
-    return mask & (q_segment_ids[..., :, None] == kv_ids[..., None, :])
-
-
-def _default_scale(head_dim: int, softmax_scale: float | None) -> float:
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    if not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale)
-            and softmax_scale > 0):
-        raise ValueError(f"softmax_scale={softmax_scale!r} must be a positive finite number")
-    return float(softmax_scale)
-
-
-def _reference_probs(q, k, *, softmax_scale, causal, q_segment_ids, kv_segment_ids):
-    """float64 probabilities P (..., N, M), natural-log LSE (..., N) and the mask."""
-    scale = _default_scale(q.shape[-1], softmax_scale)
-    mask = attention_mask(q.shape[-2], k.shape[-2], causal=causal,
-                          q_segment_ids=None if q_segment_ids is None
-                          else np.asarray(q_segment_ids),
-                          kv_segment_ids=None if kv_segment_ids is None
-                          else np.asarray(kv_segment_ids))
-    s = scale * np.einsum("...nd,...md->...nm", q, k)
-    s = np.where(mask, s, -np.inf)
-    m = np.max(s, axis=-1, keepdims=True)
-    m_safe = np.where(np.isfinite(m), m, 0.0)
-    e = np.exp(s - m_safe)  # exp(-inf) = 0 for masked entries
-    l = np.sum(e, axis=-1, keepdims=True)
-    p = e / np.where(l > 0, l, 1.0)
-    with np.errstate(divide="ignore"):
-        lse = np.where(l[..., 0] > 0, m_safe[..., 0] + np.log(l[..., 0]), -np.inf)
-    return p, lse, scale
-
-
-def attention_forward_reference(q: Any, k: Any, v: Any, *, softmax_scale: float | None = None,
-                                causal: bool = False, q_segment_ids: Any = None,
-                                kv_segment_ids: Any = None) -> tuple[np.ndarray, np.ndarray]:
-    """Exact float64 attention: ``(O, LSE)`` with LSE in natural-log units (−inf when masked)."""
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    _check_qkv(q, k, v)
-    p, lse, _ = _reference_probs(q, k, softmax_scale=softmax_scale, causal=causal,
-                                 q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
-    return p @ v, lse
 
 
 def softmax_grad(p: Any, dp: Any, delta: Any) -> Any:
@@ -163,18 +83,21 @@ def attention_grad_reference(q: Any, k: Any, v: Any, d_out: Any, *,
     """Exact float64 gradients of ``Σ O ∘ d_out`` with respect to q, k, v.
 
     Shapes (..., N, d), (..., M, d), (..., M, dv), (..., N, dv); any leading batch/head axes.
-    A fully masked query row contributes nothing (its P row is zero).
+    The probabilities and O come from :func:`fp4sim.attention.reference.attention_reference`
+    (same masks, same validation); a fully masked query row contributes nothing.
     """
+    from fp4sim.attention.reference import attention_reference
+
+    ref = attention_reference(q, k, v, causal=causal, q_segment_ids=q_segment_ids,
+                              kv_segment_ids=kv_segment_ids, softmax_scale=softmax_scale)
     q, k, v, d_out = (np.asarray(x, dtype=np.float64) for x in (q, k, v, d_out))
-    _check_qkv(q, k, v)
-    if d_out.shape != q.shape[:-1] + v.shape[-1:]:
-        raise ValueError(f"d_out.shape={d_out.shape} must be {q.shape[:-1] + v.shape[-1:]} "
-                         "(the output's shape)")
-    p, _, scale = _reference_probs(q, k, softmax_scale=softmax_scale, causal=causal,
-                                   q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
-    out = p @ v
+    if d_out.shape != ref.out.shape:
+        raise ValueError(f"d_out.shape={d_out.shape} must be {ref.out.shape} (the output's "
+                         f"shape)")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    p = ref.probs
     dp = d_out @ np.swapaxes(v, -1, -2)
-    delta = np.sum(d_out * out, axis=-1)
+    delta = np.sum(d_out * ref.out, axis=-1)
     ds = softmax_grad(p, dp, delta)
     dq = scale * (ds @ k)
     dk = scale * (np.swapaxes(ds, -1, -2) @ q)
@@ -190,10 +113,50 @@ class DeltaSource(enum.Enum):
     FLOAT_D_OUT = "float_d_out"  # the float32 dO while dP uses the quantized copy (a mismatch)
 
 
-def _matmul(a: Any, b: Any) -> Any:
-    """float32 matrix product of dequantized operands (the backend's accumulation order)."""
+class Accumulation(enum.Enum):
+    """How the backward's float32 matrix products accumulate."""
+
+    SEQUENTIAL = "sequential"  # fl(fl(a·b) + acc) term by term in contraction order, flushed:
+    #                            the same bits on NumPy and under jit (the emulator's spec)
+    BACKEND = "backend"  # the backend's matmul (BLAS / XLA dot): fast, last bits backend-dependent
+
+
+def _matmul(a: Any, b: Any, accumulation: Accumulation = Accumulation.SEQUENTIAL) -> Any:
+    """float32 ``a @ b`` of dequantized operands (a (..., I, K), b (..., K, J)).
+
+    ``SEQUENTIAL``: ``acc_0 = fl(a_0 b_0)``, ``acc_k = fl(acc_{k−1} + fl(a_k b_k))`` with every
+    result below 2^-126 flushed (:mod:`fp4sim.attention._f32`, which also keeps XLA from fusing
+    the multiply into the add); a Python loop on NumPy, ``lax.fori_loop`` under jax."""
+    from fp4sim.attention import _f32
+
     xp = _xp.namespace(a, b)
-    return xp.matmul(a.astype(np.float32), b.astype(np.float32))
+    a = xp.asarray(a, dtype=np.float32)
+    b = xp.asarray(b, dtype=np.float32)
+    if accumulation is Accumulation.BACKEND:
+        if xp is np:
+            return np.matmul(a, b)
+        import jax
+
+        return xp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
+    n = a.shape[-1]
+
+    def term(k):
+        if xp is np:
+            return _f32.mul(a[..., :, k, None], b[..., k, None, :])
+        from jax import lax
+
+        ak = lax.dynamic_index_in_dim(a, k, axis=a.ndim - 1, keepdims=True)
+        bk = lax.dynamic_index_in_dim(b, k, axis=b.ndim - 2, keepdims=True)
+        return _f32.mul(ak, bk)
+
+    acc = term(0)
+    if xp is np:
+        for k in range(1, n):
+            acc = _f32.add(acc, term(k))
+        return acc
+    from jax import lax
+
+    return lax.fori_loop(1, n, lambda k, acc: _f32.add(acc, term(k)), acc)
 
 
 def _swap(x: Any) -> Any:
@@ -221,6 +184,7 @@ class BackwardTrace(NamedTuple):
 def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_out: Any, *,
                       softmax_scale: float, d_out_scaling: Any, p_scaling: Any, ds_scaling: Any,
                       delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT,
+                      accumulation: Accumulation = Accumulation.SEQUENTIAL,
                       quantize: Any = None) -> BackwardTrace:
     """The backward of one attention call from the forward's saved state (module docstring).
 
@@ -232,8 +196,11 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     fake-quantizer ``(x, scaling) -> float32`` (by default
     :func:`fp4sim.attention.causal.fake_quantize`; the document-aware one for packed sequences).
     """
-    from fp4sim.attention import causal
+    from fp4sim.attention import _f32, causal
 
+    if not isinstance(accumulation, Accumulation):
+        raise TypeError(f"accumulation={accumulation!r} must be an Accumulation; allowed: "
+                        f"{[m.name for m in Accumulation]}")
     if not isinstance(delta, DeltaSource):
         raise TypeError(f"delta={delta!r} must be a DeltaSource; allowed: "
                         f"{[m.name for m in DeltaSource]}")
@@ -243,14 +210,14 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     d_out_q = fq(d_out, d_out_scaling)
     d_out_delta = d_out_q if delta is DeltaSource.QUANTIZED_D_OUT else d_out
     p_dv = fq(p, p_scaling)
-    dv = _matmul(_swap(p_dv), d_out_q)
-    dp = _matmul(d_out_q, _swap(v_hat))
-    dlt = xp.sum(d_out_delta * xp.asarray(out, dtype=np.float32), axis=-1)
-    ds = softmax_grad(p, dp, dlt)
+    dv = _matmul(_swap(p_dv), d_out_q, accumulation)
+    dp = _matmul(d_out_q, _swap(v_hat), accumulation)
+    dlt = _f32.tree_sum(_f32.mul(d_out_delta, xp.asarray(out, dtype=np.float32)), axis=-1)
+    ds = _f32.mul(p, _f32.ftz(dp - dlt[..., None]))
     ds_q = fq(ds, ds_scaling)
     c = np.float32(softmax_scale)
-    dq = c * _matmul(ds_q, k_hat)
-    dk = c * _matmul(_swap(ds_q), q_hat)
+    dq = _f32.mul(c, _matmul(ds_q, k_hat, accumulation))
+    dk = _f32.mul(c, _matmul(_swap(ds_q), q_hat, accumulation))
     return BackwardTrace(Gradients(dq, dk, dv), d_out_q, d_out_delta, p_dv, dp, dlt, ds, ds_q)
 
 
@@ -274,7 +241,8 @@ class TrainingRecipe:
     token-axis options that ``VFormat`` lacks — OCP floor, per-token, per-tensor — and
     document-aligned groups). Backward formats: ``d_out`` (the one quantized dO copy for dV and
     dP), ``p_backward`` (P as the dV operand, rows = queries), ``ds`` (the dQ/dK operand).
-    ``delta`` chooses the dO in ``D = rowsum(dO ∘ O)``. ``rebuild`` is the recipe the backward
+    ``delta`` chooses the dO in ``D = rowsum(dO ∘ O)``; ``accumulation`` the float32 order of
+    the backward's products (:class:`Accumulation`). ``rebuild`` is the recipe the backward
     rebuilds P with: ``None`` means the forward's own (bit-identical P, the matched case);
     anything else is a deliberate mismatch (:mod:`fp4sim.attention.consistency`); it must keep
     the forward's Q/K format. ``segment_aligned``: with segment ids, scale groups that span
@@ -291,6 +259,7 @@ class TrainingRecipe:
     delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT
     rebuild: Any = None
     segment_aligned: bool = True
+    accumulation: Accumulation = Accumulation.SEQUENTIAL
 
     def __post_init__(self) -> None:
         from fp4sim.attention.recipe import AttentionRecipe, VFormat
@@ -323,6 +292,9 @@ class TrainingRecipe:
                             f"{[m.name for m in DeltaSource]}")
         if not isinstance(self.segment_aligned, bool):
             raise TypeError(f"{own}.segment_aligned={self.segment_aligned!r} must be a bool")
+        if not isinstance(self.accumulation, Accumulation):
+            raise TypeError(f"{own}.accumulation={self.accumulation!r} must be an Accumulation; "
+                            f"allowed: {[m.name for m in Accumulation]}")
 
     @property
     def rebuild_recipe(self) -> Any:

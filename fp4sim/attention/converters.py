@@ -70,6 +70,7 @@ from fp4sim.formats.codec import decode, encode
 from fp4sim.formats.spec import E2M1, E4M3, UE4M3, NanPolicy, Policy
 
 __all__ = ["PTile", "convert_tile", "direct_p_payload", "direct_p_coordinate", "bf16_round",
+           "mitchell_exp2",
            "LOG2_6", "LOG2_448", "LOG2_2688"]
 
 LOG2_6 = np.float32(math.log2(6.0))
@@ -110,9 +111,9 @@ def _block_max(xp: Any, tb: Any) -> Any:
 
 
 def _ceil_exp(xp: Any, m: Any, lo: int = -127, hi: int = 127) -> Any:
-    """int32 ceil(m) clamped to [lo, hi]; −inf/NaN give lo."""
-    ok = xp.isfinite(m)
-    c = xp.ceil(xp.where(ok, xp.clip(m, np.float32(lo), np.float32(hi)), np.float32(lo)))
+    """int32 ceil(m) clamped to [lo, hi]; −inf gives lo, NaN gives 0 (a NaN row's codes are
+    meaningless; 0 keeps them finite)."""
+    c = xp.ceil(xp.where(xp.isnan(m), np.float32(0.0), xp.clip(m, np.float32(lo), np.float32(hi))))
     return c.astype(np.int32)
 
 
@@ -144,6 +145,17 @@ def _bf16_values(xp: Any, codes: Any) -> Any:
     return bitcast(codes.astype(np.uint32) << np.uint32(16), np.float32)
 
 
+def mitchell_exp2(y: Any) -> Any:
+    """Mitchell's piecewise-linear 2^y: float32 bits ``floor(y·2^23) + 127·2^23``, i.e.
+    ``2^floor(y)·(1 + frac(y))`` (y clamped to 127 above; 0 below −126 and for −Inf/NaN)."""
+    xp = namespace(y)
+    y = xp.asarray(y, dtype=np.float32)
+    ok = y >= np.float32(-126.0)
+    ys = xp.where(ok, xp.minimum(y, np.float32(127.0)), np.float32(0.0))
+    i = xp.floor(ys * np.float32(2.0**23)).astype(np.int32) + np.int32(127 << 23)
+    return xp.where(ok, bitcast(i.astype(np.uint32), np.float32), np.float32(0.0))
+
+
 def direct_p_coordinate(t: Any, k: Any) -> Any:
     """Direct-P coordinate ``x = fl(t + fl(log2 6 − k))`` (k broadcast against t)."""
     xp = namespace(t, k)
@@ -163,11 +175,7 @@ def direct_p_payload(converter: Any, x: Any, *, exp2: Exp2Model = Exp2Model(),
         value = xp.maximum(_f32.mul(np.float32(converter.a), x) + np.float32(converter.b),
                            np.float32(0.0))
     elif isinstance(converter, MitchellP):
-        y = x - np.float32(converter.shift)
-        ok = y >= np.float32(-126.0)
-        ys = xp.where(ok, xp.minimum(y, np.float32(127.0)), np.float32(0.0))
-        i = xp.floor(ys * np.float32(2.0**23)).astype(np.int32) + np.int32(127 << 23)
-        value = xp.where(ok, bitcast(i.astype(np.uint32), np.float32), np.float32(0.0))
+        value = mitchell_exp2(x - np.float32(converter.shift))
     else:
         raise TypeError(f"converter={converter!r} is not a Direct-P converter; allowed: "
                         f"ExactP, AffineP, MitchellP")

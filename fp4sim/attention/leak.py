@@ -130,12 +130,12 @@ def leak_probe(recipe: TrainingRecipe, *, n_tokens: int = 128, d_model: int = 64
 
     if not isinstance(recipe, TrainingRecipe):
         raise TypeError(f"recipe={recipe!r} must be a TrainingRecipe")
+    inputs = probe_inputs(n_tokens, d_model, head_dim, seed=seed)  # validates the sizes
     if not (isinstance(target, int) and 0 < target < n_tokens):
         raise ValueError(f"target={target!r} must be an int in 1..{n_tokens - 1} (it needs "
                          f"earlier rows to measure)")
     if not (np.isfinite(gain) and gain > 0):
         raise ValueError(f"gain={gain!r} must be a positive finite number")
-    inputs = probe_inputs(n_tokens, d_model, head_dim, seed=seed)
     x1 = inputs["x"].copy()
     x1[target] = (np.float32(gain) * x1[target]).astype(np.float32)
 

@@ -15,6 +15,7 @@ Run it alone with ``python -m fp4sim.benchmarks.gpu_attention --out DIR`` or as 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -25,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["add_arguments", "run", "run_section", "SHAPES"]
+__all__ = ["add_arguments", "run_section", "measure", "main", "SHAPES"]
 
 SHAPES: tuple[tuple[int, int, int, int, bool], ...] = (
     (2, 4096, 16, 128, False),
@@ -40,16 +41,13 @@ _SAMPLE_HEADS = (0, 9)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default=None, help="directory for attention.json")
-    parser.add_argument("--quick", action="store_true",
-                        help="only B2 S4096 H16 D128 (non-causal and causal), fewer variants")
-    parser.add_argument("--reps", type=int, default=5, help="timing repetitions (median)")
-    parser.add_argument("--iters", type=int, default=10, help="calls per repetition")
-
-
-def run(args: argparse.Namespace) -> int:
-    res = run_section(out_dir=args.out, quick=args.quick, reps=args.reps, iters=args.iters)
-    return 0 if res.get("ok", False) else 1
+    """Options of this section (prefixed: they share ``python -m fp4sim bench gpu``'s parser)."""
+    parser.add_argument("--attention-quick", action="store_true",
+                        help="attention: only B2 S4096 H16 D128 (non-causal, causal), fewer variants")
+    parser.add_argument("--attention-reps", type=int, default=5,
+                        help="attention: timing repetitions (the median is reported)")
+    parser.add_argument("--attention-iters", type=int, default=10,
+                        help="attention: calls per timing repetition")
 
 
 def _timeit(fn: Callable[[], Any], reps: int, iters: int) -> float:
@@ -115,13 +113,23 @@ def _cudnn_fp8(q: Any, k: Any, v: Any, scale: float, causal: bool):
     return (qq, kq, vq, params), call, (lambda out: out.astype(jnp.float32) * (amax[2] / 448.0))
 
 
-def run_section(out_dir: str | None = None, quick: bool = False, reps: int = 5,
-                iters: int = 10) -> dict[str, Any]:
-    """Measure every method on every shape; return (and write) the JSON-able results."""
+def run_section(args: argparse.Namespace, context: Any = None) -> dict[str, Any]:
+    """The ``attention`` section of ``python -m fp4sim bench gpu`` (see :mod:`.gpu`)."""
+    deadline = None if context is None else context.deadline
+    return measure(quick=args.attention_quick, reps=args.attention_reps,
+                   iters=args.attention_iters, deadline=deadline)
+
+
+def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
+            deadline: float | None = None, out_dir: str | None = None) -> dict[str, Any]:
+    """Measure every method on every shape; return (and write) the JSON-able results, with the
+    ``rows`` of :mod:`fp4sim.benchmarks.gpu`'s summary table. Stops starting new shapes after
+    ``deadline`` (``time.monotonic()``)."""
     import jax
     import jax.numpy as jnp
 
-    from fp4sim.attention.recipe import Normalization
+    from fp4sim.attention.recipe import HW_FP4_DIRECT_P_MITCHELL, Normalization
+    from fp4sim.kernels import attention_directp_mgpu as dp
     from fp4sim.kernels import attention_mgpu as am
 
     if not any(d.platform == "gpu" for d in jax.devices()):
@@ -130,9 +138,16 @@ def run_section(out_dir: str | None = None, quick: bool = False, reps: int = 5,
     dev = next(d for d in jax.devices() if d.platform == "gpu")
     results: dict[str, Any] = {"device": dev.device_kind, "jax": jax.__version__,
                                "flops": "4*B*T*S*H*D, halved when causal", "shapes": []}
+
+    def write() -> None:  # after every shape, so a cut-short run still leaves its numbers
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+            with open(os.path.join(out_dir, "attention.json"), "w") as f:
+                json.dump(results, f, indent=1)
+
     shapes = SHAPES[:2] if quick else SHAPES
     base = am.FP8AttentionConfig()
-    variants = {
+    all_variants = {
         "fp4sim_fp8": base,
         "fp4sim_fp8_mismatched": base.replace(normalization=Normalization.MISMATCHED),
         "fp4sim_fp8_exact_p": base.replace(conversion=am.PConversion.EXACT),
@@ -142,12 +157,16 @@ def run_section(out_dir: str | None = None, quick: bool = False, reps: int = 5,
         "ablate_no_key_columns": base.replace(ablation=am.Ablation.SKIP_KEY_COLUMNS),
         "ablate_no_normalizer": base.replace(ablation=am.Ablation.SKIP_NORMALIZER),
     }
-    if quick:
-        variants = {k: v for k, v in variants.items()
-                    if k in ("fp4sim_fp8", "fp4sim_fp8_mismatched", "fp4sim_fp8_exact_p",
-                             "ablate_no_pv", "ablate_no_normalizer")}
+    core = ("fp4sim_fp8", "fp4sim_fp8_mismatched", "ablate_no_pv")
+    directp = {"fp4sim_directp_affine": dp.DirectPConfig(),
+               "fp4sim_directp_mitchell": dp.DirectPConfig(recipe=HW_FP4_DIRECT_P_MITCHELL)}
     ok = True
-    for (b, s, h, d, causal) in shapes:
+    for i_shape, (b, s, h, d, causal) in enumerate(shapes):
+        if deadline is not None and time.monotonic() > deadline:
+            results.setdefault("skipped_shapes", []).append([b, s, h, d, causal])
+            continue
+        # every variant on the first shape; the main ones (and one ablation) on the others
+        variants = {k: v for k, v in all_variants.items() if i_shape == 0 or k in core}
         scale = 1.0 / math.sqrt(d)
         flops = 4.0 * b * s * s * h * d / (2.0 if causal else 1.0)
         keys = jax.random.split(jax.random.key(0), 3)
@@ -184,6 +203,16 @@ def run_section(out_dir: str | None = None, quick: bool = False, reps: int = 5,
             c = cfg.replace(causal=causal)
             record(name, lambda c=c: am.attention_fp8_quantized(ops, softmax_scale=scale,
                                                                config=c)[0], config=str(c))
+        # Direct-P FP4 (NVFP4 Q/K, E2M1 P, MXFP4 V decoded exactly to float16)
+        for name, dcfg in directp.items():
+            if i_shape and name != "fp4sim_directp_affine":
+                continue
+            dcfg = dcfg.replace(causal=causal)
+            prep = jax.jit(functools.partial(dp.prepare_operands, recipe=dcfg.recipe))
+            dops = prep(q, k, v)
+            record(name, lambda c=dcfg, o=dops: dp.attention_directp_prepared(
+                o, softmax_scale=scale, config=c)[0], config=str(dcfg.recipe.converter))
+            del dops
         # cuDNN bf16
         qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
         cud = jax.jit(lambda a, b_, c_: jax.nn.dot_product_attention(
@@ -221,12 +250,19 @@ def run_section(out_dir: str | None = None, quick: bool = False, reps: int = 5,
             }
             print(f"  target: {entry['target']}", flush=True)
         results["shapes"].append(entry)
+        tag = f"B{b} S{s} H{h} D{d}{' causal' if causal else ''}"
+        fp8_peer = m.get("cudnn_fp8", {}).get("tflops")
+        for name, r in m.items():
+            if "tflops" in r:
+                results.setdefault("rows", []).append({
+                    "name": f"attn {tag} {name}", "ms": r["ms"],
+                    "rate": f"{r['tflops']:.0f} TFLOP/s",
+                    "ratio": r["tflops"] / fp8_peer if fp8_peer else None,
+                    "ratio_to": "cudnn_fp8", "check": f"relL2 {r['rel_l2']:.2e}"})
+        write()
         del q, k, v, ops
     results["ok"] = ok
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "attention.json"), "w") as f:
-            json.dump(results, f, indent=1)
+    write()
     _print_table(results)
     return results
 
@@ -243,9 +279,14 @@ def _print_table(results: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m fp4sim.benchmarks.gpu_attention [--out DIR] [--attention-quick] ...``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="directory for attention.json")
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    res = measure(quick=args.attention_quick, reps=args.attention_reps,
+                  iters=args.attention_iters, out_dir=args.out)
+    return 0 if res.get("ok", False) else 1
 
 
 if __name__ == "__main__":

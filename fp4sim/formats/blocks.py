@@ -286,14 +286,12 @@ _U = np.uint32
 
 
 def _bitlen(xp: Any, v: Any) -> Any:
-    """Bit length of uint32 ``v`` (0 for 0) as int32, by a 5-step binary search."""
-    n = xp.zeros(v.shape, dtype=np.int32)
-    for s in (16, 8, 4, 2, 1):
-        t = v >> _U(s)
-        hit = t != 0
-        n = n + xp.where(hit, np.int32(s), np.int32(0))
-        v = xp.where(hit, t, v)
-    return n + (v != 0).astype(np.int32)
+    """Bit length of uint32 ``v`` (0 for 0) as int32 (exact on both backends)."""
+    if xp is np:
+        return np.frexp(v.astype(np.float64))[1].astype(np.int32)
+    from jax import lax
+
+    return (32 - lax.clz(v)).astype(np.int32)
 
 
 def _split(xp: Any, bits: Any) -> tuple[Any, Any, Any]:
@@ -329,6 +327,16 @@ def _compose(xp: Any, sign: Any, sig: Any, exp: Any) -> Any:
     return (sign << _U(31)) | mag
 
 
+def _stage(x: Any) -> Any:
+    """Materialize ``x`` under jax (an optimization barrier), so XLA does not duplicate the long
+    integer chains below into every consumer (that made NVFP4 compiles take minutes)."""
+    if is_jax(x):
+        from jax import lax
+
+        return lax.optimization_barrier(x)
+    return x
+
+
 def _f32_bits(xp: Any, x: Any) -> Any:
     return bitcast(xp.asarray(x, dtype=np.float32), np.uint32)
 
@@ -341,7 +349,7 @@ def ldexp_f32(x: Any, k: Any) -> Any:
     k = xp.clip(xp.asarray(k, dtype=np.int32), -400, 400)
     out = _compose(xp, sign, sig, exp + k)
     special = (bits & _U(0x7F800000)) == _U(0x7F800000)
-    return bitcast(xp.where(special, bits, out), np.float32)
+    return _stage(bitcast(xp.where(special, bits, out), np.float32))
 
 
 def _normalize(xp: Any, bits: Any) -> tuple[Any, Any]:
@@ -380,7 +388,7 @@ def _arith_f32(xp: Any, a: Any, b: Any, divide: bool) -> Any:
     pa, plain_a = proxy(a, ab)
     pb_, plain_b = proxy(b, bb)
     special = pa / pb_ if divide else pa * pb_
-    return xp.where(plain_a & plain_b, res, special)
+    return _stage(xp.where(plain_a & plain_b, res, special))
 
 
 def mul_f32(a: Any, b: Any) -> Any:

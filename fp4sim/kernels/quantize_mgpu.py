@@ -66,6 +66,9 @@ Public names
 ``check_supported(fmt, geometry, dtype)``  the validation ``quantize_mgpu`` does first.
 ``build_kernel(config, num_rows)``  the ``plgpu.kernel`` callable on words, for cross-lowering.
 ``shipped_configs()``  every configuration the benchmarks run (cross-lowered in CI).
+``swizzled_scales(q, layout=ScaleLayout.SWIZZLED_128X4)``  the scales in an MMA layout, by the
+                       emulator's :func:`fp4sim.formats.layouts.to_layout` (an XLA gather over the
+                       1/16 or 1/32-sized scale array; not fused into the kernel).
 """
 
 from __future__ import annotations
@@ -101,6 +104,7 @@ __all__ = [
     "check_supported",
     "build_kernel",
     "shipped_configs",
+    "swizzled_scales",
     "INPUT_DTYPES",
 ]
 
@@ -766,3 +770,14 @@ def _quantize_jit(x: Any, global_scale: Any, global_encode_scale: Any, *,
     q = QuantizedArray(codes, scales.reshape(scale_shape), g_dec, fmt, cfg.geometry,
                        -1 if cfg.geometry is Geometry.BLOCK else -2, False)
     return q.pack() if pack else q
+
+
+def swizzled_scales(q: QuantizedArray, layout: Any = None) -> Any:
+    """``q``'s scale codes in ``layout`` (default the 128x4 swizzle Blackwell MMAs read)."""
+    from fp4sim.formats import layouts
+
+    if not isinstance(q, QuantizedArray):
+        raise TypeError(f"q={q!r} must be a QuantizedArray")
+    if layout is None:
+        layout = layouts.ScaleLayout.SWIZZLED_128X4
+    return layouts.to_layout(q.scales, layout)

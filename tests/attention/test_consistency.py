@@ -44,3 +44,80 @@ def test_golden_two_element_mismatched():
     assert ds.sum() == pytest.approx(0.068027, abs=5e-7)
     # the invariant: Σ dS = D·(1 − Σ P̃) when D = Σ P̃ dP
     assert ds.sum() == pytest.approx(delta * (1 - p.sum()), rel=1e-13)
+
+
+# --- the checker on the emulated training path ---------------------------------------------------
+from fp4sim.attention import recipe as R  # noqa: E402
+from fp4sim.attention.autodiff import TRAINING_PRESETS, _route  # noqa: E402
+from fp4sim.attention.consistency import Mismatch, check_consistency, with_mismatch  # noqa: E402
+
+
+def _inputs(seed=3, n=128, d=64):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((n, d)).astype(np.float32) for _ in range(4))
+
+
+@pytest.mark.parametrize("name", ["float32", "direct_p_fp8_training", "direct_p_fp4_forward",
+                                  "direct_p_affine_fp4", "flamia_mxfp8_training"])
+def test_matched_recipes_pass(name):
+    rep = check_consistency(TRAINING_PRESETS[name], *_inputs())
+    assert rep.ok, rep
+
+
+def test_mismatched_normalizer_breaks_only_the_row_sum():
+    # cuDNN-like route: D = rowsum(dO ∘ O) still equals Σ P̃ dP, but Σ_j P̃_ij ≠ 1 (§5.2)
+    rep = check_consistency(TRAINING_PRESETS["cudnn_mxfp8_like"], *_inputs())
+    assert rep.p_bitwise and rep.delta_ok and not rep.ds_row_sum_ok, rep
+
+
+EXPECTED_FAILURES = {
+    Mismatch.BACKWARD_TILING: {"p_bitwise", "delta", "ds_row_sum"},
+    Mismatch.FORWARD_APPROX_EXP: {"p_bitwise", "delta", "ds_row_sum"},
+    Mismatch.D_OUT_REPRESENTATION: {"delta", "ds_row_sum"},
+    Mismatch.P_BITS: {"p_bitwise", "delta", "ds_row_sum"},
+}
+
+
+@pytest.mark.parametrize("mismatch", list(Mismatch), ids=lambda m: m.name)
+def test_each_deliberate_mismatch_is_detected(mismatch):
+    base = TRAINING_PRESETS["direct_p_fp4_forward"]
+    causal_ = True
+    if mismatch is Mismatch.FORWARD_APPROX_EXP:
+        # FA4's polynomial is within 9e-5 of exp2, so it flips only the few codes next to a
+        # rounding boundary (about 1 in 2000 live E4M3 codes, fewer in E2M1, where most small
+        # weights round to 0): 8-bit P, no mask, to have several of them
+        base, causal_ = TRAINING_PRESETS["direct_p_fp8_training"], False
+    rep = check_consistency(with_mismatch(base, mismatch), *_inputs(), causal=causal_)
+    assert not rep.ok
+    assert set(rep.failed) == EXPECTED_FAILURES[mismatch], rep
+
+
+# every converter family of the forward: the backward rebuilds its P bit for bit
+FORWARDS = {
+    "hw_fp4_direct_p_mitchell": R.HW_FP4_DIRECT_P_MITCHELL,
+    "hao_log_nvfp4": R.HAO_LOG_NVFP4,
+    "hao_log_mxfp8": R.HAO_LOG_MXFP8,
+    "sage3_two_level": R.SAGE3_TWO_LEVEL,
+    "cudnn_fp8_fixed": R.CUDNN_FP8_FIXED,
+    "schraudolph_fp8": R.AttentionRecipe(converter=R.SchraudolphP(scale_log2=8),
+                                         p_format=R.PFormat.FP8, v=R.VFormat.FLOAT32),
+    "exact_nvfp4_row_anchor": R.AttentionRecipe(converter=R.ExactP(), p_format=R.PFormat.NVFP4,
+                                                block_exponent=R.BlockExponent.ROW_ANCHOR),
+    "fa4_poly_exp2": R.HW_FP4_FP8_PV.replace(exp2=R.Exp2Model(kind=R.Exp2Kind.FA4_POLY)),
+}
+
+
+@pytest.mark.parametrize("name", list(FORWARDS))
+def test_backward_rebuilds_every_converter_bitwise(name):
+    fwd = FORWARDS[name].replace(v=R.VFormat.FLOAT32, block_kv=64, pv_group=64)
+    rep = check_consistency(_route(name, fwd), *_inputs(n=128, d=64))
+    assert rep.p_bitwise, rep
+    assert rep.delta_ok, rep
+
+
+def test_with_mismatch_bad_arguments():
+    base = TRAINING_PRESETS["direct_p_fp8_training"]
+    with pytest.raises(TypeError, match="Mismatch"):
+        with_mismatch(base, "p_bits")
+    with pytest.raises(ValueError, match="MXFP4"):
+        with_mismatch(base, Mismatch.P_BITS)  # its forward P is already 8-bit

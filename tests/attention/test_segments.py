@@ -9,8 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fp4sim.attention.backward import (attention_forward_reference, attention_grad_reference,
-                                       attention_mask)
+from fp4sim.attention.backward import attention_grad_reference
+from fp4sim.attention.reference import attention_reference
+
+
+def attention_forward_reference(*args, **kwargs):
+    return attention_reference(*args, **kwargs)[:2]
 
 
 def _docs(rng, lengths, d=8):
@@ -39,15 +43,6 @@ def test_reference_packed_equals_separate_documents(causal):
         start += n
 
 
-def test_mask_causal_alignment_and_segments():
-    m = attention_mask(3, 5, causal=True)
-    # query i sees keys j <= i + 2 (diagonal aligned at the end)
-    assert m.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
-    ids = np.array([0, 0, 1, 1])
-    m = attention_mask(4, 4, causal=True, q_segment_ids=ids)
-    assert m.tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
-
-
 def test_fully_masked_row_gives_zero_output_and_gradients():
     rng = np.random.default_rng(2)
     q, k, v, do = (rng.standard_normal((4, 8)) for _ in range(4))
@@ -59,8 +54,83 @@ def test_fully_masked_row_gives_zero_output_and_gradients():
     assert np.all(np.isfinite(out)) and all(np.all(np.isfinite(x)) for x in g)
 
 
-def test_bad_segment_ids_named_in_error():
-    with pytest.raises(ValueError, match="segment ids"):
-        attention_mask(4, 4, q_segment_ids=np.zeros(3, int))
-    with pytest.raises(ValueError, match="kv_segment_ids"):
-        attention_mask(4, 4, kv_segment_ids=np.zeros(4, int))
+# --- the emulated training path on packed documents ----------------------------------------------
+from fp4sim.attention import causal  # noqa: E402
+from fp4sim.attention.autodiff import TRAINING_PRESETS, training_backward, training_forward  # noqa: E402
+
+LENGTHS = [20, 44, 9, 55]  # boundaries inside 32-token groups and 32x32 dS tiles
+
+
+def _packed(seed=0, d=32):
+    rng = np.random.default_rng(seed)
+    n = sum(LENGTHS)
+    q, k, v, do = (rng.standard_normal((n, d)).astype(np.float32) for _ in range(4))
+    return q, k, v, do, np.repeat(np.arange(len(LENGTHS)), LENGTHS).astype(np.int32)
+
+
+def _run(recipe, q, k, v, do, ids):
+    out, saved = training_forward(q, k, v, recipe, causal=True, segment_ids=ids)
+    return (out,) + tuple(training_backward(saved, do, recipe).grads)
+
+
+STRADDLING = {  # V / dS scalings whose groups span tokens
+    "V MXFP8 tokens floor, dS 32x32 floor": dict(v=causal.MXFP8_TOKENS_FLOOR,
+                                                  ds=causal.DS_SQUARE_FLOOR),
+    "V per-tensor FP8, dS 32x32 RCEIL": dict(v=causal.FP8_PER_TENSOR_AMAX,
+                                             ds=causal.DS_SQUARE_RCEIL),
+    "V NVFP4 tokens, dO per-tensor pow2": dict(v=causal.NVFP4_TOKENS,
+                                               d_out=causal.PER_TENSOR_POW2),
+}
+
+
+@pytest.mark.parametrize("name", list(STRADDLING))
+def test_documents_never_share_a_scale_when_aligned(name):
+    recipe = TRAINING_PRESETS["direct_p_fp8_training"].replace(name=name, **STRADDLING[name])
+    q, k, v, do, ids = _packed()
+    base = _run(recipe, q, k, v, do, ids)
+    leaked = False
+    for doc in range(len(LENGTHS)):
+        sel = ids == doc
+        q1, k1, v1 = q.copy(), k.copy(), v.copy()
+        for x in (q1, k1, v1):
+            x[sel] *= np.float32(7.0)  # this document's rows become every group's max
+        other = ~sel
+        after = _run(recipe, q1, k1, v1, do, ids)
+        for a, b in zip(base, after):
+            assert np.array_equal(a[other], b[other]), (name, doc)
+        unaligned = _run(recipe.replace(segment_aligned=False), q, k, v, do, ids)
+        unaligned1 = _run(recipe.replace(segment_aligned=False), q1, k1, v1, do, ids)
+        leaked |= any(not np.array_equal(a[other], b[other])
+                      for a, b in zip(unaligned, unaligned1))
+    # the same scalings without alignment do let a document reach the others (not vacuous)
+    assert leaked, name
+
+
+def test_tile_aligned_documents_equal_separate_runs():
+    recipe = TRAINING_PRESETS["direct_p_fp8_training"]  # key tiles of 64, token blocks of 32
+    rng = np.random.default_rng(4)
+    lengths = [64, 128]
+    n = sum(lengths)
+    q, k, v, do = (rng.standard_normal((n, 32)).astype(np.float32) for _ in range(4))
+    ids = np.repeat([0, 1], lengths).astype(np.int32)
+    packed = _run(recipe, q, k, v, do, ids)
+    start = 0
+    for length in lengths:
+        s = slice(start, start + length)
+        alone = _run(recipe, q[s], k[s], v[s], do[s], None)
+        np.testing.assert_array_equal(packed[0][s], alone[0])  # O: bit for bit
+        for a, b in zip(packed[1:], alone[1:]):
+            # gradients: float32 products over more (masked, exactly zero) terms
+            np.testing.assert_allclose(a[s], b, rtol=0, atol=n * 2.0**-24 * np.max(np.abs(b)))
+        start += length
+
+
+def test_token_spanning_qk_with_segments_rejected():
+    from fp4sim.attention.recipe import QKFormat
+
+    recipe = TRAINING_PRESETS["direct_p_fp8_training"]
+    recipe = recipe.replace(forward=recipe.forward.replace(qk=QKFormat.TOKEN_BLOCK_FP8))
+    q, k, v, do, ids = _packed()
+    with pytest.raises(ValueError, match="document"):
+        training_forward(q, k, v, recipe, segment_ids=ids)
+    training_forward(q, k, v, recipe.replace(segment_aligned=False), segment_ids=ids)

@@ -1,0 +1,96 @@
+"""Exact attention reference: float64 softmax attention with causal and segment masks (NumPy).
+
+The oracle every emulated route is measured against. Nothing is quantized; scores, softmax and
+the output are float64 (inputs of any float dtype are widened exactly).
+
+``O = softmax(softmax_scale · Q Kᵀ + mask) V`` and the natural-log ``LSE_i = log Σ_j
+exp(softmax_scale · q_i·k_j)`` over visible keys. Masks: ``causal`` aligned at the end (query i
+sees key j iff ``j ≤ i + Skv − Sq``, as in :mod:`fp4sim.attention.forward` and
+:mod:`fp4sim.attention.backward`), segment ids (query i sees key j iff the ids are equal). A
+fully masked row gives O = 0 and LSE = −inf, never NaN; NaN inputs give NaN in the rows they
+reach.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = ["ReferenceResult", "attention_mask", "attention_reference"]
+
+
+class ReferenceResult(NamedTuple):
+    out: np.ndarray  # (..., Sq, Dv) float64
+    lse: np.ndarray  # (..., Sq) float64, natural log
+    probs: np.ndarray  # (..., Sq, Skv) float64 normalized probabilities (0 where masked)
+
+
+def attention_mask(n_q: int, n_kv: int, *, causal: bool = False, q_segment_ids: Any = None,
+                   kv_segment_ids: Any = None) -> np.ndarray:
+    """bool (..., n_q, n_kv): True where query i may attend to key j (see module docstring)."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal={causal!r} must be a bool")
+    rows = np.arange(n_q)[:, None]
+    cols = np.arange(n_kv)[None, :]
+    mask = np.ones((n_q, n_kv), dtype=bool)
+    if causal:
+        mask = cols <= rows + (n_kv - n_q)
+    if q_segment_ids is None:
+        if kv_segment_ids is not None:
+            raise ValueError("kv_segment_ids given without q_segment_ids")
+        return mask
+    qs = np.asarray(q_segment_ids)
+    ks = qs if kv_segment_ids is None else np.asarray(kv_segment_ids)
+    if qs.dtype.kind not in "iu" or ks.dtype.kind not in "iu":
+        raise TypeError(f"segment ids must be integer arrays; got {qs.dtype} and {ks.dtype}")
+    if qs.shape[-1] != n_q or ks.shape[-1] != n_kv:
+        raise ValueError(f"segment ids must end in ({n_q},) and ({n_kv},); got {qs.shape} and "
+                         f"{ks.shape}")
+    return mask & (qs[..., :, None] == ks[..., None, :])
+
+
+def attention_reference(q: Any, k: Any, v: Any, *, causal: bool = False,
+                        q_segment_ids: Any = None, kv_segment_ids: Any = None,
+                        softmax_scale: float | None = None) -> ReferenceResult:
+    """Exact float64 attention of ``q (..., Sq, D)``, ``k (..., Skv, D)``, ``v (..., Skv, Dv)``.
+
+    ``softmax_scale`` defaults to 1/√D. Returns O, the natural-log LSE and the probabilities."""
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if a.dtype.kind != "f" and "bfloat16" not in str(a.dtype):
+            raise TypeError(f"{name} has dtype {a.dtype}; allowed: floating-point arrays")
+    q, k, v = (a.astype(np.float64) for a in (q, k, v))
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(f"q, k, v must have the same rank >= 2; got shapes {q.shape}, "
+                         f"{k.shape}, {v.shape}")
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(f"leading dims differ: q {q.shape}, k {k.shape}, v {v.shape}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q head dim {q.shape[-1]} != k head dim {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k has {k.shape[-2]} keys but v has {v.shape[-2]}")
+    d = q.shape[-1]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(d)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
+            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale={softmax_scale!r} must be a positive finite number")
+    mask = attention_mask(q.shape[-2], k.shape[-2], causal=causal, q_segment_ids=q_segment_ids,
+                          kv_segment_ids=kv_segment_ids)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.einsum("...qd,...kd->...qk", q, k) * float(softmax_scale)
+        s = np.where(mask, s, -np.inf)
+        m = np.max(s, axis=-1, keepdims=True)
+        any_valid = np.isfinite(m) | np.isnan(m)
+        m_safe = np.where(np.isfinite(m), m, 0.0)
+        w = np.where(mask, np.exp(s - m_safe), 0.0)
+        l = np.sum(w, axis=-1, keepdims=True)
+        probs = np.where(any_valid & (l > 0), w / np.where(l > 0, l, 1.0), 0.0)
+        probs = np.where(np.isnan(l), np.nan, probs)  # NaN scores: the row is NaN
+        out = probs @ v
+        lse = np.where(any_valid[..., 0] & (l[..., 0] > 0), m_safe[..., 0] + np.log(
+            np.where(l[..., 0] > 0, l[..., 0], 1.0)), -np.inf)
+    lse = np.where(np.isnan(m[..., 0]), np.nan, lse)
+    return ReferenceResult(out, lse, probs)

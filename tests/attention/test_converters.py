@@ -1,0 +1,202 @@
+"""Probability converters: seed worked examples (§8 items 1-4, 8), code-match rates on the
+8M-point grid, block-exponent invariants, masking, NumPy vs jit bit-identity."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from fp4sim.attention import recipe as R
+from fp4sim.attention.converters import LOG2_6, convert_tile, direct_p_coordinate, \
+    direct_p_payload, mitchell_exp2
+from fp4sim.attention.exp2 import exp2_rn
+from fp4sim.attention.metrics import uniform_grid
+from fp4sim.formats.codec import decode, encode
+from fp4sim.formats.spec import E2M1, E4M3, UE4M3
+
+
+def _vals(codes):
+    return decode(codes, E2M1)
+
+
+def test_e2m1_rne_goldens_through_the_affine_path():
+    # §8 item 1: with a = 1, b = 0 the affine converter is exactly RN_E2M1_sat(max(0, x))
+    x = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.19, 100.0], np.float32)
+    got = _vals(direct_p_payload(R.AffineP(a=1.0, b=0.0), x))
+    np.testing.assert_array_equal(got, [0, 1, 1, 2, 2, 4, 4, 6, 6])
+
+
+def test_affine_and_exact_behaviour_table():
+    # §2.7 table and §8 item 2 (x=0 -> 1 both; x=1 -> affine 3, exact 2)
+    x = np.array([-1, -0.5, 0, math.log2(1.5), 1, math.log2(3), 2, math.log2(6)], np.float32)
+    exact = _vals(direct_p_payload(R.ExactP(), x))
+    affine = _vals(direct_p_payload(R.AffineP(), x))
+    np.testing.assert_array_equal(exact, [0.5, 0.5, 1, 1.5, 2, 3, 4, 6])
+    np.testing.assert_array_equal(affine, [0, 0.5, 1, 2, 3, 4, 4, 6])
+
+
+def test_mitchell_golden_rows():
+    # §2.8 golden rows: x -> (exact, Mitchell s=0, Mitchell s=log2(1.25)-1/4)
+    rows = [(0.30, 1, 1.5, 1), (0.78, 1.5, 2, 1.5), (0.81, 2, 2, 1.5), (1.30, 2, 3, 2),
+            (2.30, 4, 6, 4), (-1.5, 0.5, 0.5, 0.5)]
+    x = np.array([r[0] for r in rows], np.float32)
+    np.testing.assert_array_equal(_vals(direct_p_payload(R.ExactP(), x)), [r[1] for r in rows])
+    np.testing.assert_array_equal(_vals(direct_p_payload(R.MitchellP(shift=0.0), x)),
+                                  [r[2] for r in rows])
+    np.testing.assert_array_equal(_vals(direct_p_payload(R.MitchellP(), x)), [r[3] for r in rows])
+
+
+def test_mitchell_error_extrema():
+    # §8 item 4 (s = 0): max(A/T-1) = 0.0614757 at frac 0.442695; max(1-T/A) = 0.0579153;
+    # max log2 error 0.0860713
+    y = np.linspace(-3, 3, 6_000_001).astype(np.float32)
+    a = mitchell_exp2(y).astype(np.float64)
+    t = np.exp2(y.astype(np.float64))
+    r = a / t - 1
+    assert r.max() == pytest.approx(0.0614757, abs=2e-7) and r.min() >= -1e-7
+    frac = (y - np.floor(y))[np.argmax(r)]
+    assert frac == pytest.approx(0.442695, abs=1e-5)
+    assert (1 - t / a).max() == pytest.approx(0.0579153, abs=2e-7)
+    assert np.max(np.log2(a) - y) == pytest.approx(0.0860713, abs=2e-7)
+
+
+def test_code_match_rates_on_the_8m_grid():
+    # §8 item 3: affine 0.632884; Mitchell s=0 0.95161; s=0.0576 0.98504; boundary 0.98671
+    x = uniform_grid()
+    assert x.size == 8_000_000 and x.min() > -6 and x.max() < math.log2(6)
+    exact = direct_p_payload(R.ExactP(), x)
+    for conv, want in [(R.AffineP(), 0.632884), (R.MitchellP(shift=0.0), 0.95161),
+                       (R.MitchellP(shift=0.0576), 0.98504), (R.MitchellP(), 0.98671)]:
+        rate = np.count_nonzero(direct_p_payload(conv, x) == exact) / x.size
+        assert rate == pytest.approx(want, abs=1e-4), conv
+
+
+def _recipe(conv, fmt, **kw):
+    v = R.VFormat.NVFP4_TOKENS if fmt.block == 16 else R.VFormat.FP8
+    kw.setdefault("normalization", R.Normalization.MISMATCHED)
+    return R.AttentionRecipe(converter=conv, p_format=fmt, v=v, **kw)
+
+
+def test_hao_log_domain_group_golden():
+    # §2.2 / §8 item 8: t=[0,-0.4,-1.3,-3.0] -> P=[6,4.5471,2.4368,0.75] -> E2M1 [6,4,2,1], sf 1,
+    # row_acc 13.7339069; shifted by -2.7: sf 0.153893 -> E4M3 0.15625
+    rec = _recipe(R.LogGroupP(), R.PFormat.NVFP4)
+    t = np.full((1, 32), -np.inf, np.float32)
+    t[0, :4] = [0.0, -0.4, -1.3, -3.0]
+    p = convert_tile(rec, t, need_mismatched=True)
+    np.testing.assert_array_equal(_vals(p.codes[0, :4]), [6, 4, 2, 1])
+    assert decode(p.scales, UE4M3)[0, 0] == 1.0
+    assert p.mismatched[0] == pytest.approx(13.7339069, abs=2e-6)
+    assert np.all(p.codes[0, 4:] == 0) and p.scales[0, 1] == 0  # fully masked group -> sf 0
+    t2 = t.copy()
+    t2[0, :4] -= np.float32(2.7)
+    p2 = convert_tile(rec, t2, need_mismatched=True)
+    assert decode(p2.scales, UE4M3)[0, 0] == 0.15625
+    sf = float(exp2_rn(np.float32(-2.7)))
+    assert sf == pytest.approx(0.153893, abs=1e-6)
+    np.testing.assert_array_equal(_vals(p2.codes[0, :4]), [6, 4, 2, 1])
+
+
+def _random_t(rows=6, keys=128, seed=0):
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal((rows, keys)).astype(np.float32) * np.float32(2.5)
+    t = (z - z.max(-1, keepdims=True)).astype(np.float32)
+    t[1, 32:64] = -np.inf  # a fully masked block
+    t[2, 5::7] = -np.inf
+    return t
+
+
+def test_direct_p_block_exponent_rules():
+    t = _random_t()
+    p = convert_tile(R.HW_FP4_DIRECT_P.replace(converter=R.ExactP()), t)
+    vals = _vals(p.codes).reshape(6, 4, 32)
+    bmax = np.where(np.isfinite(t), t, -np.inf).reshape(6, 4, 32).max(-1)
+    live = np.isfinite(bmax)
+    np.testing.assert_array_equal(p.k[live], np.ceil(bmax[live]).astype(np.int32))
+    assert np.all(p.k[~live] == -127) and np.all(vals[~live] == 0)
+    top = vals.max(-1)[live]
+    assert np.all((top >= 3) & (top <= 6))  # 2^x of the block max lies in (3, 6]
+    np.testing.assert_array_equal(p.scales, (p.k + 127).astype(np.uint8))
+    assert p.pdiv == 6.0 and p.block == 32
+    anchored = convert_tile(R.HW_FP4_DIRECT_P.replace(
+        block_exponent=R.BlockExponent.ROW_ANCHOR), t)
+    assert np.all(anchored.k == 0)
+    assert np.count_nonzero(anchored.codes) < np.count_nonzero(p.codes)
+    np.testing.assert_array_equal(p.codes[~np.isfinite(t)], 0)
+    # the coordinate is exact: x = t + (log2 6 - k)
+    x = direct_p_coordinate(t[0].reshape(4, 32), p.k[0][:, None])
+    bias = (LOG2_6 - p.k[0][:, None].astype(np.float32)).astype(np.float32)
+    np.testing.assert_array_equal(x, t[0].reshape(4, 32) + bias)
+
+
+def test_exact_mxfp8_and_nvfp4_and_fixed_scale():
+    t = _random_t()
+    m8 = convert_tile(_recipe(R.ExactP(), R.PFormat.MXFP8), t)
+    v8 = decode(m8.codes, E4M3).reshape(6, 4, 32)
+    live = np.isfinite(t.reshape(6, 4, 32)).any(-1)
+    top = v8.max(-1)[live]
+    assert np.all((top >= 224) & (top <= 448))
+    p = exp2_rn(t)
+    nv = convert_tile(_recipe(R.ExactP(), R.PFormat.NVFP4), t)
+    sf = decode(encode((p.reshape(6, 8, 16).max(-1) / np.float32(6)).astype(np.float32), UE4M3),
+                UE4M3)
+    np.testing.assert_array_equal(decode(nv.scales, UE4M3), sf)
+    np.testing.assert_array_equal(nv.values, _vals(nv.codes) * np.repeat(sf, 16, axis=-1))
+    fx = convert_tile(_recipe(R.FixedScaleP(), R.PFormat.FP8), t)
+    np.testing.assert_array_equal(fx.codes, encode(p * np.float32(16), E4M3))
+    assert fx.factor_exp == -4
+
+
+def test_sage_two_level_group_max_maps_to_six():
+    t = _random_t()
+    s = convert_tile(_recipe(R.SageTwoLevelP(), R.PFormat.NVFP4), t, need_mismatched=True)
+    vals = _vals(s.codes).reshape(6, 8, 16)
+    live = np.isfinite(t.reshape(6, 8, 16)).any(-1)
+    assert np.all(vals.max(-1)[live] == 6)
+    pmax = exp2_rn(np.where(np.isfinite(t), t, -np.inf).reshape(6, 8, 16).max(-1))
+    np.testing.assert_allclose(decode(s.scales, UE4M3)[live], (448 * pmax)[live], rtol=2**-4)
+    np.testing.assert_allclose(s.mismatched, 2688 * exp2_rn(t).sum(-1), rtol=1e-5)
+
+
+def test_schraudolph_codes():
+    t = np.array([[0.0, -1.0, -0.5, -np.inf] * 8], np.float32)
+    b = convert_tile(_recipe(R.SchraudolphP(shift=0.0), R.PFormat.BF16), t)
+    assert b.codes.dtype == np.uint16
+    np.testing.assert_array_equal(b.codes[0, :4], [0x3F80, 0x3F00, 0x3F40, 0])  # 1, .5, .75, 0
+    f = convert_tile(_recipe(R.SchraudolphP(scale_log2=8), R.PFormat.FP8), t)
+    vals = decode(f.codes, E4M3)[0, :4] * 2.0**f.factor_exp
+    rel = vals[:3] / np.exp2(t[0, :3].astype(np.float64)) - 1
+    assert np.all(np.abs(rel) <= 0.0615 + 2**-3)  # piecewise-linear error + E4M3 grid
+
+
+def test_converters_numpy_equals_jit_bitwise():
+    t = _random_t(rows=4, seed=3)
+    t[3, 7] = np.nan
+    recipes = [R.HW_FP4_DIRECT_P, R.HW_FP4_DIRECT_P_MITCHELL,
+               R.HW_FP4_DIRECT_P.replace(converter=R.ExactP(),
+                                         exp2=R.Exp2Model(kind=R.Exp2Kind.FA4_POLY)),
+               R.HAO_LOG_NVFP4, R.HAO_LOG_MXFP8, R.SAGE3_TWO_LEVEL, R.CUDNN_FP8_FIXED,
+               _recipe(R.SchraudolphP(), R.PFormat.BF16), _recipe(R.ExactP(), R.PFormat.NVFP4)]
+
+    def all_tiles(t):
+        return [convert_tile(r, t, need_mismatched=True) for r in recipes]
+
+    want = all_tiles(t)
+    got = jax.jit(all_tiles)(t)
+    for r, a, b in zip(recipes, want, got):
+        for name in ("codes", "scales", "values", "mismatched", "k"):
+            x, y = getattr(a, name), getattr(b, name)
+            if x is None:
+                assert y is None
+                continue
+            np.testing.assert_array_equal(np.asarray(y), x, err_msg=f"{r.converter} {name}")
+
+
+def test_bad_input():
+    with pytest.raises(TypeError, match="Direct-P"):
+        direct_p_payload(R.SageTwoLevelP(), np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="multiple"):
+        convert_tile(R.HW_FP4_DIRECT_P, np.zeros((2, 48), np.float32))

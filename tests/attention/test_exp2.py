@@ -1,0 +1,160 @@
+"""exp2 models: correctly rounded float32 exp2, FA4's polynomial emulation, the exact FMA it
+needs, the FA4 schedule, log2; NumPy vs jit bit-identity."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import jax
+import numpy as np
+import pytest
+
+from fp4sim.attention import _f32
+from fp4sim.attention.exp2 import POLY_EX2, exp2_fa4, exp2_model, exp2_rn, fa4_emulated_mask, \
+    log2_f32
+from fp4sim.attention.recipe import Exp2Kind, Exp2Model
+
+TINY = 2.0**-126
+
+
+def _oracle_exp2(x: np.ndarray) -> np.ndarray:
+    """float64 exp2 rounded to float32, results below 2^-126 flushed (independent oracle)."""
+    with np.errstate(over="ignore"):
+        y = np.exp2(x.astype(np.float64)).astype(np.float32)
+    y[np.abs(y) < TINY] = 0
+    return y
+
+
+def _bits(a):
+    return np.asarray(a).view(np.uint32)
+
+
+def test_exp2_rn_every_float32_in_minus_one_to_minus_half():
+    # every float32 in [-1, -1/2): 2^23 inputs, the binade of attention's log2 scores
+    x = (np.arange(1 << 23, dtype=np.uint32) | np.uint32(0xBF000000)).view(np.float32)
+    np.testing.assert_array_equal(_bits(exp2_rn(x)), _bits(_oracle_exp2(x)))
+
+
+def test_exp2_rn_random_ranges_and_jit_bits():
+    rng = np.random.default_rng(11)
+    x = np.concatenate([rng.uniform(-130, 130, 400_000), rng.uniform(-0.5, 0.5, 400_000),
+                        rng.uniform(-1e-4, 1e-4, 100_000),
+                        rng.standard_normal(100_000) * 1e-30]).astype(np.float32)
+    y = exp2_rn(x)
+    np.testing.assert_array_equal(_bits(y), _bits(_oracle_exp2(x)))
+    np.testing.assert_array_equal(_bits(jax.jit(exp2_rn)(x)), _bits(y))
+
+
+def test_exp2_rn_special_values():
+    x = np.array([-np.inf, np.inf, np.nan, 0.0, -0.0, 1.0, -126.0, -126.00001, 127.99,
+                  128.0, 1e-45, -1e-45, -149.0], dtype=np.float32)
+    y = exp2_rn(x)
+    assert y[0] == 0 and np.isinf(y[1]) and y[1] > 0 and np.isnan(y[2])
+    assert y[3] == 1 and y[4] == 1 and y[5] == 2
+    assert y[6] == np.float32(TINY) and y[7] == 0 and y[12] == 0  # flush below 2^-126
+    assert y[8] == np.float32(2.0 ** float(np.float32(127.99))) and np.isinf(y[9])
+    assert y[10] == 1 and y[11] == 1  # subnormal inputs are flushed to 0 first
+    np.testing.assert_array_equal(_bits(jax.jit(exp2_rn)(x)), _bits(y))
+
+
+def _rn_f32(fr: Fraction) -> np.float32:
+    """Round an exact rational to float32, nearest-even, by comparing neighbours exactly."""
+    c = np.float32(float(fr))
+    best = None
+    for cand in (np.nextafter(c, np.float32(-np.inf)), c, np.nextafter(c, np.float32(np.inf))):
+        err = abs(Fraction(float(cand)) - fr)
+        key = (err, int(np.array(cand).view(np.uint32)) & 1)
+        if best is None or key < best[0]:
+            best = (key, cand)
+    return best[1]
+
+
+def test_fma_emulation_is_exact():
+    rng = np.random.default_rng(3)
+    n = 3000
+    a = rng.standard_normal(n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    c = np.concatenate([rng.standard_normal(n // 2), -(a[n // 2:].astype(np.float64)
+                                                          * b[n // 2:])]).astype(np.float32)
+    got = _f32.fma(a, b, c)
+    want = np.array([_rn_f32(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
+                     for x, y, z in zip(a, b, c)], dtype=np.float32)
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+    np.testing.assert_array_equal(_bits(jax.jit(_f32.fma)(a, b, c)), _bits(got))
+    # a*b+c written plainly is NOT what the emulation gives on every input (FMA differs)
+    assert np.any(_bits((a * b) + c) != _bits(got))
+
+
+def _fa4_oracle(x: np.ndarray) -> np.ndarray:
+    """FA4 ex2 spec with exact rational FMAs (independent of fp4sim's emulation)."""
+    out = []
+    c0, c1, c2, c3 = (Fraction(float(v)) for v in POLY_EX2)
+    for xv in x:
+        xc = max(float(xv), -127.0)
+        n = int(np.floor(xc))
+        f = np.float32(np.float32(xc) - np.float32(n))
+        F = Fraction(float(f))
+        p = _rn_f32(c3 * F + c2)
+        p = _rn_f32(Fraction(float(p)) * F + c1)
+        p = _rn_f32(Fraction(float(p)) * F + c0)
+        bits = (np.int64(n) << 23) + int(np.array(p).view(np.uint32))
+        out.append(np.array(bits & 0xFFFFFFFF, dtype=np.uint32).view(np.float32))
+    y = np.array(out, dtype=np.float32)
+    y[np.abs(y) < TINY] = 0
+    return y
+
+
+def test_fa4_exp2_matches_spec_oracle():
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.uniform(-127, 0, 2000), [-127.5, -127.0, -126.2, -1e-8, 0.0,
+                                                     -0.5, -3.0]]).astype(np.float32)
+    np.testing.assert_array_equal(_bits(exp2_fa4(x)), _bits(_fa4_oracle(x)))
+
+
+def test_fa4_exp2_error_bound_and_jit():
+    # seed_algorithms.md §8 item 10: |rel err| <= 9e-5 over x in [-126, 0]
+    x = np.concatenate([np.linspace(-126, 0, 500_001),
+                        np.random.default_rng(0).uniform(-126, 0, 500_000)]).astype(np.float32)
+    y = exp2_fa4(x)
+    rel = y.astype(np.float64) / np.exp2(x.astype(np.float64)) - 1
+    assert np.max(np.abs(rel)) <= 9e-5
+    assert rel.min() < -8.4e-5 and rel.max() > 8.6e-5  # the polynomial's extremes are reached
+    np.testing.assert_array_equal(_bits(jax.jit(exp2_fa4)(x)), _bits(y))
+    assert exp2_fa4(np.float32(-np.inf)) == 0 and np.isnan(exp2_fa4(np.float32(np.nan)))
+
+
+def test_fa4_schedule_defaults_emulate_a_quarter_except_last_fragment():
+    m = fa4_emulated_mask(128, Exp2Model(kind=Exp2Kind.FA4_POLY), fragment=32, tile=128)
+    want = np.zeros(128, bool)
+    for frag in range(3):  # the last fragment stays native
+        for k in (12, 13, 14, 15, 28, 29, 30, 31):
+            want[frag * 32 + k] = True
+    np.testing.assert_array_equal(m, want)
+    all_emul = Exp2Model(kind=Exp2Kind.FA4_POLY, emulate_res=16, native_last_fragments=0)
+    assert fa4_emulated_mask(128, all_emul, fragment=32, tile=128).all()
+
+
+def test_exp2_model_mixes_the_two_exp2s():
+    t = -np.random.default_rng(2).uniform(0, 20, (3, 128)).astype(np.float32)
+    model = Exp2Model(kind=Exp2Kind.FA4_POLY)
+    y = exp2_model(t, model, fragment=32, tile=128)
+    m = fa4_emulated_mask(128, model, fragment=32, tile=128)
+    np.testing.assert_array_equal(_bits(y[:, m]), _bits(exp2_fa4(t[:, m])))
+    np.testing.assert_array_equal(_bits(y[:, ~m]), _bits(exp2_rn(t[:, ~m])))
+    assert np.any(y[:, m] != exp2_rn(t[:, m]))
+
+
+def test_log2_accuracy_specials_and_jit():
+    x = np.exp(np.random.default_rng(1).uniform(-80, 80, 200_000)).astype(np.float32)
+    y = log2_f32(x)
+    ref = np.log2(x.astype(np.float64))
+    assert np.max(np.abs(y - ref) / np.maximum(np.abs(ref), 1.0)) < 8 * 2.0**-24
+    np.testing.assert_array_equal(_bits(jax.jit(log2_f32)(x)), _bits(y))
+    s = log2_f32(np.array([0, 1, 2, 8, -1, np.inf, np.nan], np.float32))
+    assert s[0] == -np.inf and s[1] == 0 and s[2] == 1 and s[3] == 3
+    assert np.isnan(s[4]) and s[5] == np.inf and np.isnan(s[6])
+
+
+@pytest.mark.parametrize("fn", [exp2_rn, exp2_fa4])
+def test_exp2_rejects_nothing_silently_on_shapes(fn):
+    assert fn(np.zeros((2, 0), np.float32)).shape == (2, 0)

@@ -1,0 +1,96 @@
+"""The causal leak probe: the classes of seed_algorithms.md §6.3 as tests.
+
+Setup (the probe's defaults): N = 128 tokens, d = 64, target token 77 in the 32-token group
+64..95, input gain 5, NVFP4 Q/K per token, exact MXFP4 P with consistent normalization, E5M2
+dO, the per-query-row dS option unless the row says otherwise. Classes: exactly zero (bitwise)
+for per-token and the exact options; tiny (< 1e-4) for power-of-two round-up scales shared
+along tokens; large (> 1e-3) for OCP floor with clamping, MXFP4/NVFP4 along tokens, per-tensor
+non-power-of-two scales.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fp4sim.attention import causal
+from fp4sim.attention.autodiff import LEAK_TABLE, TRAINING_PRESETS
+from fp4sim.attention.causal import LeakClass, leak_class
+from fp4sim.attention.leak import leak_metric, leak_probe
+from fp4sim.attention.recipe import QKFormat
+
+CLASS_OF_ROW = {
+    "V unquantized": LeakClass.NONE,
+    "V per-token pow2 (exact option)": LeakClass.NONE,
+    "V token-block 32xD ceil E4M3": LeakClass.SUBNORMAL,
+    "V MXFP8 32-token RCEIL": LeakClass.SUBNORMAL,
+    "V MXFP8 32-token OCP floor": LeakClass.LARGE,
+    "V MXFP4 32-token": LeakClass.LARGE,
+    "V NVFP4 16-token": LeakClass.LARGE,
+    "V per-tensor FP8 amax/448": LeakClass.LARGE,
+    "V per-tensor pow2": LeakClass.SUBNORMAL,
+    "dS 32x32 floor (V per-token)": LeakClass.LARGE,
+}
+
+
+def test_table_rows_are_the_seed_rows_in_order():
+    assert list(LEAK_TABLE) == list(CLASS_OF_ROW)
+    for name, recipe in LEAK_TABLE.items():
+        worst = max((leak_class(s) for s in (recipe.qk, recipe.v, recipe.ds)),
+                    key=[LeakClass.NONE, LeakClass.SUBNORMAL, LeakClass.LARGE].index)
+        assert worst is CLASS_OF_ROW[name], name
+
+
+@pytest.mark.parametrize("name", list(LEAK_TABLE))
+def test_leak_class_observed(name):
+    rep = leak_probe(LEAK_TABLE[name])
+    assert not rep.vacuous, rep
+    cls = CLASS_OF_ROW[name]
+    if cls is LeakClass.NONE:
+        assert rep.bitwise_o and rep.bitwise_dq and rep.leak_o == 0 and rep.leak_dq == 0, rep
+    elif cls is LeakClass.SUBNORMAL:
+        assert rep.leak_o < 1e-4 and rep.leak_dq < 1e-4, rep
+    elif name.startswith("dS"):
+        # the V operand is per token: O cannot leak; dQ leaks through the shared dS tile scale
+        assert rep.bitwise_o and rep.leak_dq > 0, rep
+    else:
+        assert rep.leak_o > 1e-3 and rep.leak_dq > 1e-3, rep
+
+
+def test_probe_reports_vacuous_when_no_scale_changes():
+    # float32 Q/K and a gain that leaves the target far below its V groups' maxima
+    recipe = LEAK_TABLE["V MXFP8 32-token RCEIL"]
+    recipe = recipe.replace(name="vacuous", forward=recipe.forward.replace(qk=QKFormat.FLOAT32))
+    rep = leak_probe(recipe, gain=1.0 + 2.0**-10)
+    assert rep.vacuous and rep.changed_operands == ()
+    assert "VACUOUS" in str(rep)
+    rep = leak_probe(recipe)
+    assert not rep.vacuous and rep.changed_operands == ("v",)
+
+
+def test_leak_metric_zero_iff_bitwise():
+    a = np.arange(12, dtype=np.float32).reshape(4, 3) + 1
+    assert leak_metric(a, a.copy(), 3) == (0.0, True)
+    b = a.copy()
+    b[3] = 99  # at or after the target: not measured
+    assert leak_metric(a, b, 3) == (0.0, True)
+    b = a.copy()
+    b[1, 1] = np.nextafter(b[1, 1], np.float32(np.inf))  # one ulp earlier
+    value, same = leak_metric(a, b, 3)
+    assert not same and 0 < value < 1e-6
+    zero_a = np.zeros((2, 2), np.float32)
+    zero_b = zero_a.copy()
+    zero_b[0, 0] = -0.0  # a sign-of-zero change is a bit change, reported as inf (0 scale)
+    assert leak_metric(zero_a, zero_b, 2) == (float("inf"), False)
+
+
+def test_probe_bad_arguments_named():
+    recipe = TRAINING_PRESETS["direct_p_fp8_training"]
+    with pytest.raises(ValueError, match="target"):
+        leak_probe(recipe, target=0)
+    with pytest.raises(ValueError, match="gain"):
+        leak_probe(recipe, gain=-1.0)
+    with pytest.raises(TypeError, match="TrainingRecipe"):
+        leak_probe(recipe.forward)
+    with pytest.raises(ValueError, match="n_tokens"):
+        leak_probe(recipe, n_tokens=0)

@@ -1,0 +1,344 @@
+"""Quantization kernels: bit-exact against the emulator (fp4sim.formats.blocks).
+
+Three layers: (1) the kernel's element and scale arithmetic, run as plain jitted jnp on the CPU
+over every bfloat16 bit pattern (and float32 subnormals, thresholds, specials) against the
+emulator's own functions; (2) whole kernels in GPU interpret mode on tiny grids for every
+supported format x input dtype, with NaN/Inf/zero/subnormal blocks, and hypothesis-drawn data;
+(3) cross-lowering of every shipped configuration for sm_90a. ``@pytest.mark.gpu`` tests repeat
+the comparison at 8192 x 8192 on the H200.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fp4sim.formats import blocks as B
+from fp4sim.formats import codec, layouts
+from fp4sim.formats.spec import E2M1, E4M3, E5M2, NanPolicy, Policy
+from fp4sim.kernels import quantize_mgpu as Q
+from fp4sim.kernels.harness import Arch, cross_lower, gpu_available, interpret
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [BF16, np.dtype(np.float16), np.dtype(np.float32)]
+U = np.uint32
+
+
+# --- reference data -------------------------------------------------------------------------
+def all_bf16_as_f32() -> np.ndarray:
+    """Every bfloat16 bit pattern widened to float32."""
+    return (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)
+
+
+def amax_values() -> np.ndarray:
+    """Positive block maxima: all finite bfloat16 magnitudes, float32 subnormals, the
+    neighbourhoods of every power-of-two scale threshold M·2^k, and the specials."""
+    bf = all_bf16_as_f32()
+    bf = bf[(bf >= 0) & np.isfinite(bf)]
+    rng = np.random.default_rng(1)
+    sub = (rng.integers(1, 1 << 23, 4000, dtype=np.uint32)).view(np.float32)
+    near = []
+    for m in (6.0, 448.0, 57344.0):
+        for e in range(-160, 128):
+            t = np.float32(m * 2.0 ** e) if -149 <= e + 3 and m * 2.0 ** e < 3e38 else np.float32(0)
+            tb = np.array([t], np.float32).view(np.uint32)[0]
+            near.extend(int(tb) + d for d in range(-3, 4))
+    near = np.array([v for v in near if 0 <= v < 0x7F800000], np.uint32).view(np.float32)
+    return np.concatenate([bf, sub, near, np.array([0, np.inf, np.nan], np.float32)])
+
+
+def emu_quantize(*args, **kw):
+    """The emulator on NumPy (its 0·Inf / x/0 special-case proxies may warn; values are defined)."""
+    with np.errstate(all="ignore"):
+        return B.quantize(*args, **kw)
+
+
+def _j(f):
+    return jax.jit(f)
+
+
+def _bits(x):
+    return np.asarray(x, np.float32).view(np.uint32)
+
+
+# --- layer 1: the kernel arithmetic against the emulator, exhaustively ----------------------
+@pytest.mark.parametrize("fmt", [B.MXFP8_E4M3, B.MXFP8_E5M2, B.MXFP4], ids=lambda f: f.name)
+@pytest.mark.parametrize("rule", [B.ScaleRule.RCEIL, B.ScaleRule.FLOOR, B.ScaleRule.CEIL,
+                                  B.ScaleRule.EVEN], ids=lambda r: r.name)
+def test_mx_scale_code_matches_emulator(fmt, rule):
+    a = amax_values()
+    f = fmt.replace(rule=rule, block_size=1)  # one element per block: the scale of amax = |x|
+    want = emu_quantize(a, f).scales.astype(np.int32)
+    mag = _bits(a) & U(0x7FFFFFFF)  # the kernel's block max is over magnitude bits
+    got = np.asarray(_j(lambda v: Q._mx_scale_code(v, f))(jnp.asarray(mag)))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_mx_scale_code_nonfinite_nan_variant():
+    a = np.array([np.inf, np.nan, 1.0], np.float32)
+    f = B.MXFP8_E4M3.replace(nonfinite=B.NonFinite.NAN, block_size=1)
+    got = np.asarray(_j(lambda v: Q._mx_scale_code(v, f))(jnp.asarray(_bits(a))))
+    np.testing.assert_array_equal(got, emu_quantize(a, f).scales)
+
+
+KS = [-127, -126, -100, -24, -23, -22, -9, -1, 0, 1, 7, 100, 126, 127]
+
+
+@pytest.mark.parametrize("elem", [E4M3, E5M2], ids=str)
+def test_fp8_element_codes_every_bf16_pattern_and_scale(elem):
+    x = all_bf16_as_f32()
+    fmt = B.MXFP8_E4M3 if elem is E4M3 else B.MXFP8_E5M2
+    f = _j(lambda b, k: Q._fp8_codes(b, k, fmt))
+    for k in KS:
+        want = codec.encode(B.ldexp_f32(x, np.int32(-k)), elem)
+        got = np.asarray(f(jnp.asarray(_bits(x)), jnp.full(x.shape, k, jnp.int32)))
+        np.testing.assert_array_equal(got, want, err_msg=f"k={k}")
+
+
+def test_fp8_element_codes_float32_subnormals_and_ties():
+    rng = np.random.default_rng(2)
+    sub = rng.integers(0, 1 << 23, 20000, dtype=np.uint32) | (rng.integers(0, 2, 20000, dtype=np.uint32) << 31)
+    ties = []  # midpoints between adjacent E4M3 values, and their float32 neighbours
+    vals = np.sort(codec.decode(codec.finite_codes(E4M3), E4M3))
+    mids = ((vals[1:].astype(np.float64) + vals[:-1]) / 2).astype(np.float32)
+    for d in (-1, 0, 1):
+        ties.append((_bits(mids).astype(np.int64) + d * (mids != 0)).astype(np.uint32))
+    x = np.concatenate([sub.view(np.float32), np.concatenate(ties).view(np.float32)])
+    f = _j(lambda b, k: Q._fp8_codes(b, k, B.MXFP8_E4M3))
+    for k in (-127, -30, -23, 0, 3):
+        want = codec.encode(B.ldexp_f32(x, np.int32(-k)), E4M3)
+        got = np.asarray(f(jnp.asarray(_bits(x)), jnp.full(x.shape, k, jnp.int32)))
+        np.testing.assert_array_equal(got, want, err_msg=f"k={k}")
+
+
+def test_e2m1_threshold_codes_every_bf16_pattern_and_scale():
+    x = all_bf16_as_f32()
+    pol = Policy(nan=NanPolicy.ZERO)  # the emulator's E2M1 policy inside a block
+
+    def f(b, k):
+        return Q._mx4_codes(b, Q._e2m1_thresholds(k))
+
+    fj = _j(f)
+    for k in KS:
+        want = codec.encode(B.ldexp_f32(x, np.int32(-k)), E2M1, pol)
+        got = np.asarray(fj(jnp.asarray(_bits(x)), jnp.full(x.shape, k, jnp.int32)))
+        np.testing.assert_array_equal(got, want, err_msg=f"k={k}")
+
+
+NV_CONST = B.NVFP4.replace(global_scale=B.GlobalScale.CONSTANT)
+
+
+@pytest.mark.parametrize("g", [1.0, 2.0 ** -7, 3.0e-3, 2.0 ** -117, 7.1e5, 1.0 / 2688])
+def test_nvfp4_block_and_element_arithmetic(g):
+    """Blocks of 16 drawn from every bfloat16 pattern, with a constant decode factor g."""
+    x = all_bf16_as_f32().reshape(-1, 16)
+    want = emu_quantize(x, NV_CONST, global_scale=np.float32(g))
+
+    def f(bits):
+        amax = jnp.max(bits & U(0x7FFFFFFF), axis=1)
+        params, _ = Q._nv_params(amax.max(), NV_CONST, jnp.float32(g), None)
+        p = {"k_m": jax.lax.bitcast_convert_type(params[0], jnp.float32),
+             "k_e": params[1].astype(jnp.int32),
+             "g": jax.lax.bitcast_convert_type(params[2], jnp.float32), "nan": params[3] != 0}
+        s_code, enc_m, enc_e, nan = Q._nv_block(amax, p)
+        codes = Q._nv_codes(bits, enc_m[:, None], enc_e[:, None], nan[:, None])
+        return s_code, codes
+
+    s_code, codes = _j(f)(jnp.asarray(_bits(x)))
+    np.testing.assert_array_equal(np.asarray(s_code), want.scales[:, 0])
+    np.testing.assert_array_equal(np.asarray(codes), want.codes)
+
+
+# --- layer 2: whole kernels in GPU interpret mode --------------------------------------------
+def special_tensor(shape, dtype, *, finite=False, seed=0):
+    """Rows of Gaussians at exponents from subnormal to huge, plus special blocks."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * np.exp2(rng.integers(-40, 40, (shape[0], 1)))).astype(np.float32)
+    x[2, :] = 0.0
+    x[3, :] = -0.0
+    x[4, :] = (rng.standard_normal(shape[1]) * 2.0 ** -135).astype(np.float32)  # subnormal
+    x[5, ::7] = np.float32(2.0 ** -149)
+    x[6, :] = np.float32(448.0 * 2.0 ** -20) * np.sign(rng.standard_normal(shape[1]))
+    if not finite:
+        x[0, :5] = [np.nan, 1.0, -2.0, 3.0, 4.0]
+        x[1, 3] = np.inf
+        x[7, 9] = -np.inf
+        x[7, 40] = np.nan
+    with np.errstate(over="ignore"):
+        return x.astype(dtype)
+
+
+def _check(got: B.QuantizedArray, want: B.QuantizedArray) -> None:
+    assert got.packed == want.packed and got.format == want.format
+    np.testing.assert_array_equal(np.asarray(got.codes), np.asarray(want.codes))
+    np.testing.assert_array_equal(np.asarray(got.scales), np.asarray(want.scales))
+    if want.global_scale is None:
+        assert got.global_scale is None
+    else:
+        np.testing.assert_array_equal(_bits(got.global_scale), _bits(want.global_scale))
+
+
+def _run(x, fmt, **kw):
+    return interpret(lambda v: Q.quantize_mgpu(v, fmt, **kw), jnp.asarray(x), detect_races=True)
+
+
+MX_FORMATS = [B.MXFP8_E4M3, B.MXFP8_E5M2, B.MXFP4]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("fmt", MX_FORMATS, ids=lambda f: f.name)
+def test_mx_kernel_interpret_matches_emulator(fmt, dtype):
+    x = special_tensor((64, 128), dtype)
+    want = emu_quantize(x, fmt, pack=fmt.elem is E2M1)
+    _check(_run(x, fmt), want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nvfp4_kernel_interpret_matches_emulator(dtype):
+    x = special_tensor((64, 128), dtype, finite=True)
+    _check(_run(x, B.NVFP4), emu_quantize(x, B.NVFP4, pack=True))
+    xs = special_tensor((64, 128), dtype, seed=1)  # NaN/Inf blocks under a constant factor
+    g = np.float32(2.0 ** -5)
+    _check(_run(xs, NV_CONST, global_scale=g), emu_quantize(xs, NV_CONST, global_scale=g, pack=True))
+    _check(_run(xs, B.NVFP4_SINGLE), emu_quantize(xs, B.NVFP4_SINGLE, pack=True))
+    # a NaN anywhere makes the per-tensor factor NaN: every scale NaN, every code +0
+    _check(_run(xs, B.NVFP4), emu_quantize(xs, B.NVFP4, pack=True))
+
+
+def test_kernel_several_ctas_unpacked_and_encode_factor():
+    x = special_tensor((128, 64), BF16, seed=3)
+    _check(_run(x, B.MXFP4, pack=False, block_rows=64), emu_quantize(x, B.MXFP4))
+    s = np.float32(1000.0)
+    xf = special_tensor((128, 64), BF16, finite=True, seed=4)
+    _check(_run(xf, NV_CONST, global_encode_scale=s, block_rows=64),
+           emu_quantize(xf, NV_CONST, global_encode_scale=s, pack=True))
+
+
+@pytest.mark.parametrize("fmt", [B.MXFP8_E4M3, B.MXFP4], ids=lambda f: f.name)
+@pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)], ids=str)
+def test_token_block_kernel_interpret_matches_emulator(fmt, dtype):
+    x = special_tensor((128, 64), dtype, seed=5)
+    x[32:64] *= np.float32(2.0 ** -100)
+    want = emu_quantize(x, fmt, axis=-2, geometry=B.Geometry.TOKEN_BLOCK, pack=fmt.elem is E2M1)
+    _check(_run(x, fmt, axis=-2, geometry=B.Geometry.TOKEN_BLOCK), want)
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    fmt=st.sampled_from([B.MXFP8_E4M3, B.MXFP4, B.NVFP4_SINGLE, B.MXFP8_E5M2]),
+    dtype=st.sampled_from(DTYPES),
+    lead=st.sampled_from([(2, 32), (64,), (4, 4, 8)]),
+    cols=st.sampled_from([32, 64, 256]),
+    spread=st.integers(0, 140),
+    seed=st.integers(0, 2 ** 16),
+)
+def test_kernel_property_random_shapes_and_ranges(fmt, dtype, lead, cols, spread, seed):
+    rng = np.random.default_rng(seed)
+    shape = lead + (cols,)
+    rows = int(np.prod(lead)) * cols // fmt.block_size
+    if rows % 64:
+        shape = (64,) + (cols,)
+    e = rng.integers(-spread, spread + 1, shape[:-1] + (1,))
+    x = (rng.standard_normal(shape) * np.exp2(e.astype(np.float64))).astype(np.float32)
+    x.reshape(-1)[rng.integers(0, x.size, 3)] = [np.nan, np.inf, 0.0]
+    with np.errstate(over="ignore"):
+        x = x.astype(dtype)
+    _check(_run(x, fmt), emu_quantize(x, fmt, pack=fmt.elem is E2M1))
+
+
+def test_swizzled_scales_use_the_emulator_layout():
+    x = special_tensor((128, 128), BF16, seed=6)
+    q = _run(x, B.MXFP4)
+    got = np.asarray(Q.swizzled_scales(q))
+    want = layouts.to_layout(emu_quantize(x, B.MXFP4).scales, layouts.ScaleLayout.SWIZZLED_128X4)
+    np.testing.assert_array_equal(got, want)
+
+
+# --- layer 3: cross-lowering ----------------------------------------------------------------
+@pytest.mark.parametrize("cfg", Q.shipped_configs(),
+                         ids=lambda c: f"{c.fmt.name}-{c.in_dtype}-{c.geometry.name}")
+def test_every_shipped_config_cross_lowers_for_sm90a(cfg):
+    rows = 1024
+    if cfg.geometry is B.Geometry.BLOCK:
+        words = jax.ShapeDtypeStruct((rows, cfg.words_per_block), jnp.uint32)
+    else:
+        words = jax.ShapeDtypeStruct((rows, 32, cfg.words_per_block), jnp.uint32)
+    text = cross_lower(Q.build_kernel(cfg, rows), words,
+                       jax.ShapeDtypeStruct((4,), jnp.uint32), arch=Arch.SM90A)
+    assert "mosaic_gpu" in text
+
+
+# --- configuration errors, before any kernel is built ---------------------------------------
+def test_bad_configurations_raise_naming_the_argument():
+    x = np.zeros((64, 64), np.float32)
+    with pytest.raises(ValueError, match="MXFP6"):
+        Q.quantize_mgpu(x, B.MXFP6_E2M3)
+    with pytest.raises(TypeError, match="dtype"):
+        Q.quantize_mgpu(x.astype(np.float64), B.MXFP8)
+    with pytest.raises(TypeError, match="dtype"):
+        Q.quantize_mgpu(x.astype(np.int32), B.MXFP8)
+    with pytest.raises(ValueError, match="policy"):
+        Q.quantize_mgpu(x, B.MXFP8.replace(policy=Policy(nan=NanPolicy.ZERO)))
+    with pytest.raises(ValueError, match="arithmetic"):
+        Q.quantize_mgpu(x, B.MXFP8.replace(arithmetic=B.Arithmetic.TORCHAO))
+    with pytest.raises(ValueError, match="axis"):
+        Q.quantize_mgpu(x, B.MXFP8, axis=0)
+    with pytest.raises(ValueError, match="SQUARE"):
+        Q.quantize_mgpu(x, B.MXFP8, geometry=B.Geometry.SQUARE)
+    with pytest.raises(ValueError, match="pack"):
+        Q.quantize_mgpu(x, B.MXFP8, pack=True)
+    with pytest.raises(ValueError, match="multiple of"):
+        Q.quantize_mgpu(np.zeros((3, 32), np.float32), B.MXFP8)
+    with pytest.raises(ValueError, match="block extent"):
+        Q.quantize_mgpu(np.zeros((64, 40), np.float32), B.MXFP8)
+    with pytest.raises(ValueError, match="global_scale"):
+        Q.quantize_mgpu(x, NV_CONST)
+    with pytest.raises(ValueError, match="PER_ROW"):
+        Q.quantize_mgpu(x, B.NVFP4.replace(global_scale=B.GlobalScale.PER_ROW))
+    with pytest.raises(ValueError, match="block_rows"):
+        Q.QuantKernelConfig(fmt=B.MXFP8, block_rows=100)
+    with pytest.raises(TypeError, match="fmt"):
+        Q.quantize_mgpu(x, "MXFP8")
+
+
+# --- on the H200 ------------------------------------------------------------------------------
+def _gpu_case(fmt, x, **kw):
+    from fp4sim.formats import blocks
+
+    q = jax.block_until_ready(jax.jit(functools.partial(Q.quantize_mgpu, fmt=fmt, **kw))(x))
+    emu = jax.jit(functools.partial(blocks.quantize, fmt=fmt, pack=q.packed, **kw))
+    _check(q, jax.block_until_ready(emu(x)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", [B.MXFP8_E4M3, B.MXFP4], ids=lambda f: f.name)
+def test_gpu_8192_bf16_with_special_blocks(fmt):
+    from fp4sim.benchmarks.gpu_quant import test_tensor
+
+    assert gpu_available()
+    _gpu_case(fmt, test_tensor(8192, BF16))
+
+
+@pytest.mark.gpu
+def test_gpu_8192_nvfp4():
+    from fp4sim.benchmarks.gpu_quant import test_tensor
+
+    _gpu_case(B.NVFP4, test_tensor(8192, BF16, finite=True))
+    _gpu_case(NV_CONST, test_tensor(8192, BF16), global_scale=jnp.float32(2.0 ** -7))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpu_small_every_format(dtype):
+    for fmt in MX_FORMATS + [B.NVFP4_SINGLE]:
+        x = jnp.asarray(special_tensor((256, 256), dtype))
+        _gpu_case(fmt, x)
+    x = jnp.asarray(special_tensor((256, 128), dtype, seed=7))
+    _gpu_case(B.MXFP8_E4M3, x, axis=-2, geometry=B.Geometry.TOKEN_BLOCK)
