@@ -6,6 +6,10 @@ so a figure and the report's tables always show the same data. :data:`FIGURES` m
 name to its function, file name and caption. matplotlib is imported only inside :func:`render`,
 with the non-interactive Agg backend, a fixed style and fixed file names, so rendering is
 deterministic and works without a display; importing fp4sim never loads matplotlib.
+
+>>> from fp4sim.figures import FIGURES
+>>> FIGURES["e2m1_grid"].filename, FIGURES["e2m1_grid"].draw.__name__
+('e2m1_grid.png', 'fig_e2m1_grid')
 """
 
 from __future__ import annotations
@@ -211,8 +215,8 @@ def fig_converter_code_maps(fig, sizes) -> None:
     names = ["affine", "mitchell_s0", "mitchell_boundary"]
     axes = fig.subplots(len(names), 1, sharex=True)
     for ax, name in zip(axes, names):
-        wrong = maps[name] != maps["exact"]
-        ax.fill_between(x, 0, 6.4, where=wrong, color="0.85", step="mid", lw=0, label="disagrees")
+        for i, (a, b) in enumerate(r["bands"][name]):  # full-resolution intervals; thin ones get an edge
+            ax.axvspan(a, b, color="0.8", ec="0.6", lw=0.6, label="disagrees" if i == 0 else None)
         ax.step(x, maps["exact"], where="mid", color="k", lw=1.0, label="exact RN(2^x)")
         ax.step(x, maps[name], where="mid", color="C1", lw=1.0, ls="--", label="this converter")
         ax.set_ylim(-0.2, 6.4)
@@ -283,7 +287,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="size", action="store_const", const="quick",
                       help="the report's small sizes (fast; for checking)")
-    size.add_argument("--full", dest="size", action="store_const", const="full", help="the seeds' sizes")
+    size.add_argument("--full", dest="size", action="store_const", const="full",
+                      help="the report's full sizes (slow); default: the make-demo sizes")
     parser.set_defaults(size="default")
     parser.add_argument("--only", dest="names", action="append", metavar="NAME",
                         help="only this figure (repeatable); see --list")

@@ -490,7 +490,7 @@ def _block_inputs(seed: int) -> np.ndarray:
 
 
 def _quantized_arrays(q: Any) -> dict[str, np.ndarray]:
-    from fp4sim.formats import dequantize
+    from fp4sim.formats.blocks import dequantize
 
     out = {"codes": np.asarray(q.codes, dtype=np.uint8),
            "dequantized": np.asarray(dequantize(q), dtype=np.float32)}
@@ -515,10 +515,10 @@ def _register_block_cases() -> None:
     for fmt_name, rules in [(f.name, r) for f, r in plan]:
         for rule in rules:
             def make(fmt_name=fmt_name, rule=rule) -> dict[str, np.ndarray]:
-                from fp4sim import formats
+                from fp4sim.formats import blocks
 
                 x = _block_inputs(_BLOCK_SEED)
-                q = formats.quantize(x, getattr(formats, fmt_name), rule=rule)
+                q = blocks.quantize(x, getattr(blocks, fmt_name), rule=rule)
                 return {"x": x, **_quantized_arrays(q)}
 
             register(f"formats.{fmt_name.lower()}.{rule.name.lower()}",
@@ -528,12 +528,12 @@ def _register_block_cases() -> None:
 
     for fmt_name in ("NVFP4", "NVFP4_SINGLE"):
         def make_nv(fmt_name=fmt_name) -> dict[str, np.ndarray]:
-            from fp4sim import formats
+            from fp4sim.formats import blocks
 
             x = _block_inputs(_BLOCK_SEED)
             x[6, :16] = 0.0
             x[6, 0] = np.float32(2.9)  # §1.3: the E4M3 block scale rounds down and the max saturates
-            return {"x": x, **_quantized_arrays(formats.quantize(x, getattr(formats, fmt_name)))}
+            return {"x": x, **_quantized_arrays(blocks.quantize(x, getattr(blocks, fmt_name)))}
 
         register(f"formats.{fmt_name.lower()}.default",
                  description=f"{fmt_name} quantize along the last axis (blocks of 16, UE4M3 scales"
@@ -545,12 +545,45 @@ def _register_block_cases() -> None:
                                                  "even-indexed element in the low nibble",
               block_format="MXFP4", seed=_BLOCK_SEED, shape=[8, 64])
     def mxfp4_packed() -> dict[str, np.ndarray]:
-        from fp4sim import formats
+        from fp4sim.formats import blocks
 
         x = _block_inputs(_BLOCK_SEED)
-        q = formats.quantize(x, formats.MXFP4, pack=True)
+        q = blocks.quantize(x, blocks.MXFP4, pack=True)
         return {"x": x, "packed": np.asarray(q.codes, dtype=np.uint8),
                 "scales": np.asarray(q.scales, dtype=np.uint8)}
+
+    preset_names = ("OCP_MXFP4", "OCP_MXFP8_E4M3", "TORCHAO_MXFP4_FLOOR", "TORCHAO_MXFP8_E4M3_RCEIL",
+                    "TORCHAO_NVFP4", "TORCHAO_NVFP4_SINGLE", "TE_MXFP8", "TE_NVFP4", "JAX_MXFP8", "JAX_NVFP4")
+    for name in preset_names:
+        def preset_case(name=name) -> dict[str, np.ndarray]:
+            from fp4sim.formats import blocks, presets
+
+            fmt = presets.preset(name)
+            kw = {"global_scale": np.float32(1.0)} if fmt.global_scale is blocks.GlobalScale.CONSTANT else {}
+            x = _block_inputs(_BLOCK_SEED)
+            out = {"x": x, **_quantized_arrays(blocks.quantize(x, fmt, **kw))}
+            special = _nonfinite_inputs()
+            qs = blocks.quantize(special, fmt, **kw)
+            out["special_x"] = special
+            out["special_codes"] = np.asarray(qs.codes, dtype=np.uint8)
+            if qs.scales is not None:
+                out["special_scales"] = np.asarray(qs.scales, dtype=np.uint8)
+            return out
+
+        register(f"formats.presets.{name.lower()}",
+                 description=f"the {name} preset (a library's quantizer reproduced bit for bit) on the "
+                             "8x64 disagreement inputs, and on blocks holding NaN, +Inf, -Inf, -0",
+                 preset=name, seed=_BLOCK_SEED, shape=[8, 64])(preset_case)
+
+
+def _nonfinite_inputs() -> np.ndarray:
+    """4 rows × 64: a NaN in block 0, +Inf, −Inf, and a block of −0 next to a finite block."""
+    x = _block_inputs(_BLOCK_SEED)[:4].copy()
+    x[0, 5] = np.nan
+    x[1, 40] = np.inf
+    x[2, 7] = -np.inf
+    x[3, :32] = -0.0
+    return x
 
 
 _register_block_cases()
@@ -731,3 +764,32 @@ def _register_storage_cases() -> None:
 
 
 _register_storage_cases()
+
+
+def _register_matmul_cases() -> None:
+    for fmt_name in ("MXFP8_E4M3", "MXFP4", "NVFP4_SINGLE"):
+        def matmul_case(fmt_name=fmt_name) -> dict[str, np.ndarray]:
+            from fp4sim.formats import blocks, matmul
+
+            rng = np.random.default_rng(_MATMUL_SEED)
+            a = rng.standard_normal((16, 128)).astype(np.float32)
+            b = rng.standard_normal((8, 128)).astype(np.float32)
+            fmt = getattr(blocks, fmt_name)
+            qa, qb = blocks.quantize(a, fmt), blocks.quantize(b, fmt)
+            out = {"a": a, "b": b, "a_codes": np.asarray(qa.codes, np.uint8), "a_scales": np.asarray(qa.scales, np.uint8),
+                   "b_codes": np.asarray(qb.codes, np.uint8), "b_scales": np.asarray(qb.scales, np.uint8)}
+            for acc in matmul.Accumulation:
+                if acc is matmul.Accumulation.HOPPER_FP8 and fmt.elem.nbits != 8:
+                    continue  # the wgmma FP8 accumulator model applies to 8-bit operands only
+                out[f"out_{acc.name.lower()}"] = np.asarray(matmul.scaled_matmul(qa, qb, accumulation=acc),
+                                                            dtype=np.float32)
+            return out
+
+        register(f"formats.matmul.{fmt_name.lower()}",
+                 description=f"scaled_matmul of {fmt_name}-quantized a (16x128) and b (8x128), both blocked "
+                             "along K, under each accumulation model (EXACT, FLOAT32, HOPPER_FP8 for 8-bit)",
+                 block_format=fmt_name, seed=_MATMUL_SEED, a_shape=[16, 128], b_shape=[8, 128])(matmul_case)
+
+
+_MATMUL_SEED = 17
+_register_matmul_cases()

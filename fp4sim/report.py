@@ -13,7 +13,15 @@ from ``seed_algorithms.md``; values the seeds *claim* are the only numbers typed
 :data:`SEED`) beside what fp4sim computes.
 
 Sizes: :data:`QUICK` (CI, well under a minute), :data:`DEFAULT` (``make demo``, a few minutes on
-two CPU cores) and :data:`FULL` (the seeds' sizes, e.g. the 8,000,000-point code-match grid).
+two CPU cores; the seeds' 8,000,000-point code-match grid) and :data:`FULL` (longer sequences,
+more blocks).
+
+>>> from fp4sim import report
+>>> r = report.experiment_normalization_examples()  # seed 000's two-key example
+>>> [round(float(x), 6) for x in r["represented"]], round(r["outputs"][(0.0, 6.0)]["MISMATCHED"], 6)
+([1.0, 0.333333], 1.428571)
+>>> list(report.SECTIONS)[:3]
+['formats', 'code_match', 'scale_rules']
 """
 
 from __future__ import annotations
@@ -60,10 +68,12 @@ class Sizes:
     block_sizes: tuple[int, ...]  # key-tile sizes (block_kv) swept at the middle sequence length
     scale_blocks: int  # blocks of the scale-rule clipping-rate experiment
     leak_tokens: int  # N of the causal-leak probe
+    jit_presets: int  # attention presets whose forward is compared NumPy vs jax.jit (compiles)
     seed: int = 20261129
 
     def __post_init__(self) -> None:
-        for f in ("grid_points", "attn_rows", "attn_keys", "head_dim", "scale_blocks", "leak_tokens"):
+        for f in ("grid_points", "attn_rows", "attn_keys", "head_dim", "scale_blocks", "leak_tokens",
+                  "jit_presets"):
             v = getattr(self, f)
             if not isinstance(v, int) or v <= 0:
                 raise ValueError(f"Sizes.{f}={v!r} must be a positive int")
@@ -74,13 +84,14 @@ class Sizes:
 
 
 QUICK = Sizes(name="quick", grid_points=200_000, attn_rows=16, attn_keys=512, head_dim=64,
-              seq_lens=(128, 256), block_sizes=(64, 128), scale_blocks=2_000, leak_tokens=128)
+              seq_lens=(128, 256), block_sizes=(64, 128), scale_blocks=2_000, leak_tokens=128,
+              jit_presets=2)
 DEFAULT = Sizes(name="default", grid_points=8_000_000, attn_rows=256, attn_keys=4096, head_dim=128,
                 seq_lens=(256, 512, 1024), block_sizes=(64, 128, 256), scale_blocks=20_000,
-                leak_tokens=128)
+                leak_tokens=128, jit_presets=10)
 FULL = Sizes(name="full", grid_points=8_000_000, attn_rows=256, attn_keys=4096, head_dim=128,
              seq_lens=(512, 1024, 2048, 4096), block_sizes=(64, 128, 256, 512), scale_blocks=200_000,
-             leak_tokens=256)
+             leak_tokens=256, jit_presets=10)
 SIZES = {s.name: s for s in (QUICK, DEFAULT, FULL)}
 
 
@@ -252,7 +263,7 @@ def section_formats(sizes: Sizes) -> Section:
                   note=f"fp4sim magnitudes: {mags} — "
                        f"{'identical to' if tuple(mags) == SEED['e2m1_magnitudes'] else 'DIFFERENT from'} "
                        "the seed."),
-            Table(title="E2M1 round-to-nearest-even, saturating (every tie of the grid)",
+            Table(title="E2M1 round-to-nearest-even, saturating: the seed's examples (every tie, and beyond max)",
                   columns=("input", "seed says", "fp4sim", "agree"), rows=rne_rows,
                   seed="§8 item 1 and §1.2 (ties go to the even code: 0, 1, 2, 4)."),
         ),
@@ -277,8 +288,8 @@ def experiment_scale_rules(sizes: Sizes) -> dict[str, Any]:
     scale codes ``quantize`` chose); the seed's prediction counts blocks whose amax mantissa is
     above ``elem.max / 2^e_M`` (1.75 for E4M3, 1.5 for E2M1).
     """
-    from fp4sim.formats import MXFP4, MXFP8, NVFP4, NVFP4_SINGLE, UE4M3, UE8M0, ScaleRule, decode, \
-        dequantize, quantize
+    from fp4sim.formats import UE4M3, UE8M0, decode
+    from fp4sim.formats.blocks import MXFP4, MXFP8, NVFP4, NVFP4_SINGLE, ScaleRule, dequantize, quantize
 
     rng = np.random.default_rng(sizes.seed)
     x = rng.standard_normal((sizes.scale_blocks, 32)).astype(np.float32)
@@ -329,7 +340,7 @@ def section_scale_rules(sizes: Sizes) -> Section:
         key="scale_rules",
         title="Block-scale rules: OCP floor vs round-up",
         intro=f"{sizes.scale_blocks} blocks of 32 standard-normal float32 values, quantized by "
-              "`fp4sim.quantize` with each UE8M0 scale rule. A block clips when its largest "
+              "`fp4sim.formats.blocks.quantize` with each UE8M0 scale rule. A block clips when its largest "
               "magnitude exceeds the element maximum times the chosen scale (so the saturating "
               "element cast changes it).",
         tables=(
@@ -574,11 +585,18 @@ def experiment_code_match(sizes: Sizes) -> dict[str, Any]:
         xs = np.array([xv], dtype=np.float32)
         table.append((xv, exact_v, float(decode(direct_p_payload(convs["exact"], xs), E2M1)[0]),
                       affine_v, float(decode(direct_p_payload(convs["affine"], xs), E2M1)[0])))
-    # code maps for the figure: a thinned grid
+    # code maps for the figure: a thinned grid, plus the disagreement intervals at full resolution
     xm = x[:: max(1, x.size // 3000)]
     maps = {name: np.asarray(decode(direct_p_payload(c, xm), E2M1), dtype=np.float32) for name, c in convs.items()}
+    exact_codes_grid = np.asarray(direct_p_payload(convs["exact"], x))
+    bands = {}
+    for name in _CONVERTER_LABELS:
+        wrong = np.asarray(direct_p_payload(convs[name], x)) != exact_codes_grid
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], wrong.astype(np.int8), [0]])))
+        bands[name] = [(float(x[a]), float(x[b - 1])) for a, b in zip(edges[::2], edges[1::2])]
     return {"grid": grid, "attention": attn, "attention_nonzero": attn_nz, "schraudolph": schraudolph,
-            "table": table, "map_x": xm, "maps": maps, "exact_zero_fraction": float(np.mean(~nonzero))}
+            "table": table, "map_x": xm, "maps": maps, "bands": bands,
+            "exact_zero_fraction": float(np.mean(~nonzero))}
 
 
 def section_code_match(sizes: Sizes) -> Section:
@@ -849,6 +867,73 @@ def section_consistency(sizes: Sizes) -> Section:
     )
 
 
+# --- NumPy and jax.jit give the same bits -------------------------------------------------------------
+
+def _same_bits(a: Any, b: Any) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return a.tobytes() == b.tobytes()
+
+
+@functools.cache
+def experiment_bit_identity(sizes: Sizes) -> dict[str, Any]:
+    """Each emulator on NumPy and under ``jax.jit`` on this CPU (XLA flushes subnormals here):
+    encode of every format, block quantization, and the attention forward of the first
+    ``sizes.jit_presets`` presets."""
+    import jax
+    import jax.numpy as jnp
+    from tqdm import tqdm
+
+    from fp4sim.attention import PRESETS, attention_forward
+    from fp4sim.formats import ALL_FORMATS, encode
+    from fp4sim.formats import blocks
+
+    rng = np.random.default_rng(sizes.seed)
+    x = (rng.standard_normal(4096) * np.exp2(rng.integers(-140, 20, 4096))).astype(np.float32)
+    x[:7] = [0.0, -0.0, np.inf, -np.inf, 1e-40, -3e-39, np.nan]
+    rows = []
+    for fmt in ALL_FORMATS:
+        xs = np.abs(x) if not fmt.signed else x
+        if not fmt.has_nan:  # NaN input to a format without NaN raises on NumPy (documented policy)
+            xs = xs[~np.isnan(xs)]
+        got = jax.jit(lambda v, fmt=fmt: encode(v, fmt))(jnp.asarray(xs))
+        rows.append({"what": f"encode {fmt.name}", "n": int(xs.size), "same": _same_bits(encode(xs, fmt), got)})
+    xb = x.reshape(64, 64)
+    for fmt in (blocks.MXFP8_E4M3, blocks.MXFP4, blocks.NVFP4):
+        q_np = blocks.quantize(xb, fmt)
+        q_jx = jax.jit(lambda v, fmt=fmt: blocks.quantize(v, fmt))(jnp.asarray(xb))
+        same = _same_bits(q_np.codes, q_jx.codes) and _same_bits(q_np.scales, q_jx.scales)
+        rows.append({"what": f"quantize {fmt.name} (codes, scales)", "n": int(xb.size), "same": same})
+    q, k, v = gaussian_qkv(128, 64, sizes.seed)
+    names = list(PRESETS)[: sizes.jit_presets]
+    for name in tqdm(names, desc="jit forward", leave=False, disable=not _PROGRESS[0], file=sys.stderr):
+        recipe = PRESETS[name]
+        ref = attention_forward(q, k, v, recipe)
+        got = jax.jit(lambda a, b, c, r=recipe: attention_forward(a, b, c, r))(*map(jnp.asarray, (q, k, v)))
+        rows.append({"what": f"attention_forward `{name}` (O, LSE)", "n": int(q.size),
+                     "same": _same_bits(ref.out, got.out) and _same_bits(ref.lse, got.lse)})
+    return {"rows": rows}
+
+
+def section_bit_identity(sizes: Sizes) -> Section:
+    r = experiment_bit_identity(sizes)
+    rows = tuple((d["what"], d["n"], d["same"]) for d in r["rows"])
+    return Section(
+        key="bit_identity",
+        title="NumPy and jax.jit give the same bits",
+        intro="Every emulator is written once against an array namespace. Here each one runs on NumPy "
+              "and under `jax.jit` on this CPU, whose XLA backend flushes float32 subnormals, and the "
+              "results are compared as bytes. Inputs: 4096 float32 values spread over 2^-140 .. 2^20 "
+              "with ±0, ±Inf and subnormals; Gaussian Q, K, V (1, 128, 64) for the forward.",
+        tables=(Table(title="Bitwise identity, NumPy vs jax.jit", columns=("emulator", "elements", "identical"),
+                      rows=rows,
+                      seed="— (not a seed number: DESIGN.md §1's promise that NumPy and jitted JAX results "
+                           "are bit-identical, independent of XLA's flush-to-zero and FMA choices)."),),
+        numbers={"rows": r["rows"], "all_identical": all(d["same"] for d in r["rows"])},
+    )
+
+
 # --- the section registry and the driver ----------------------------------------------------------------
 
 SECTIONS: dict[str, Callable[[Sizes], Section]] = {
@@ -860,6 +945,7 @@ SECTIONS: dict[str, Callable[[Sizes], Section]] = {
     "route_errors": section_route_errors,
     "leak": section_leak,
     "consistency": section_consistency,
+    "bit_identity": section_bit_identity,
 }
 
 
@@ -981,6 +1067,10 @@ def summary_rows(numbers: dict[str, dict[str, Any]]) -> list[tuple[str, str, str
                      "deliberate mismatches (that change anything) detected", "(§6.4)",
                      f"{sum(x['ok'] for x in matched)} of {len(matched)} pass; "
                      f"{sum(not x['ok'] for x in broken)} of {len(broken)} detected"))
+    if "bit_identity" in n:
+        b = n["bit_identity"]["rows"]
+        rows.append(("NumPy and jax.jit results bit-identical (encode, quantize, attention forward)",
+                     "(DESIGN.md §1)", f"{sum(d['same'] for d in b)} of {len(b)} emulators identical"))
     return rows
 
 
@@ -1054,7 +1144,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size.add_argument("--quick", dest="size", action="store_const", const="quick",
                       help="small sizes (under a minute; what CI runs)")
     size.add_argument("--full", dest="size", action="store_const", const="full",
-                      help="the seeds' sizes (e.g. the 8,000,000-point code-match grid; slow)")
+                      help="longer sequences (to 4096), more blocks and leak tokens (slow); the "
+                           "default sizes (make demo, a few minutes) already use the seeds' "
+                           "8,000,000-point code-match grid")
     parser.set_defaults(size="default")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="output folder (default: a fresh fp4sim-report-YYYYmmdd-HHMMSS/ here)")

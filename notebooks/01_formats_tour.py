@@ -111,3 +111,35 @@ for fmt in (fp4sim.E2M1, fp4sim.E4M3, fp4sim.E5M2):
     a = fp4sim.encode(xs, fmt)
     b = np.asarray(jax.jit(lambda v, fmt=fmt: fp4sim.encode(v, fmt))(jnp.asarray(xs)))
     print(fmt.name, a.tolist(), "identical under jit:", np.array_equal(a, b))
+
+# %% [markdown]
+# ## Block scaling: MXFP8, MXFP4, NVFP4
+#
+# A block format shares one scale per block of 32 (MX, UE8M0 power of two) or 16 (NVFP4, UE4M3)
+# elements. The scale rule is named: OCP's `FLOOR` can clip a block's maximum (amax 500 in E4M3
+# becomes 448), TransformerEngine/cuDNN's `RCEIL` rounds the scale up and never clips.
+
+# %%
+from fp4sim.formats import blocks
+
+x = np.zeros((1, 32), dtype=np.float32)
+x[0, :4] = [500.0, 3.0, -0.75, 1e-3]
+for rule in (blocks.ScaleRule.FLOOR, blocks.ScaleRule.RCEIL):
+    q = blocks.quantize(x, blocks.MXFP8, rule=rule)
+    scale = fp4sim.decode(q.scales, fp4sim.UE8M0)[0, 0]
+    print(f"MXFP8 {rule.name:5s} scale 2^{int(np.log2(scale))}: {blocks.dequantize(q)[0, :4].tolist()}")
+
+y = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+for fmt in (blocks.MXFP4, blocks.NVFP4):
+    q = blocks.quantize(y, fmt)
+    err = np.linalg.norm(blocks.dequantize(q) - y) / np.linalg.norm(y)
+    print(f"{fmt.name:6s} codes {q.codes.shape} {q.codes.dtype}, scales {q.scales.shape}, rel. error {err:.3f}")
+
+# %% [markdown]
+# Two FP4 codes per byte (the even-indexed element in the low nibble) is an explicit step:
+
+# %%
+q = blocks.quantize(y, blocks.MXFP4)
+packed = fp4sim.pack(q.codes, fp4sim.E2M1)
+print(q.codes[0, :4], "->", [f"0x{b:02X}" for b in packed[0, :2]])
+assert np.array_equal(fp4sim.unpack(packed, fp4sim.E2M1), q.codes)

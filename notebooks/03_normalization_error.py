@@ -59,7 +59,7 @@ rng = np.random.default_rng(0)
 s, d = (128, 64) if SMALL else (1024, 128)
 q, k, v = (rng.standard_normal((1, s, d)).astype(np.float32) for _ in range(3))
 ref = fp4sim.attention_reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
-for name, recipe in fp4sim.PRESETS.items():
+for name, recipe in fp4sim.attention.PRESETS.items():
     out = fp4sim.attention_forward(q, k, v, recipe).out
     e = fp4sim.error_summary(out, ref.out)
     print(f"{name:26s} cosine {e.cosine:.5f}  rel-L2 {e.rel_l2:.4f}")

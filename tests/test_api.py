@@ -66,7 +66,7 @@ def test_import_loads_no_matplotlib_and_no_jax_backend():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
-@pytest.mark.parametrize("module", ["fp4sim", "fp4sim.golden"])
+@pytest.mark.parametrize("module", ["fp4sim", "fp4sim.golden", "fp4sim.report", "fp4sim.figures"])
 def test_docstring_examples_run(module):
     mod = importlib.import_module(module)
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

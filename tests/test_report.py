@@ -44,7 +44,10 @@ def test_writes_every_section_table_and_figure(quick_run):
 def test_sizes_are_validated():
     with pytest.raises(ValueError, match="grid_points"):
         report.Sizes(name="x", grid_points=0, attn_rows=1, attn_keys=1, head_dim=1, seq_lens=(1,),
-                     block_sizes=(1,), scale_blocks=1, leak_tokens=1)
+                     block_sizes=(1,), scale_blocks=1, leak_tokens=1, jit_presets=1)
+    with pytest.raises(ValueError, match="seq_lens"):
+        report.Sizes(name="x", grid_points=1, attn_rows=1, attn_keys=1, head_dim=1, seq_lens=[1],
+                     block_sizes=(1,), scale_blocks=1, leak_tokens=1, jit_presets=1)
     with pytest.raises(TypeError, match="sizes"):
         report.reproduce("/nonexistent", sizes="quick")
     with pytest.raises(ValueError, match="sections"):
@@ -94,7 +97,7 @@ def test_route_error_numbers(quick_run):
     q, k, v = report.gaussian_qkv(s, report.QUICK.head_dim, report.QUICK.seed + s)
     ref = fp4sim.attention_reference(*(a.astype(np.float64) for a in (q, k, v))).out
     for name in ("hw_fp4_direct_p", "hao_log_mxfp8"):
-        e = fp4sim.error_summary(fp4sim.attention_forward(q, k, v, fp4sim.PRESETS[name]).out, ref)
+        e = fp4sim.error_summary(fp4sim.attention_forward(q, k, v, fp4sim.attention.PRESETS[name]).out, ref)
         got = nums["by_len"][name][str(s)]
         assert got["cosine"] == float(e.cosine) and got["rel_l2"] == float(e.rel_l2)
 
@@ -103,7 +106,9 @@ def test_scale_rule_numbers(quick_run):
     rows = {(r["format"], r["rule"]): r for r in _section(quick_run, "scale_rules")["rows"]}
     rng = np.random.default_rng(report.QUICK.seed)
     x = rng.standard_normal((report.QUICK.scale_blocks, 32)).astype(np.float32)
-    q = fp4sim.quantize(x, fp4sim.MXFP4, rule=fp4sim.ScaleRule.FLOOR)
+    from fp4sim.formats import blocks
+
+    q = blocks.quantize(x, blocks.MXFP4, rule=blocks.ScaleRule.FLOOR)
     scale = fp4sim.decode(q.scales, fp4sim.UE8M0).astype(np.float64)[:, 0]
     clipped = np.abs(x).max(-1) > 6.0 * scale
     assert rows[("MXFP4", "FLOOR")]["clip_rate"] == clipped.mean() > 0.1
@@ -165,3 +170,9 @@ def test_readme_table_is_the_report_summary(quick_run):
     listed = [m.group(1).strip() for m in re.finditer(r"^\| (.+?) \| .+ \| .+ \|$", body, flags=re.M)]
     numbers = {k: v["numbers"] for k, v in quick_run[2]["sections"].items()}
     assert listed[1:] == [what for what, _, _ in report.summary_rows(numbers)]  # [0] is the header
+
+
+def test_bit_identity_numbers(quick_run):
+    nums = _section(quick_run, "bit_identity")
+    assert nums["all_identical"] is True
+    assert len([r for r in nums["rows"] if r["what"].startswith("attention_forward")]) == report.QUICK.jit_presets

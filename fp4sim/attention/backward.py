@@ -9,17 +9,22 @@ This module owns the gradient of softmax attention ``O = softmax(c_e·Q Kᵀ + m
   the array namespace (NumPy, or jax under ``jit``/``vmap``). It takes the forward's saved state
   (the represented probabilities ``P̃`` rebuilt bit-identically from the saved quantized Q/K,
   the quantized V the forward multiplied, the forward output O) and the upstream gradient dO, and
-  forms, with the formats of a :class:`BackwardRecipe`::
+  forms, with the formats of a :class:`TrainingRecipe`::
 
       dO_q = quantize(dO)                      E5M2 by default (one copy for dV and dP)
       dV   = P_bᵀ · dO_q                       P_b = P̃ in the backward's P format (FP8 E4M3)
       dP   = dO_q · V̂ᵀ                         V̂ = the forward's quantized V
       D    = rowsum(dO_D ∘ O)                  dO_D = dO_q (matched) or float dO (a mismatch)
       dS   = P̃ ∘ (dP − D)                      softmax gradient, from the *same* P̃ as the forward
+                                               (or, Attn-QAT, the unquantized p with D from O_hp)
       dS_q = quantize(dS)                      32×32 square tiles (one copy serves dQ and dK),
                                                or per query row (the causal-exact option)
       dQ   = c_e · dS_q · K̂      dK = c_e · dS_qᵀ · Q̂
 
+  The same dequantized copy of each operand serves every product it enters (V̂ in PV and dP,
+  dO_q in dV and dP, dS_q in dQ and dK, Q̂/K̂ in the scores and in dK/dQ), which is exact for
+  token-block and 32×32 scalings ("valid in both orientations"); for Q/K blocked along the head
+  dimension a kernel would need a second copy scaled along tokens for dQ/dK — not modelled.
   Products are float32 matrix products of dequantized operands: every operand is exactly its
   low-precision value, the accumulation is float32 term by term in contraction order
   (:class:`Accumulation` ``SEQUENTIAL``: the same bits on NumPy and under jit; the tensor
@@ -28,8 +33,9 @@ This module owns the gradient of softmax attention ``O = softmax(c_e·Q Kᵀ + m
   elementwise; every float32 step flushes results below 2^-126 (``.ftz`` arithmetic).
 
 The identity ``D_i = Σ_j P̃_ij dP_ij = rowsum(dO_i ∘ O_i)`` holds only when ``O = P̃ V̂`` with the
-very ``P̃`` used in dS (consistent normalization, seed_algorithms.md §5.2); then every row of dS
-sums to zero. :mod:`fp4sim.attention.consistency` checks this and the other invariants.
+very ``P̃`` used in dS; the rows of dS then sum to ``D_i·(1 − Σ_j P̃_ij)``, which is zero only
+under consistent normalization (seed_algorithms.md §5.2: 0 vs 0.068027 in the two-key example).
+:mod:`fp4sim.attention.consistency` checks these and the other invariants.
 
 Masks are those of :mod:`fp4sim.attention.reference`: ``causal`` aligned at the end (query i
 sees keys j ≤ i + (M − N)) and segment ids (packed documents: query i sees key j only when both
@@ -46,12 +52,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fp4sim import _xp
+from fp4sim.attention import _f32, causal
 
 __all__ = [
     "Gradients",
     "attention_grad_reference",
     "softmax_grad",
     "DeltaSource",
+    "DsProbabilities",
     "Accumulation",
     "BackwardTrace",
     "emulated_backward",
@@ -107,10 +115,19 @@ def attention_grad_reference(q: Any, k: Any, v: Any, d_out: Any, *,
 
 # --- the emulated backward --------------------------------------------------------------------
 class DeltaSource(enum.Enum):
-    """Which dO the row term ``D = rowsum(dO ∘ O)`` uses."""
+    """Which dO and which O the row term ``D = rowsum(dO ∘ O)`` uses."""
 
-    QUANTIZED_D_OUT = "quantized_d_out"  # the same quantized dO copy as dP (matched)
+    QUANTIZED_D_OUT = "quantized_d_out"  # the same quantized dO copy as dP, the forward's O
     FLOAT_D_OUT = "float_d_out"  # the float32 dO while dP uses the quantized copy (a mismatch)
+    HIGH_PRECISION_OUTPUT = "high_precision_output"  # quantized dO, and O_hp = Σ p V̂ / Σ p from
+    #                                                  the unquantized p (Attn-QAT principle 2)
+
+
+class DsProbabilities(enum.Enum):
+    """Which P the softmax gradient ``dS = P ∘ (dP − D)`` uses."""
+
+    REPRESENTED = "represented"  # the forward's P̃, rebuilt bit for bit (Direct-P)
+    HIGH_PRECISION = "high_precision"  # p = 2^(u − LSE₂), unquantized (Attn-QAT)
 
 
 class Accumulation(enum.Enum):
@@ -127,8 +144,6 @@ def _matmul(a: Any, b: Any, accumulation: Accumulation = Accumulation.SEQUENTIAL
     ``SEQUENTIAL``: ``acc_0 = fl(a_0 b_0)``, ``acc_k = fl(acc_{k−1} + fl(a_k b_k))`` with every
     result below 2^-126 flushed (:mod:`fp4sim.attention._f32`, which also keeps XLA from fusing
     the multiply into the add); a Python loop on NumPy, ``lax.fori_loop`` under jax."""
-    from fp4sim.attention import _f32
-
     xp = _xp.namespace(a, b)
     a = xp.asarray(a, dtype=np.float32)
     b = xp.asarray(b, dtype=np.float32)
@@ -167,14 +182,15 @@ class BackwardTrace(NamedTuple):
     """Every intermediate of :func:`emulated_backward` (for the consistency checks and probes).
 
     ``d_out_q`` is the quantized dO used by dV and dP, ``d_out_delta`` the dO used in D,
-    ``p_dv`` the P operand of dV, ``ds`` the float32 softmax gradient and ``ds_q`` its quantized
-    copy (the dQ/dK operand).
+    ``p_dv`` the P operand of dV, ``p_ds`` the P of dS, ``ds`` the float32 softmax gradient and
+    ``ds_q`` its quantized copy (the dQ/dK operand).
     """
 
     grads: Gradients
     d_out_q: Any
     d_out_delta: Any
     p_dv: Any
+    p_ds: Any
     dp: Any
     delta: Any
     ds: Any
@@ -185,6 +201,7 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
                       softmax_scale: float, d_out_scaling: Any, p_scaling: Any, ds_scaling: Any,
                       delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT,
                       accumulation: Accumulation = Accumulation.SEQUENTIAL,
+                      p_ds: Any = None, out_delta: Any = None, dq_scaling: Any = None,
                       quantize: Any = None) -> BackwardTrace:
     """The backward of one attention call from the forward's saved state (module docstring).
 
@@ -195,9 +212,9 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     ``ds_scaling`` are :class:`fp4sim.attention.causal.OperandScaling`; ``quantize`` is the
     fake-quantizer ``(x, scaling) -> float32`` (by default
     :func:`fp4sim.attention.causal.fake_quantize`; the document-aware one for packed sequences).
+    ``p_ds`` is the P of dS (default ``p``), ``out_delta`` the O of D (default ``out``);
+    ``dq_scaling`` quantizes the dQ output (default: float32).
     """
-    from fp4sim.attention import _f32, causal
-
     if not isinstance(accumulation, Accumulation):
         raise TypeError(f"accumulation={accumulation!r} must be an Accumulation; allowed: "
                         f"{[m.name for m in Accumulation]}")
@@ -208,23 +225,26 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     xp = _xp.namespace(p, q_hat, k_hat, v_hat, out, d_out)
     d_out = xp.asarray(d_out, dtype=np.float32)
     d_out_q = fq(d_out, d_out_scaling)
-    d_out_delta = d_out_q if delta is DeltaSource.QUANTIZED_D_OUT else d_out
+    d_out_delta = d_out if delta is DeltaSource.FLOAT_D_OUT else d_out_q
     p_dv = fq(p, p_scaling)
     dv = _matmul(_swap(p_dv), d_out_q, accumulation)
     dp = _matmul(d_out_q, _swap(v_hat), accumulation)
-    dlt = _f32.tree_sum(_f32.mul(d_out_delta, xp.asarray(out, dtype=np.float32)), axis=-1)
-    ds = _f32.mul(p, _f32.ftz(dp - dlt[..., None]))
+    p_ds = p if p_ds is None else p_ds
+    o_d = xp.asarray(out if out_delta is None else out_delta, dtype=np.float32)
+    dlt = _f32.tree_sum(_f32.mul(d_out_delta, o_d), axis=-1)
+    ds = _f32.mul(p_ds, _f32.ftz(dp - dlt[..., None]))
     ds_q = fq(ds, ds_scaling)
     c = np.float32(softmax_scale)
     dq = _f32.mul(c, _matmul(ds_q, k_hat, accumulation))
+    if dq_scaling is not None:
+        dq = fq(dq, dq_scaling)
     dk = _f32.mul(c, _matmul(_swap(ds_q), q_hat, accumulation))
-    return BackwardTrace(Gradients(dq, dk, dv), d_out_q, d_out_delta, p_dv, dp, dlt, ds, ds_q)
+    return BackwardTrace(Gradients(dq, dk, dv), d_out_q, d_out_delta, p_dv, p_ds, dp, dlt, ds,
+                         ds_q)
 
 
 def _check_scaling(owner: str, name: str, value: Any) -> None:
-    from fp4sim.attention.causal import OperandScaling
-
-    if not isinstance(value, OperandScaling):
+    if not isinstance(value, causal.OperandScaling):
         raise TypeError(f"{owner}.{name}={value!r} must be an OperandScaling "
                         f"(see fp4sim.attention.causal)")
 
@@ -241,8 +261,12 @@ class TrainingRecipe:
     token-axis options that ``VFormat`` lacks — OCP floor, per-token, per-tensor — and
     document-aligned groups). Backward formats: ``d_out`` (the one quantized dO copy for dV and
     dP), ``p_backward`` (P as the dV operand, rows = queries), ``ds`` (the dQ/dK operand).
-    ``delta`` chooses the dO in ``D = rowsum(dO ∘ O)``; ``accumulation`` the float32 order of
-    the backward's products (:class:`Accumulation`). ``rebuild`` is the recipe the backward
+    ``delta`` chooses the dO and O in ``D = rowsum(dO ∘ O)``, ``ds_probabilities`` the P in
+    ``dS = P ∘ (dP − D)`` (:class:`DsProbabilities`; Attn-QAT uses unquantized p there and
+    ``D`` from the high-precision output); ``accumulation`` the float32 order of the
+    backward's products (:class:`Accumulation`). ``dq`` (optional) quantizes the dQ output
+    (e.g. for communication); under a causal mask its scale must be per query row
+    (:func:`fp4sim.attention.causal.leak_class`). ``rebuild`` is the recipe the backward
     rebuilds P with: ``None`` means the forward's own (bit-identical P, the matched case);
     anything else is a deliberate mismatch (:mod:`fp4sim.attention.consistency`); it must keep
     the forward's Q/K format. ``segment_aligned``: with segment ids, scale groups that span
@@ -260,6 +284,8 @@ class TrainingRecipe:
     rebuild: Any = None
     segment_aligned: bool = True
     accumulation: Accumulation = Accumulation.SEQUENTIAL
+    ds_probabilities: DsProbabilities = DsProbabilities.REPRESENTED
+    dq: Any = None
 
     def __post_init__(self) -> None:
         from fp4sim.attention.recipe import AttentionRecipe, VFormat
@@ -287,11 +313,16 @@ class TrainingRecipe:
                              f"{self.rebuild.qk_global.name}")
         for field in ("v", "d_out", "p_backward", "ds"):
             _check_scaling(own, field, getattr(self, field))
+        if self.dq is not None:
+            _check_scaling(own, "dq", self.dq)
         if not isinstance(self.delta, DeltaSource):
             raise TypeError(f"{own}.delta={self.delta!r} must be a DeltaSource; allowed: "
                             f"{[m.name for m in DeltaSource]}")
         if not isinstance(self.segment_aligned, bool):
             raise TypeError(f"{own}.segment_aligned={self.segment_aligned!r} must be a bool")
+        if not isinstance(self.ds_probabilities, DsProbabilities):
+            raise TypeError(f"{own}.ds_probabilities={self.ds_probabilities!r} must be a "
+                            f"DsProbabilities; allowed: {[m.name for m in DsProbabilities]}")
         if not isinstance(self.accumulation, Accumulation):
             raise TypeError(f"{own}.accumulation={self.accumulation!r} must be an Accumulation; "
                             f"allowed: {[m.name for m in Accumulation]}")
@@ -305,9 +336,7 @@ class TrainingRecipe:
     def qk(self) -> Any:
         """The Q/K scaling of the forward as an :class:`~fp4sim.attention.causal.OperandScaling`
         (for the leak classification and the probe's scale check)."""
-        from fp4sim.attention.causal import qk_scaling
-
-        return qk_scaling(self.forward)
+        return causal.qk_scaling(self.forward)
 
     def replace(self, **changes: Any) -> "TrainingRecipe":
         """A copy with ``changes`` applied (validated again)."""

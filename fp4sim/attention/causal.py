@@ -140,12 +140,35 @@ class OperandScaling:
         return self.name
 
 
+def _block_axes(scaling: OperandScaling) -> tuple[int, ...]:
+    """Axes along which ``scaling`` cuts fixed-size blocks (that may need zero padding)."""
+    g = scaling.geometry
+    if g is Geometry.BLOCK:
+        return (scaling.axis,)
+    if g is Geometry.TOKEN_BLOCK:
+        return (-2,)
+    if g is Geometry.SQUARE:
+        return (-2, -1)
+    return ()
+
+
 def quantize_operand(x: Any, scaling: OperandScaling) -> QuantizedArray | None:
-    """The :class:`QuantizedArray` of ``x`` under ``scaling`` (``None`` when unquantized)."""
+    """The :class:`QuantizedArray` of ``x`` under ``scaling`` (``None`` when unquantized).
+
+    A partial trailing block is zero padded first (zeros never raise a block's max, so the
+    other elements quantize as they would in a whole block — cuDNN's rule for partial dS tiles);
+    the result then covers the padded shape."""
     if not isinstance(scaling, OperandScaling):
         raise TypeError(f"scaling={scaling!r} must be an OperandScaling")
     if scaling.fmt is None:
         return None
+    xp = namespace(x)
+    bs = scaling.fmt.block_size
+    widths = [(0, 0)] * x.ndim
+    for a in _block_axes(scaling):
+        widths[a] = (0, -x.shape[a] % bs)
+    if any(w[1] for w in widths):
+        x = xp.pad(x, widths)
     return blocks.quantize(x, scaling.fmt, axis=scaling.axis, geometry=scaling.geometry,
                            rule=scaling.rule)
 
@@ -155,7 +178,10 @@ def fake_quantize(x: Any, scaling: OperandScaling) -> Any:
     q = quantize_operand(x, scaling)
     if q is None:
         return x.astype("float32")
-    return blocks.dequantize(q)
+    y = blocks.dequantize(q)
+    if y.shape != x.shape:
+        y = y[tuple(slice(0, n) for n in x.shape)]
+    return y
 
 
 def token_group_length(scaling: OperandScaling, n_tokens: int) -> int:
@@ -178,8 +204,11 @@ def _segment_ranks(xp: Any, segment_ids: Any, group: int) -> Any:
     change = xp.concatenate([xp.zeros(change.shape[:-1] + (1,), np.int32), change], axis=-1)
     start = (xp.arange(n) % group) == 0
     change = xp.where(start, 0, change)
-    blocked = xp.reshape(change, change.shape[:-1] + (n // group, group))
-    return xp.reshape(xp.cumsum(blocked, axis=-1), change.shape)
+    pad = -n % group  # a partial trailing group (zero padded by the quantizer)
+    if pad:
+        change = xp.pad(change, [(0, 0)] * (change.ndim - 1) + [(0, pad)])
+    blocked = xp.reshape(change, change.shape[:-1] + ((n + pad) // group, group))
+    return xp.reshape(xp.cumsum(blocked, axis=-1), change.shape)[..., :n]
 
 
 def fake_quantize_segmented(x: Any, scaling: OperandScaling, segment_ids: Any) -> Any:

@@ -9,8 +9,9 @@ Checks (:func:`check_consistency` → :class:`ConsistencyReport`):
    equals, bit for bit, the P the forward multiplied: its codes, block scales, block exponents
    and tile anchors equal the forward's own intermediates, and the normalized float32 P̃ equals
    the one built the same way from the forward recipe.
-2. ``delta``: ``D = rowsum(dO ∘ O)`` (what the backward uses) equals ``Σ_j P̃_ij dP_ij`` (the D
-   that belongs to the P̃ in dS), within the float32 rounding of the two sums:
+2. ``delta``: ``D = rowsum(dO ∘ O)`` (what the backward uses) equals ``Σ_j P_ij dP_ij`` with the
+   P of dS (P̃, or the unquantized p of Attn-QAT's recipe, whose D uses the high-precision
+   output), within the float32 rounding of the two sums:
    ``|D − Σ P̃ dP| ≤ γ · Σ_j |P̃_ij| Σ_k |dO_ik V̂_jk|`` with ``γ = 2·(M + d_v)·2^-24`` — the
    first-order bound of the two float32 dot products (M keys, d_v columns) plus the forward's
    accumulation of O, which the same γ covers (every O entry is a float32 sum of at most M
@@ -74,6 +75,10 @@ def with_mismatch(recipe: TrainingRecipe, mismatch: Mismatch) -> TrainingRecipe:
         return recipe.replace(name=name, forward=fwd.replace(exp2=poly),
                               rebuild=fwd.replace(exp2=Exp2Model()))
     if mismatch is Mismatch.D_OUT_REPRESENTATION:
+        if recipe.d_out.fmt is None or recipe.delta is not DeltaSource.QUANTIZED_D_OUT:
+            raise ValueError(f"Mismatch.D_OUT_REPRESENTATION needs a quantized dO shared by D "
+                             f"and dP; recipe {recipe.name!r} has d_out={recipe.d_out.name}, "
+                             f"delta={recipe.delta.name}")
         return recipe.replace(name=name, delta=DeltaSource.FLOAT_D_OUT)
     # P_BITS
     if fwd.p_format is not PFormat.MXFP4:
@@ -141,7 +146,7 @@ def check_consistency(recipe: TrainingRecipe, q: Any, k: Any, v: Any, d_out: Any
     p_diff = float(np.max(np.abs(p_fwd.astype(np.float64) - p_bwd))) if p_fwd.size else 0.0
 
     f64 = np.float64
-    pb = p_bwd.astype(f64)
+    pb = np.asarray(trace.p_ds, dtype=f64)  # the P of dS (P̃, or Attn-QAT's unquantized p)
     dp = np.asarray(trace.dp, dtype=f64)
     dlt = np.asarray(trace.delta, dtype=f64)
     do_q = np.asarray(trace.d_out_q, dtype=f64)

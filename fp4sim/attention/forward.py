@@ -3,9 +3,13 @@
 :func:`attention_forward` runs one :class:`~fp4sim.attention.recipe.AttentionRecipe` on
 ``q (..., Sq, D)``, ``k (..., Skv, D)``, ``v (..., Skv, Dv)`` (float32; bfloat16/float16 are
 widened exactly, float64 is rounded to float32 first). It is written once against the array
-namespace: NumPy arrays run a Python loop over key tiles, jax arrays run ``lax.scan`` over the
-same tile step (use it under ``jax.jit`` with the recipe static); the two give the same bits
-(every float32 operation goes through :mod:`fp4sim.attention._f32`).
+namespace (NumPy, or jax under ``jax.jit`` with the recipe static); the two give the same bits
+(every float32 operation goes through :mod:`fp4sim.attention._f32`). Everything that is
+independent across key tiles (scores, conversion of P, the PV partial products, the tiles'
+denominators) is computed for all tiles at once as batched array operations; only what is
+sequential in a kernel is a loop over tiles: the running max and the rescale-and-add updates of
+the accumulator and the normalizer. The result is, element by element, the same sequence of
+float32 operations as a tile-by-tile kernel.
 
 Per key tile of ``block_kv`` keys (seed_algorithms.md §2.0, §4.2):
 
@@ -19,10 +23,11 @@ Per key tile of ``block_kv`` keys (seed_algorithms.md §2.0, §4.2):
    is −inf), else ``m`` stays. ``t = fl(u − m')``; old accumulators are multiplied by
    ``r = exp2_rn(fl(m − m'))``.
 3. P by :func:`fp4sim.attention.converters.convert_tile`.
-4. PV: for each sub-block of keys sharing one P scale and one V scale, the partial product is
-   formed (exactly by a matrix product for FP4 x FP4, else a float32 sum in key order), scaled
-   by ``2^(k_P + k_V + factor_exp)``; the partials of one ``pv_group`` (K64 of seed 000) are
-   added together, then to the float32 accumulator ``A``.
+4. PV: the power-of-two block scales ``2^k_P``, ``2^k_V`` (and ``factor_exp``) are applied to
+   the operands (exact; values below 2^-126 flush); for each sub-block of keys sharing one P
+   scale and one V scale the partial product is formed (exactly by a matrix product for
+   FP4 x FP4, else a float32 sum in key order); the partials of one ``pv_group`` (K64 of seed
+   000) are added together, then to the float32 accumulator ``A``.
 5. Denominator: ``CONSISTENT`` (and ``EXACT``) adds, per P block in key order,
    ``fl(fl(Σq / pdiv)·2^k)`` (the FTZ-safe order of §4.3); ``MISMATCHED`` adds the converter's
    float32 sum of unquantized weights. ``L ← fl(fl(L·r) + L_tile)``.
@@ -34,7 +39,9 @@ Finally ``O = fl(fl(A / (pdiv·v_div)) / L)`` (consistent; ``pdiv = 6`` for Dire
 factor between its units and probabilities (6 HAO-NVFP4, 448 HAO-MXFP8, 2688 Sage, else 1).
 
 Policies: a fully masked row gives O = 0 and LSE = −inf (never NaN). A row with a NaN score
-(NaN or Inf in its inputs) gives O = NaN and LSE = NaN; other rows are unaffected. Masks:
+gives O = NaN and LSE = NaN; other rows are unaffected. Inputs go through the recipe's
+quantizers first, whose formats decide what NaN/Inf become (E4M3/NVFP4 saturate ±Inf to ±max,
+so an Inf key is a large finite key; a NaN input gives NaN scores). Masks:
 ``causal`` is aligned at the end (query i sees key j iff ``j ≤ i + Skv − Sq``), segment ids
 (packed documents) let query i see key j iff their ids are equal. Keys are padded with masked
 zero keys up to a multiple of ``block_kv``.
@@ -76,6 +83,7 @@ __all__ = ["Operand", "ForwardResult", "ForwardIntermediates", "quantize_qk", "q
            "converter_unit"]
 
 _LN2 = np.float32(math.log(2.0))
+_ROW_CHUNK = 256  # query rows per chunk under jax (rows are independent)
 
 
 class Operand(NamedTuple):
@@ -178,6 +186,11 @@ def _expand_last(xp: Any, s: Any, block: int) -> Any:
 
 def quantize_qk(x: Any, recipe: AttentionRecipe) -> Operand:
     """Q or K (..., S, D) in ``recipe.qk`` (scale groups along the head dim, per token)."""
+    with np.errstate(divide="ignore", invalid="ignore"):  # all-zero (padding) blocks
+        return _quantize_qk(x, recipe)
+
+
+def _quantize_qk(x: Any, recipe: AttentionRecipe) -> Operand:
     xp = namespace(x)
     fmt = recipe.qk
     d = x.shape[-1]
@@ -244,6 +257,11 @@ def _mxfp4_v(xp: Any, v: Any) -> tuple[Any, Any, Any]:
 
 def quantize_v(v: Any, recipe: AttentionRecipe) -> Operand:
     """V (..., Skv, Dv) in ``recipe.v`` (scale groups along tokens)."""
+    with np.errstate(divide="ignore", invalid="ignore"):  # all-zero (padding) blocks
+        return _quantize_v(v, recipe)
+
+
+def _quantize_v(v: Any, recipe: AttentionRecipe) -> Operand:
     xp = namespace(v)
     fmt = recipe.v
     v = _f32.ftz(v)
@@ -301,14 +319,27 @@ def scores(q: Operand, k: Operand) -> Any:
     xp = namespace(q.values, k.values)
     d = q.values.shape[-1]
     blk = q.block
+    nb = d // blk
+    if q.exact:
+        # all block partials in one batched product; each entry is exact, so the backend's
+        # summation order cannot matter; ftz is the barrier before the ordered block sum
+        qb = xp.moveaxis(xp.reshape(q.values, q.values.shape[:-1] + (nb, blk)), -2, -3)
+        kb = xp.moveaxis(xp.reshape(k.values, k.values.shape[:-1] + (nb, blk)), -2, -3)
+        parts = _f32.ftz(_matmul(xp, qb, xp.swapaxes(kb, -1, -2)))  # (..., nb, Sq, Sk)
+        parts = [parts[..., b, :, :] for b in range(nb)]
+    else:
+        parts = [_seq_dot(q.values[..., b * blk:(b + 1) * blk], k.values[..., b * blk:(b + 1) * blk])
+                 for b in range(nb)]
     acc = None
-    for b in range(d // blk):
-        qb = q.values[..., b * blk:(b + 1) * blk]
-        kb = k.values[..., b * blk:(b + 1) * blk]
-        part = _matmul(xp, qb, xp.swapaxes(kb, -1, -2)) if q.exact else _seq_dot(qb, kb)
+    for b, part in enumerate(parts):
         if q.exps is not None:
             part = _f32.ldexp(part, q.exps[..., :, None, b] + k.exps[..., None, :, b])
-        acc = part if acc is None else _f32.add(acc, part)
+        if acc is None:
+            acc = part
+        elif q.exact and q.exps is None:
+            acc = acc + part  # multiples of 2^-20 (FP4 x UE4M3 squared): never subnormal
+        else:
+            acc = _f32.add(acc, part)
     if q.post_exp is not None:
         acc = _f32.ldexp(acc, q.post_exp[..., :, None] + k.post_exp[..., None, :])
     if q.post is not None:
@@ -322,57 +353,54 @@ def log2_scores(z: Any, c: Any, valid: Any) -> Any:
     return xp.where(valid, _f32.mul(z, c), np.float32(-np.inf))
 
 
-def _pv(xp: Any, acc: Any, p: PTile, v_vals: Any, v_exps: Any, v_block: int, v_exact: bool,
-        pv_group: int, p_fp4: bool) -> Any:
-    """acc + P·V of one tile (module docstring, step 4)."""
-    n = p.values.shape[-1]
+def _group_partials(xp: Any, p: PTile, v_vals: Any, v_exps: Any, v_block: int, v_exact: bool,
+                    pv_group: int, p_fp4: bool) -> Any:
+    """PV partial products of every tile, summed per ``pv_group`` (module docstring, step 4).
+
+    ``p`` holds (..., Sq, n_tiles, T) tiles, ``v_vals`` is (..., n_tiles, T, Dv) and
+    ``v_exps`` (..., n_tiles, T/v_block, Dv or 1) or None. Returns (..., n_tiles, n_groups,
+    Sq, Dv) float32."""
+    *lead, sq, nt, n = p.values.shape
+    dv = v_vals.shape[-1]
     pb, vb = p.block, v_block
     if pb > 1 and vb > 1:
         sub = min(pb, vb)
     else:
         sub = max(pb, vb) if max(pb, vb) > 1 else 32
     sub = min(sub, pv_group, n)
-    exact = p_fp4 and v_exact and pb > 1 and vb > 1 and p.factor_exp == 0
     ns = n // sub
-    lead = p.values.shape[:-2]
-    sq = p.values.shape[-2]
-    dv = v_vals.shape[-1]
-    if exact:
-        pr = xp.moveaxis(xp.reshape(p.values, (*lead, sq, ns, sub)), -2, -3)  # (.., ns, Sq, sub)
-        vr = xp.reshape(v_vals, (*lead, ns, sub, dv))
-        parts = _matmul(xp, pr, vr)  # (.., ns, Sq, Dv), every entry exact
-    per_group = max(1, pv_group // sub)
-    gsum = None
-    for b in range(ns):
-        if exact:
-            part = parts[..., b, :, :]
-        else:
-            sl = slice(b * sub, (b + 1) * sub)
-            pv_p, pv_v = p.values[..., :, sl], v_vals[..., sl, :]
-            part = _f32.mul(pv_p[..., :, 0, None], pv_v[..., None, 0, :])
-            for j in range(1, sub):
-                part = _f32.add(part, _f32.mul(pv_p[..., :, j, None], pv_v[..., None, j, :]))
-        e = None
+    exact = p_fp4 and v_exact and pb > 1 and vb > 1
+    # block scales (powers of two) applied to the operands: exact unless a value falls below
+    # 2^-126 (then flushed), so every sub-block's partial product is still exact
+    pvals, vvals = p.values, v_vals
+    if p.exps is not None or p.factor_exp:
+        e = np.int32(p.factor_exp)
         if p.exps is not None:
-            e = p.exps[..., :, (b * sub) // pb][..., None]
-        if v_exps is not None:
-            ev = v_exps[..., (b * sub) // vb, :][..., None, :]
-            e = ev if e is None else e + ev
-        if p.factor_exp:
-            e = np.int32(p.factor_exp) if e is None else e + np.int32(p.factor_exp)
-        if e is not None:
-            part = _f32.ldexp(part, e)
-        gsum = part if gsum is None else _f32.add(gsum, part)
-        if (b + 1) % per_group == 0 or b == ns - 1:
-            acc = _f32.add(acc, gsum)
-            gsum = None
-    return acc
+            e = xp.repeat(p.exps + e, pb, axis=-1)
+        pvals = _f32.ldexp(pvals, e)
+    if v_exps is not None:
+        vvals = _f32.ldexp(vvals, xp.repeat(v_exps, vb, axis=-2))
+    pr = xp.moveaxis(xp.reshape(pvals, (*lead, sq, nt, ns, sub)), -4, -2)  # (.., nt, ns, Sq, sub)
+    vr = xp.reshape(vvals, (*lead, nt, ns, sub, dv))
+    if exact:
+        parts = _f32.ftz(_matmul(xp, pr, vr))  # every entry exact
+    else:
+        parts = _f32.mul(pr[..., :, 0, None], vr[..., 0, None, :])
+        for j in range(1, sub):
+            parts = _f32.add(parts, _f32.mul(pr[..., :, j, None], vr[..., j, None, :]))
+    per_group = max(1, pv_group // sub)
+    ng = ns // per_group
+    parts = xp.reshape(parts, (*lead, nt, ng, per_group, sq, dv))
+    g = parts[..., 0, :, :]
+    for j in range(1, per_group):
+        g = _f32.add(g, parts[..., j, :, :])
+    return g
 
 
 def _consistent_denominator(xp: Any, p: PTile, n: int) -> Any:
     gb = p.block if p.block > 1 else (32 if n % 32 == 0 else n)
     vb = xp.reshape(p.values, (*p.values.shape[:-1], n // gb, gb))
-    sums = _f32.tree_sum(vb, axis=-1)  # (..., Sq, nb)
+    sums = _f32.tree_sum(vb, axis=-1)  # (..., nb)
     if p.exps is not None or p.factor_exp:
         e = p.exps if p.exps is not None else xp.zeros(sums.shape, dtype=np.int32)
         per = block_denominator(sums, e + np.int32(p.factor_exp), p.pdiv)
@@ -387,18 +415,6 @@ def _consistent_denominator(xp: Any, p: PTile, n: int) -> Any:
 
 
 # --- the forward ----------------------------------------------------------------------------
-def _valid(xp: Any, sq: int, skv: int, tile_idx: Any, tile: int, causal: bool,
-           qseg: Any, kseg_tile: Any) -> Any:
-    rows = xp.arange(sq, dtype=np.int32)[:, None]
-    cols = xp.arange(tile, dtype=np.int32)[None, :] + tile_idx * np.int32(tile)
-    ok = cols < np.int32(skv)
-    if causal:
-        ok = ok & (cols <= rows + np.int32(skv - sq))
-    if qseg is not None:
-        ok = ok & (qseg[..., :, None] == kseg_tile[..., None, :])
-    return ok
-
-
 def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal: bool = False,
                       q_segment_ids: Any = None, kv_segment_ids: Any = None,
                       softmax_scale: float | None = None,
@@ -465,96 +481,143 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
     mism = recipe.normalization is Normalization.MISMATCHED
     p_fp4 = recipe.p_format in (PFormat.MXFP4, PFormat.NVFP4)
     lead = q.shape[:-2]
+    skv_pad = n_tiles * tile
 
-    def tiles_of(x: Any, per: int, axis: int) -> Any:
-        """(n_tiles, ...) view: split ``axis`` into tiles of ``per`` entries."""
-        if x is None:
-            return None
-        axis = axis % x.ndim
-        shp = x.shape[:axis] + (n_tiles, per) + x.shape[axis + 1:]
-        return xp.moveaxis(xp.reshape(x, shp), axis, 0)
-
-    k_vals = tiles_of(kop.values, tile, -2)
-    k_exps = tiles_of(kop.exps, tile, -2)
-    k_post = tiles_of(kop.post, tile, -1)
-    k_pexp = tiles_of(kop.post_exp, tile, -1)
-    v_vals = tiles_of(vop.values, tile, -2)
-    v_exps = tiles_of(vop.exps, tile // vop.block, -2) if vop.exps is not None else None
-    k_seg = tiles_of(kseg, tile, -1)
-
-    def step(carry, xs):
-        m, acc, den, nanf = carry
-        idx, kv, ke, kp, kpe, vv, ve, ks = xs
-        kt = Operand(kv, ke, kp, kpe, kop.block, kop.exact, 1.0, None)
-        z = scores(qop, kt)
-        valid = _valid(xp, sq, skv, idx, tile, causal, qseg, ks)
+    def rows_fn(qo: Operand, qs: Any, row_ids: Any) -> tuple:
+        """Everything for a set of query rows (rows are independent)."""
+        nrows = qo.values.shape[-2]
+        # 1-2. scores of all keys, the log2 domain, the masks
+        z = scores(qo, kop)  # (..., Sq, Skv_pad)
+        rows = row_ids[:, None]
+        cols = xp.arange(skv_pad, dtype=np.int32)[None, :]
+        valid = (cols < np.int32(skv)) & (rows < np.int32(sq))
+        if causal:
+            valid = valid & (cols <= rows + np.int32(skv - sq))
+        if qseg is not None:
+            valid = valid & (qs[..., :, None] == kseg[..., None, :])
         u = log2_scores(z, c, valid)
-        nanf = nanf | xp.any(xp.isnan(u), axis=-1)
-        mt = xp.max(xp.where(xp.isnan(u), np.float32(-np.inf), u), axis=-1)
-        if recipe.rescale_threshold == 0:
-            m_new = xp.maximum(m, mt)
-        else:
-            move = (m == -np.inf) | (mt > _f32.add(m, np.float32(recipe.rescale_threshold)))
-            m_new = xp.where(move, xp.maximum(m, mt), m)
-        finite = m_new > -np.inf
-        t = xp.where(finite[..., None], u - xp.where(finite, m_new, np.float32(0.0))[..., None],
-                     np.float32(-np.inf))
-        r = xp.where(m > -np.inf, exp2_rn(m - xp.where(finite, m_new, np.float32(0.0))),
-                     np.float32(0.0))
-        p = convert_tile(recipe, t, need_mismatched=mism)
-        acc = _pv(xp, _f32.mul(acc, r[..., None]), p, vv, ve, vop.block, vop.exact,
-                  recipe.pv_group, p_fp4)
-        lt = p.mismatched if mism else _consistent_denominator(xp, p, tile)
-        den = _f32.add(_f32.mul(den, r), lt)
-        return (m_new, acc, den, nanf), (m_new, p.codes, p.scales, p.k)
+        nanf = xp.any(xp.isnan(u), axis=-1)
+        ut = xp.reshape(u, (*lead, nrows, n_tiles, tile))
+        mt = xp.max(xp.where(xp.isnan(ut), np.float32(-np.inf), ut), axis=-1)  # (..., Sq, nt)
 
-    m0 = xp.full(lead + (sq,), -np.inf, dtype=np.float32)
-    a0 = xp.zeros(lead + (sq, dv), dtype=np.float32)
-    l0 = xp.zeros(lead + (sq,), dtype=np.float32)
-    n0 = xp.zeros(lead + (sq,), dtype=bool)
-    idxs = xp.arange(n_tiles, dtype=np.int32)
-    xs = (idxs, k_vals, k_exps, k_post, k_pexp, v_vals, v_exps, k_seg)
-    if xp is np:
-        carry = (m0, a0, l0, n0)
-        ys = []
+        # the running max (anchor) of every tile and the rescale factors
+        m = xp.full(lead + (nrows,), -np.inf, dtype=np.float32)
+        anchors, prevs = [], []
         for i in range(n_tiles):
-            carry, y = step(carry, tuple(None if a is None else a[i] for a in xs))
-            ys.append(y)
-        ys = tuple(None if ys[0][j] is None else np.stack([y[j] for y in ys])
-                   for j in range(4))
+            if recipe.rescale_threshold == 0:
+                m_new = xp.maximum(m, mt[..., i])
+            else:
+                move = (m == -np.inf) | (mt[..., i] > _f32.add(m, np.float32(recipe.rescale_threshold)))
+                m_new = xp.where(move, xp.maximum(m, mt[..., i]), m)
+            prevs.append(m)
+            anchors.append(m_new)
+            m = m_new
+        anchors = xp.stack(anchors, axis=-1)  # (..., Sq, nt)
+        prevs = xp.stack(prevs, axis=-1)
+        finite = anchors > -np.inf
+        safe = xp.where(finite, anchors, np.float32(0.0))
+        r = xp.where(prevs > -np.inf, exp2_rn(prevs - safe), np.float32(0.0))
+
+        # 3. P of every tile
+        t = xp.where(finite[..., None], ut - safe[..., None], np.float32(-np.inf))
+        p = convert_tile(recipe, t, need_mismatched=mism)  # fields (..., Sq, nt, ...)
+
+        # 4-5. PV partials and tile denominators, then the sequential online-softmax updates
+        v_vals = xp.reshape(vop.values, (*lead, n_tiles, tile, dv))
+        v_exps = None
+        if vop.exps is not None:
+            v_exps = xp.reshape(vop.exps, (*lead, n_tiles, tile // vop.block, vop.exps.shape[-1]))
+        g = _group_partials(xp, p, v_vals, v_exps, vop.block, vop.exact, recipe.pv_group, p_fp4)
+        lt = p.mismatched if mism else _consistent_denominator(xp, p, tile)  # (..., Sq, nt)
+        acc = xp.zeros(lead + (nrows, dv), dtype=np.float32)
+        den = xp.zeros(lead + (nrows,), dtype=np.float32)
+        for i in range(n_tiles):
+            acc = _f32.mul(acc, r[..., i, None])
+            for j in range(g.shape[-3]):
+                acc = _f32.add(acc, g[..., i, j, :, :])
+            den = _f32.add(_f32.mul(den, r[..., i]), lt[..., i])
+
+        unit = converter_unit(recipe)
+        if mism:
+            a_div, lse_unit = vop.div, unit
+        else:
+            pdiv = 6.0 if recipe.p_format is PFormat.MXFP4 else 1.0
+            a_div, lse_unit = pdiv * vop.div, unit / pdiv
+        num = acc if a_div == 1 else _f32.div(acc, np.float32(a_div))
+        pos = den > 0
+        out = xp.where(pos[..., None],
+                       _f32.div(num, xp.where(pos, den, np.float32(1.0))[..., None]),
+                       np.float32(0.0))
+        l2 = log2_f32(den)
+        if lse_unit != 1:
+            l2 = _f32.ftz(l2 - np.float32(math.log2(lse_unit)))
+        lse = xp.where(pos, _f32.mul(_f32.add(m, l2), _LN2), np.float32(-np.inf))
+        out = xp.where(nanf[..., None], np.float32(np.nan), out)
+        lse = xp.where(nanf, np.float32(np.nan), lse)
+
+        unit = converter_unit(recipe)
+        if mism:
+            a_div, lse_unit = vop.div, unit
+        else:
+            pdiv = 6.0 if recipe.p_format is PFormat.MXFP4 else 1.0
+            a_div, lse_unit = pdiv * vop.div, unit / pdiv
+        num = acc if a_div == 1 else _f32.div(acc, np.float32(a_div))
+        pos = den > 0
+        out = xp.where(pos[..., None],
+                       _f32.div(num, xp.where(pos, den, np.float32(1.0))[..., None]),
+                       np.float32(0.0))
+        l2 = log2_f32(den)
+        if lse_unit != 1:
+            l2 = _f32.ftz(l2 - np.float32(math.log2(lse_unit)))
+        lse = xp.where(pos, _f32.mul(_f32.add(m, l2), _LN2), np.float32(-np.inf))
+        out = xp.where(nanf[..., None], np.float32(np.nan), out)
+        lse = xp.where(nanf, np.float32(np.nan), lse)
+        if not return_intermediates:
+            return out, lse
+
+        def flat(x: Any) -> Any:  # (..., Sq, nt, w) -> (..., Sq, nt*w)
+            return None if x is None else xp.reshape(x, x.shape[:-2] + (-1,))
+
+        return out, lse, anchors, flat(p.codes), flat(p.scales), flat(p.k), acc, den
+
+    chunk = _ROW_CHUNK
+    if xp is np or sq <= chunk:
+        res = rows_fn(qop, qseg, xp.arange(sq, dtype=np.int32))
     else:
+        # jax: map over chunks of query rows (same arithmetic per row; bounded memory, cache)
         from jax import lax
 
-        carry, ys = lax.scan(step, (m0, a0, l0, n0), xs)
-    m, acc, den, nanf = carry
+        n_chunks = -(-sq // chunk)
+        padr = n_chunks * chunk - sq
+        nl = len(lead)
 
-    unit = converter_unit(recipe)
-    if mism:
-        a_div, lse_unit = vop.div, unit
-    else:
-        pdiv = 6.0 if recipe.p_format is PFormat.MXFP4 else 1.0
-        a_div, lse_unit = pdiv * vop.div, unit / pdiv
-    num = acc if a_div == 1 else _f32.div(acc, np.float32(a_div))
-    pos = den > 0
-    out = xp.where(pos[..., None],
-                   _f32.div(num, xp.where(pos, den, np.float32(1.0))[..., None]),
-                   np.float32(0.0))
-    l2 = log2_f32(den)
-    if lse_unit != 1:
-        l2 = _f32.ftz(l2 - np.float32(math.log2(lse_unit)))
-    lse = xp.where(pos, _f32.mul(_f32.add(m, l2), _LN2), np.float32(-np.inf))
-    out = xp.where(nanf[..., None], np.float32(np.nan), out)
-    lse = xp.where(nanf, np.float32(np.nan), lse)
-
-    inter = None
-    if return_intermediates:
-        def untile(y: Any) -> Any:  # (n_tiles, ..., Sq, w) -> (..., Sq, n_tiles*w)
-            if y is None:
+        def split(x: Any, axis: int) -> Any:  # rows axis -> (n_chunks, ..., chunk, ...)
+            if x is None:
                 return None
-            y = xp.moveaxis(y, 0, -2)
-            return xp.reshape(y, y.shape[:-2] + (y.shape[-2] * y.shape[-1],))
+            axis = axis % x.ndim
+            if padr:
+                x = xp.pad(x, [(0, 0)] * axis + [(0, padr)] + [(0, 0)] * (x.ndim - axis - 1))
+            x = xp.reshape(x, x.shape[:axis] + (n_chunks, chunk) + x.shape[axis + 1:])
+            return xp.moveaxis(x, axis, 0)
 
-        anchors = xp.moveaxis(ys[0], 0, -1)
-        inter = ForwardIntermediates(qop, kop, vop, anchors, untile(ys[1]), untile(ys[2]),
-                                     untile(ys[3]), acc, den, c)
+        parts = (split(qop.values, -2), split(qop.exps, -2), split(qop.post, -1),
+                 split(qop.post_exp, -1), split(qseg, -1),
+                 xp.reshape(xp.arange(n_chunks * chunk, dtype=np.int32), (n_chunks, chunk)))
+
+        def one(xs):
+            qv, qe, qp, qpe, qs, ids = xs
+            return rows_fn(qop._replace(values=qv, exps=qe, post=qp, post_exp=qpe), qs, ids)
+
+        mapped = lax.map(one, parts)
+
+        def merge(y: Any) -> Any:  # (n_chunks, ..., chunk, ...) -> (..., Sq, ...)
+            y = xp.moveaxis(y, 0, nl)
+            y = xp.reshape(y, y.shape[:nl] + (n_chunks * chunk,) + y.shape[nl + 2:])
+            return y[(slice(None),) * nl + (slice(0, sq),)]
+
+        res = tuple(None if y is None else merge(y) for y in mapped)
+    if not return_intermediates:
+        return ForwardResult(res[0], res[1], None)
+    out, lse, anchors, codes, scales, ks, acc, den = res
+    inter = ForwardIntermediates(qop, kop, vop, anchors, codes, scales, ks, acc, den, c)
     return ForwardResult(out, lse, inter)

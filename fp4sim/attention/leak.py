@@ -5,8 +5,8 @@ This module owns :func:`leak_probe` and its result :class:`LeakReport`. Protocol
 1. Fixed inputs: token inputs ``X`` (N × d_model, standard normal), projections ``Wq, Wk, Wv``
    (d_model × head_dim, normal with variance 1/d_model), upstream gradient ``dO`` (N × head_dim,
    standard normal); causal mask; one (batch, head).
-2. A target future token ``j*`` whose scale groups also hold past tokens (default 77, inside the
-   32-token group 64..95).
+2. A target future token ``j*`` whose scale groups also hold past tokens (default
+   ``77·N/128``: 77 for N = 128, inside the 32-token group 64..95, as in the seed).
 3. Perturb the *input* of ``j*``: ``X[j*] ← gain · X[j*]`` (default gain 5), so that its K and V
    entries become their groups' maxima. The default gain is deliberately *not* a power of two
    (the seed used 4): when ``j*`` already held a group's max, a power-of-two gain rescales a
@@ -22,12 +22,18 @@ This module owns :func:`leak_probe` and its result :class:`LeakReport`. Protocol
    reported as the smallest positive float).
 
 Which class to expect is :func:`fp4sim.attention.causal.leak_class` of the recipe's operands.
+
+Measured with the defaults on :data:`fp4sim.attention.autodiff.LEAK_TABLE` (leak_O / leak_dQ;
+gain 5, then the seed's gain 4): V unquantized, V per-token pow2, V token-block ceil, V MXFP8
+32-token RCEIL: 0 / 0 (bitwise) at both gains; OCP floor 1.2e-2 / 7.2e-3 (same at 4); MXFP4
+2.8e-2 / 1.3e-2 (4: 2.8e-2 / 1.0e-2); NVFP4 16-token 2.6e-2 / 1.6e-2 (4: 2.6e-2 / 2.3e-2);
+per-tensor amax/448 6.5e-2 / 6.4e-2 (4: 1.7e-6 / 0, the hidden case above); per-tensor pow2
+2.6e-6 / 0 (both); dS 32×32 floor with V per-token 0 / 1.2e-2 (4: 0 / 3.1e-6).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 
@@ -123,7 +129,7 @@ def _group_scales_changed(x0: np.ndarray, x1: np.ndarray, scaling: causal.Operan
 
 
 def leak_probe(recipe: TrainingRecipe, *, n_tokens: int = 128, d_model: int = 64,
-               head_dim: int = 64, target: int = 77, gain: float = 5.0, seed: int = 0,
+               head_dim: int = 64, target: int | None = None, gain: float = 5.0, seed: int = 0,
                softmax_scale: float | None = None) -> LeakReport:
     """Run the probe of the module docstring for ``recipe`` (NumPy, one head, causal)."""
     from fp4sim.attention.autodiff import training_backward, training_forward
@@ -131,6 +137,8 @@ def leak_probe(recipe: TrainingRecipe, *, n_tokens: int = 128, d_model: int = 64
     if not isinstance(recipe, TrainingRecipe):
         raise TypeError(f"recipe={recipe!r} must be a TrainingRecipe")
     inputs = probe_inputs(n_tokens, d_model, head_dim, seed=seed)  # validates the sizes
+    if target is None:
+        target = (77 * n_tokens) // 128
     if not (isinstance(target, int) and 0 < target < n_tokens):
         raise ValueError(f"target={target!r} must be an int in 1..{n_tokens - 1} (it needs "
                          f"earlier rows to measure)")

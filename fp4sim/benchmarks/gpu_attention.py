@@ -166,7 +166,8 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
             results.setdefault("skipped_shapes", []).append([b, s, h, d, causal])
             continue
         # every variant on the first shape; the main ones (and one ablation) on the others
-        variants = {k: v for k, v in all_variants.items() if i_shape == 0 or k in core}
+        variants = {k: v for k, v in all_variants.items()
+                    if (i_shape == 0 and not quick) or k in core}
         scale = 1.0 / math.sqrt(d)
         flops = 4.0 * b * s * s * h * d / (2.0 if causal else 1.0)
         keys = jax.random.split(jax.random.key(0), 3)
@@ -205,7 +206,7 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
                                                                config=c)[0], config=str(c))
         # Direct-P FP4 (NVFP4 Q/K, E2M1 P, MXFP4 V decoded exactly to float16)
         for name, dcfg in directp.items():
-            if i_shape and name != "fp4sim_directp_affine":
+            if (i_shape or quick) and name != "fp4sim_directp_affine":
                 continue
             dcfg = dcfg.replace(causal=causal)
             prep = jax.jit(functools.partial(dp.prepare_operands, recipe=dcfg.recipe))

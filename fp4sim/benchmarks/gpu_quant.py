@@ -68,19 +68,21 @@ def _mismatches(a: Any, b: Any) -> int:
 
 
 def _case(ctx: Any, name: str, fmt: Any, x: Any, *, geometry: Any = None, block_rows: int = 256,
-          global_scale: Any = None, compare: bool = True, jax_mode: str | None = None) -> dict:
+          global_scale: Any = None, compare: bool = True, jax_mode: str | None = None,
+          **kernel_kw: Any) -> dict:
     import jax
 
     from fp4sim.formats import blocks
-    from fp4sim.kernels.quantize_mgpu import quantize_mgpu
+    from fp4sim.kernels.quantize_mgpu import gpu_quantize
 
     geometry = geometry or blocks.Geometry.BLOCK
     axis = -1 if geometry is blocks.Geometry.BLOCK else -2
     kw = {} if global_scale is None else {"global_scale": global_scale}
-    kern = jax.jit(functools.partial(quantize_mgpu, fmt=fmt, axis=axis, geometry=geometry,
-                                     block_rows=block_rows, **kw))
+    kern = jax.jit(functools.partial(gpu_quantize, fmt=fmt, axis=axis, geometry=geometry,
+                                     block_rows=block_rows, **kw, **kernel_kw))
     out: dict[str, Any] = {"name": name, "shape": list(x.shape), "dtype": str(x.dtype),
-                           "block_rows": block_rows}
+                           "block_rows": block_rows,
+                           **{k: str(v) for k, v in kernel_kw.items()}}
     qk = jax.block_until_ready(kern(x))
     t = ctx.time_call(kern, x)
     useful = x.nbytes + qk.codes.nbytes + qk.scales.nbytes
@@ -175,10 +177,46 @@ def run_section(args: argparse.Namespace, ctx: Any) -> dict:
     run("MXFP8_E4M3 token-block bf16 D128", blocks.MXFP8_E4M3, xt,
         geometry=blocks.Geometry.TOKEN_BLOCK)
     run("MXFP4 token-block bf16 D128", blocks.MXFP4, xt, geometry=blocks.Geometry.TOKEN_BLOCK)
-    if not args.quant_no_sweep:
-        for br in (64, 128, 512, 1024):
-            run(f"MXFP8_E4M3 bf16 block_rows={br}", blocks.MXFP8_E4M3, x_bf, block_rows=br,
-                compare=False)
-            run(f"NVFP4 bf16 block_rows={br}", blocks.NVFP4, x_bf_fin, block_rows=br,
-                compare=False)
+    kernel_only(ctx, cases, rows, blocks.MXFP8_E4M3, x_bf, "MXFP8_E4M3 bf16 kernel only")
+    kernel_only(ctx, cases, rows, nv_const, x_bf, "NVFP4 bf16 kernel only (const g)")
+    if not args.quant_no_sweep:  # where the time goes, and the tiling
+        from fp4sim.kernels.quantize_mgpu import ElementPath, Variant
+
+        for fmt, xx, label in ((blocks.MXFP8_E4M3, x_bf, "MXFP8_E4M3"),
+                               (blocks.NVFP4, x_bf_fin, "NVFP4"), (blocks.MXFP4, x_bf, "MXFP4")):
+            run(f"{label} bf16 INTEGER path", fmt, xx, element_path=ElementPath.INTEGER)
+            run(f"{label} bf16 MOVE_ONLY (no math)", fmt, xx, compare=False,
+                variant=Variant.MOVE_ONLY)
+            if label == "MXFP4":
+                continue
+            for br, tiles in ((128, 4), (256, 2), (256, 4), (512, 2)):
+                run(f"{label} bf16 rows={br} tiles/CTA={tiles}", fmt, xx, block_rows=br,
+                    tiles_per_cta=tiles, compare=(br, tiles) == (256, 4))
     return {"size": n, "cases": cases, "rows": rows}
+
+
+def kernel_only(ctx: Any, cases: list, rows: list, fmt: Any, x: Any, name: str) -> None:
+    """Time the Pallas kernel alone on prepared words (no XLA reshapes/bitcasts around it)."""
+    import jax
+    import jax.numpy as jnp
+
+    from fp4sim.benchmarks.gpu import row
+    from fp4sim.kernels import quantize_mgpu as Q
+
+    if ctx.seconds_left() < 20:
+        return
+    cfg = Q.QuantKernelConfig(fmt=fmt, in_dtype=x.dtype)
+    words = Q._words(x, cfg).reshape(-1, cfg.words_per_block)
+    params = jnp.zeros((4,), jnp.uint32)
+    if cfg.kind == "nv":  # decode factor 2^-7, as the constant-g case
+        params, _ = Q._nv_params(jnp.uint32(0), fmt, jnp.float32(2.0 ** -7), None)
+    k = jax.jit(Q.build_kernel(cfg, words.shape[0]))
+    codes, scales = jax.block_until_ready(k(words, params))
+    t = ctx.time_call(k, words, params)
+    useful = x.nbytes + codes.nbytes + scales.nbytes
+    r = {"name": name, "kernel_s": t, "useful_bytes": useful, "bytes_per_s": useful / t,
+         "ratio_to_copy": useful / t / ctx.copy_bytes_per_s}
+    cases.append(r)
+    rows.append(row(name, ms=1e3 * t, rate=f"{useful / t / 1e12:.2f} TB/s",
+                    ratio=r["ratio_to_copy"], ratio_to="copy", check="not compared"))
+    print(rows[-1], flush=True)

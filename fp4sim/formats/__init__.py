@@ -13,6 +13,11 @@ from fp4sim.formats.packing import *  # noqa: F401,F403
 from fp4sim.formats import packing as _packing
 from fp4sim.formats.layouts import *  # noqa: F401,F403
 from fp4sim.formats import layouts as _layouts
+from fp4sim.formats.blocks import *  # noqa: F401,F403
+from fp4sim.formats import blocks as _blocks
+from fp4sim.formats.presets import *  # noqa: F401,F403
+from fp4sim.formats import presets as _presets
 
 __all__ = list(_spec.__all__) + list(_codec.__all__)
 __all__ += list(_packing.__all__) + list(_layouts.__all__)
+__all__ += list(_blocks.__all__) + list(_presets.__all__)

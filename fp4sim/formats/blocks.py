@@ -38,7 +38,9 @@ Public names
                    see :func:`quantize`.
 ``NonFinite``      the UE8M0 code of blocks holding Inf/NaN: ``SATFINITE`` (NaN → 0xFF, Inf → 0xFE,
                    TE and DESIGN.md §3; default), ``NAN`` (both → 0xFF, torchao ≥ PR #4725),
-                   ``JAX`` (NaN wraps to 0x00, Inf → 0xFF: JAX's ``cast_to_e8m0_with_rounding_up``).
+                   ``JAX`` (NaN wraps to 0x00, Inf → 0xFF: JAX's ``cast_to_e8m0_with_rounding_up``),
+                   ``FORMULA`` (NaN → 0xFF, Inf → whatever the rule's formula gives for Inf's bit
+                   pattern, clamped to 0xFE: torchao 0.18 gives 247 (E4M3 FLOOR), 254 (RCEIL)).
 ``BlockFormat``    frozen, hashable: ``elem``, ``scale`` (``None`` = no block scale), ``block_size``,
                    ``rule``, ``policy`` (element :class:`~fp4sim.formats.spec.Policy`), ``global_scale``,
                    ``arithmetic``, ``min_scale`` (lower clamp of the block scale value before it is
@@ -178,8 +180,11 @@ class Arithmetic(enum.Enum):
     * ``TRANSFORMER_ENGINE``: MX descale ``amax·fl(1/M)``. NVFP4 ``S_enc = (M·S)/amax_t``
       (0 → 1, Inf → float32 max), ``g = 1/S_enc``; block ``s = E4M3(amax_b · (S_enc · fl(1/M)))``;
       elements ``x · fl(1/(s·g))`` (0 when ``s = 0``).
-    * ``TORCHAO``: MX as TE. NVFP4 ``g = amax_t/(M·S)``; ``s = E4M3(clamp((amax_b/M)/g, min_scale, S))``;
-      elements ``x · ((1/g)/s)``. Without a global factor ``g = 1``.
+    * ``TORCHAO``: MX as TE, except that blocks with scale code 0 (2^-127) scale their elements by
+      2^0 under RCEIL and by 2^126 under the other rules (torchao's reciprocal / ``F32_MIN_NORMAL``
+      clamp). NVFP4 ``g = amax_t/(M·S)``; ``s = E4M3(clamp((amax_b/M)/g, min_scale, S))``;
+      elements ``x · ((1/g)/s)``; dequantized as ``code · fl(g·s)``. Without a global factor
+      ``g = 1``.
     * ``JAX``: MX descale ``amax/M`` (a true division). NVFP4 ``x' = x/g``;
       ``s = E4M3(clip(amax(x')/M, 0, S))``; elements ``x'/s`` (0/0 gives NaN, as in JAX).
     """
@@ -195,6 +200,7 @@ class NonFinite(enum.Enum):
     SATFINITE = "satfinite"  # NaN -> 0xFF, Inf -> 0xFE
     NAN = "nan"  # NaN and Inf -> 0xFF
     JAX = "jax"  # NaN -> 0x00 (uint8 wrap), Inf -> 0xFF
+    FORMULA = "formula"  # NaN -> 0xFF; Inf -> the rule's formula applied to Inf's bits (torchao 0.18)
 
 
 # --- BlockFormat ----------------------------------------------------------------------------
@@ -342,14 +348,35 @@ def _f32_bits(xp: Any, x: Any) -> Any:
 
 
 def ldexp_f32(x: Any, k: Any) -> Any:
-    """``x · 2^k`` for float32 ``x`` and int ``k``, correctly rounded, FTZ-proof (integer ops)."""
+    """``x · 2^k`` for float32 ``x`` and int ``k``, correctly rounded, FTZ-proof (integer ops).
+
+    When every lane is normal before and after (or zero/Inf/NaN), the result is the exponent
+    field plus ``k``; only otherwise is the general integer rounding path evaluated (a
+    ``lax.cond`` under jax), which gives the same bits on those lanes.
+    """
     xp = namespace(x, k)
     bits = _f32_bits(xp, x)
-    sign, sig, exp = _split(xp, bits)
     k = xp.clip(xp.asarray(k, dtype=np.int32), -400, 400)
-    out = _compose(xp, sign, sig, exp + k)
-    special = (bits & _U(0x7F800000)) == _U(0x7F800000)
-    return _stage(bitcast(xp.where(special, bits, out), np.float32))
+    field = ((bits >> _U(23)) & _U(0xFF)).astype(np.int32)
+    new = field + k
+    mag = bits & _U(0x7FFFFFFF)
+    keep = (mag == 0) | (field == 255)
+    easy = keep | ((field >= 1) & (new >= 1) & (new <= 254))
+    fast = xp.where(keep, bits, (bits.astype(np.int32) + (k << 23)).astype(np.uint32))
+
+    def slow():
+        sign, sig, exp = _split(xp, bits)
+        out = _compose(xp, sign, sig, exp + k)
+        return xp.where(keep, bits, out)
+
+    if xp is np:
+        out = fast if bool(np.all(easy)) else slow()
+    else:
+        from jax import lax
+
+        out = lax.cond(xp.all(easy), lambda: xp.broadcast_to(fast, easy.shape),
+                       lambda: xp.broadcast_to(slow(), easy.shape))
+    return _stage(bitcast(out, np.float32))
 
 
 def _normalize(xp: Any, bits: Any) -> tuple[Any, Any]:
@@ -369,10 +396,11 @@ def _arith_f32(xp: Any, a: Any, b: Any, divide: bool) -> Any:
     ab, bb = bitcast(a, np.uint32), bitcast(b, np.uint32)
     ma, ea = _normalize(xp, ab)
     mb, eb = _normalize(xp, bb)
-    if divide:
-        p, e = ma / mb, ea - eb
-    else:
-        p, e = ma * mb, ea + eb
+    with np.errstate(all="ignore"):  # lanes holding zeros/Inf/NaN are replaced below
+        if divide:  # the barrier keeps XLA from rewriting a/b into a*(1/b) for broadcast b
+            p, e = ma / _stage(mb), ea - eb
+        else:
+            p, e = ma * mb, ea + eb
     pb = bitcast(p, np.uint32)  # p is a normal float32 in [0.5, 4)
     sign = (ab ^ bb) >> _U(31)
     res = bitcast(_compose(xp, sign, ((pb & _U(0x7FFFFF)) | _U(0x800000)),
@@ -387,7 +415,8 @@ def _arith_f32(xp: Any, a: Any, b: Any, divide: bool) -> Any:
 
     pa, plain_a = proxy(a, ab)
     pb_, plain_b = proxy(b, bb)
-    special = pa / pb_ if divide else pa * pb_
+    with np.errstate(all="ignore"):  # 0/0, Inf*0 are the IEEE special cases we want
+        special = pa / pb_ if divide else pa * pb_
     return _stage(xp.where(plain_a & plain_b, res, special))
 
 
@@ -644,8 +673,10 @@ def _pow2_scale_code(xp: Any, amax_bits: Any, fmt: BlockFormat, rule: ScaleRule)
         nan_c, inf_c = 255, 254
     elif fmt.nonfinite is NonFinite.NAN:
         nan_c, inf_c = 255, 255
-    else:
+    elif fmt.nonfinite is NonFinite.JAX:
         nan_c, inf_c = 0, 255
+    else:
+        return xp.where(is_nan, np.int32(255), code)
     code = xp.where(is_inf, np.int32(inf_c), code)
     return xp.where(is_nan, np.int32(nan_c), code)
 
@@ -662,7 +693,8 @@ def global_decode_scale(amax: Any, fmt: BlockFormat = NVFP4) -> Any:
 
 
 def global_encode_scale(amax: Any, fmt: BlockFormat = NVFP4) -> Any:
-    """TE's encode factor ``(M·S)/amax`` as float32, 1 for amax 0, capped at float32 max."""
+    """TE's encode factor ``(M·S)/amax`` as float32, capped at float32 max (amax 0), 1 where it
+    would be 0 (amax Inf)."""
     return _encode_factor(amax, fmt)
 
 
@@ -782,6 +814,10 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
         e = code - 127
         if fmt.arithmetic is Arithmetic.JAX:  # code 0xFF decodes to +Inf: x/Inf
             y = xp.where(code == 255, div_f32(xb, np.float32(np.inf)), ldexp_f32(xb, -e))
+        elif fmt.arithmetic is Arithmetic.TORCHAO:  # torchao's handling of the 2^-127 code
+            e = xp.where(code == 0, np.int32(0), e) if fmt.rule is ScaleRule.RCEIL \
+                else xp.maximum(e, np.int32(-126))
+            y = ldexp_f32(xb, -xp.where(code == 255, np.int32(0), e))
         else:
             y = ldexp_f32(xb, -xp.where(code == 255, np.int32(0), e))
         scales = code.astype(np.uint8)
@@ -893,6 +929,11 @@ def dequantize(q: QuantizedArray) -> Any:
         out = xp.where(code == 255, np.float32(np.nan), out)
     else:
         s = xp.reshape(q.scale_values(), sshape)
+        if q.global_scale is not None and fmt.arithmetic is Arithmetic.TORCHAO:
+            # torchao: code · fl(g · s)
+            gs = mul_f32(_to_blocked(xp, q.global_scale, shape, blocked), s)
+            out = _mul_exact_small(xp, vb, xp.broadcast_to(gs, vb.shape))
+            return xp.reshape(out, shape)
         out = vb * s  # exact: <= 2 x 4 significant bits, result within the float32 normal range
     if q.global_scale is not None:
         g = _to_blocked(xp, q.global_scale, shape, blocked)

@@ -3,6 +3,13 @@
 Importing this package does not initialise a GPU backend; kernels are built on first call.
 """
 
+from fp4sim.kernels.attention_directp_mgpu import (
+    DirectPConfig,
+    DirectPDebug,
+    DirectPOperands,
+    attention_directp,
+    attention_directp_prepared,
+)
 from fp4sim.kernels.attention_mgpu import (
     Ablation,
     DebugTile,
@@ -13,6 +20,20 @@ from fp4sim.kernels.attention_mgpu import (
     attention_fp8,
     attention_fp8_quantized,
     quantize_operands,
+)
+from fp4sim.kernels.decoders import (
+    e2m1_to_f16,
+    e4m3_to_f16,
+    e5m2_to_f16,
+    e8m0_exponent,
+    e8m0_to_f32,
+    ue4m3_to_f32,
+    unpack_e2m1,
+)
+from fp4sim.kernels.quantize_mgpu import (
+    QuantKernelConfig,
+    gpu_quantize,
+    swizzled_scales,
 )
 from fp4sim.kernels.harness import (
     Arch,
@@ -29,6 +50,11 @@ from fp4sim.kernels.harness import (
 __all__: list[str] = [
     "Ablation",
     "DebugTile",
+    "DirectPConfig",
+    "DirectPDebug",
+    "DirectPOperands",
+    "attention_directp",
+    "attention_directp_prepared",
     "FP8AttentionConfig",
     "FP8Operands",
     "OutType",
@@ -45,4 +71,14 @@ __all__: list[str] = [
     "interpret_params",
     "interpreting",
     "smem_transforms",
+    "e2m1_to_f16",
+    "e4m3_to_f16",
+    "e5m2_to_f16",
+    "e8m0_exponent",
+    "e8m0_to_f32",
+    "ue4m3_to_f32",
+    "unpack_e2m1",
+    "QuantKernelConfig",
+    "gpu_quantize",
+    "swizzled_scales",
 ]

@@ -45,9 +45,10 @@ class StepResult(NamedTuple):
     """What the per-tile step returns."""
 
     p: Any  # (block_q, block_kv) P operand, already in the P dtype
-    l_tile: Any  # (block_q,) float32 normalizer contribution (units of the new state) or None
+    l_tile: Any  # (block_q,) float32 normalizer contribution of the tile or None (then 1)
     m: Any  # (block_q,) new running max
     beta: Any  # (block_q,) factor applied to the accumulator and normalizer before adding
+    pv_scale: Any  # (block_q,) factor applied to this tile's P·V product, or None (then 1)
     state: tuple  # new extra per-row state vectors
     debug: tuple  # per-row vectors dumped with P at the debug step (the normalizer follows)
 
@@ -190,6 +191,8 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
                 res = math.step(StepContext(s_tile, cols, col_ref, visible, rows, kv_step,
                                             key_iota), m_i, state)
                 acc = acc * lax.broadcast_in_dim(res.beta, (bq, d), [0])
+                pv_scale = (None if res.pv_scale is None
+                            else lax.broadcast_in_dim(res.pv_scale, (bq, d), [0]))
                 l_i = l_i * res.beta + (1.0 if res.l_tile is None else res.l_tile)
                 if not skip_pv:
                     p_smem[...] = res.p
@@ -224,7 +227,8 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
 
                     return acc_ref[...]
 
-                acc = acc + pl.run_scoped(pv, plgpu.ACC((bq, d), f32))
+                pv_tile = pl.run_scoped(pv, plgpu.ACC((bq, d), f32))
+                acc = acc + (pv_tile if pv_scale is None else pv_tile * pv_scale)
                 plgpu.barrier_arrive(v_cons.at[slot])
                 return acc, res.m, l_i, res.state
 
@@ -307,7 +311,7 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
             plgpu.SMEM((2, bq, d), in_dtype, transforms=smem_transforms(in_dtype, d)),
             plgpu.SMEM((slots, bkv, d), in_dtype, transforms=smem_transforms(in_dtype, d)),
             plgpu.SMEM((slots, d, bkv), in_dtype, transforms=smem_transforms(in_dtype, bkv)),
-            plgpu.SMEM((slots, max(n_columns, 1), bkv), f32) if n_columns else None,
+            plgpu.SMEM((slots, n_columns, bkv), f32) if n_columns else None,
             plgpu.SMEM((2, bq, bkv), p_dtype, transforms=smem_transforms(p_dtype, bkv)),
             None if o_in_q else plgpu.SMEM((2, bq, d), out_dtype,
                                            transforms=smem_transforms(out_dtype, d)),

@@ -303,7 +303,7 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Direc
         p16 = p32.astype(jnp.float16)
         l_tile = p16.astype(jnp.float32).sum(axis=1)  # Σ α_B·q_j as the tensor core sees it
         beta = jnp.exp2(m_i - m_new)
-        return StepResult(p=p16, l_tile=l_tile, m=m_new, beta=beta, state=(),
+        return StepResult(p=p16, l_tile=l_tile, m=m_new, beta=beta, pv_scale=None, state=(),
                           debug=(*ks, m_new))
 
     def finish(acc, l_i, m_i, state, rows):

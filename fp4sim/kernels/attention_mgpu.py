@@ -7,13 +7,10 @@ in the kernel, float32 accumulation, consistent (or mismatched) normalization, c
 head_dim 64/128, GQA. It also owns the kernel's numerical specification and an exp-free, bit-exact
 P converter that the tests check bitwise against an independent float64 oracle.
 
-Structure (learnt from jax's ``experimental/pallas/ops/gpu/attention_mgpu.py``, rewritten): a CTA
-owns ``2·block_q`` query rows of one head. Warpgroups 0 and 1 compute (``block_q`` rows each);
-warpgroup 2 only issues TMA copies of the K, Vᵀ and key-column tiles into a
-``max_concurrent_steps``-deep ring, guarded by "loaded" and "consumed" barriers. A schedule
-barrier makes the two compute warpgroups alternate, so one's softmax overlaps the other's
-tensor-core work. Causal CTAs run an unmasked loop, a masked loop and an epilogue that only
-keeps the barrier protocol in step.
+The warp-specialised pipeline (two compute warpgroups ping-ponged by a schedule barrier, one
+TMA warpgroup feeding a ring of K, Vᵀ and key-column tiles, causal loops) is shared with the
+Direct-P kernel and lives in :mod:`fp4sim.kernels.attention_common`; this module plugs in the
+FP8 numerics.
 
 Hopper-specific choices, each forced by a hardware rule (``reference/pallas_mgpu.md``):
 
@@ -30,27 +27,32 @@ Hopper-specific choices, each forced by a hardware rule (``reference/pallas_mgpu
   live; Hopper has no block-scaled MMA, so one ``wgmma`` over a key tile needs the product of the
   two scales to be constant along the tile. The kernel therefore *folds V's exponent into P's
   block scale*: for query row r and key tile T it picks one exponent
-  ``F = max_{j∈T}(⌈t_j⌉ + e_V(j)) − 8`` and quantizes ``P_c(j) = E4M3(2^(t_j) · 2^(e_V(j) − F))``
-  (≤ 256, so never saturating). P's scale for the 32-key block B is ``2^(F − e_V(B))`` — a
-  per-block power-of-two scale — and ``Σ_j p̃_j v_j = 2^F · Σ_j P_c(j)·V_c(j)``: one FP8 ``wgmma``.
+  ``F = A + ⌈t_max⌉ − 8`` (``A`` the largest V exponent among the row's visible keys of the
+  tile, ``t_max`` the row's largest log2-domain score in the tile) and quantizes
+  ``P_c(j) = E4M3(2^(t_j) · 2^(e_V(j) − F))`` (≤ 256: never saturating). P's scale for the
+  32-key block B is ``2^(F − e_V(B))`` — a per-block power-of-two scale — and
+  ``Σ_j p̃_j v_j = 2^F · Σ_j P_c(j)·V_c(j)``: one FP8 ``wgmma`` per tile.
 
-The kernel's numerics, step by step (``c = fl32(softmax_scale·log2 e)``; every product of a
-float32 by a power of two is exact, so no step depends on fused multiply-add contraction):
+The kernel's numerics, step by step (``c = fl32(softmax_scale·log2 e)``, ``c_r = c·2^e_Q(r)``
+exact; every product of a float32 by a power of two is exact, so no step depends on fused
+multiply-add contraction):
 
-1. ``z = fl(fl(S·2^e_K(j))·2^e_Q(r))`` with ``S = Q_c·K_cᵀ`` from the FP8 tensor core (float32
-   accumulation, not correctly rounded on Hopper: §1.5); masked keys ``z = −inf``.
-2. ``m ← max(m, max_j z_j)`` (raw-score running max); ``t_j = fl(fl(z_j − m)·c) ≤ 0``.
-3. ``F`` as above (``⌈·⌉`` of float32 values, exact integer arithmetic); ``G_j = e_V(j) − F``.
-4. P codes: :attr:`PConversion.EXACT` gives exactly ``RNE_E4M3(CR32(2^t_j)·2^G_j)`` (the
-   correctly rounded float32 exp2, then round-to-nearest-even into E4M3, as the emulator's exact
-   converter defines it) with comparisons against precomputed float32 thresholds, no exp2;
+1. ``z = fl(S·2^e_K(j))`` with ``S = Q_c·K_cᵀ`` from the FP8 tensor core (float32 accumulation,
+   not correctly rounded on Hopper: ``reference/pallas_mgpu.md`` §1.5); masked keys ``−inf``.
+2. ``m ← max(m, max_j z_j)`` (running max of z); ``t_j = fl(fl(z_j − m)·c_r) ≤ 0``.
+3. ``F = A + ⌈t_max⌉ − 8`` with ``t_max = fl(fl(max_j z_j − m)·c_r)`` (exact integer arithmetic
+   on float32); ``G_j = e_V(j) − F``.
+4. P codes: :attr:`PConversion.EXACT` gives exactly ``RNE_E4M3(CR32(2^frac(t_j))·2^(⌊t_j⌋ +
+   G_j))`` (the correctly rounded float32 exp2, then round-to-nearest-even into E4M3, as the
+   emulator's exact converter defines it, without an intermediate float32 underflow of 2^t)
+   with comparisons against precomputed float32 thresholds, no exp2;
    :attr:`PConversion.HARDWARE_EXP2` uses ``ex2.approx`` then ``cvt.rn.satfinite`` (fast; checked
    by code-match rate, not bitwise).
-5. Normalizer in units of ``2^F``: consistent ``l_T = Σ_j P_c(j)·2^(−e_V(j))`` (the represented
-   weights), or mismatched ``Σ_j 2^(t_j + G_j)·2^(−e_V(j))`` (unquantized).
-6. Rescale ``β = 2^((m_old − m_new)·c + F_old − F_new)``; ``acc ← acc·β + 2^0·P_c·V_c`` (PV from
-   the tensor core), ``l ← l·β + l_T``.
-7. ``O = acc / l`` (0 where ``l = 0``); ``LSE₂ = c·m + F + log2 l`` (base 2).
+5. Normalizer of the tile, in its units ``2^F``: consistent ``l_T = Σ_j P_c(j)·2^(−e_V(j))``
+   (the represented weights), or mismatched ``Σ_j 2^(t_j + G_j)·2^(−e_V(j))`` (unquantized).
+6. ``β = 2^((m_old − m_new)·c_r)``; ``acc ← acc·β + 2^F·(P_c·V_c)`` (PV from the tensor core),
+   ``l ← l·β + 2^F·l_T``: both stay relative to ``2^(c_r·m)``, whatever a tile's F.
+7. ``O = acc / l`` (0 where ``l = 0``); ``LSE₂ = c_r·m + log2 l`` (base 2).
 
 Assumptions: every query row sees at least one key in its first key tile (true for non-causal
 attention and for top-left-aligned causal attention with ``T == S``); scale exponents above
@@ -373,8 +375,9 @@ def _floor_f32(x: Any) -> Any:
 
 
 def exact_e4m3_exp2(t: Any, g: Any) -> Any:
-    """E4M3 values ``RNE_E4M3(CR32(2^t)·2^g)`` for float32 ``t <= 0`` (or −inf) and integer-
-    valued float32 ``g`` with ``⌈t⌉ + g <= 8``, without evaluating exp2.
+    """E4M3 values ``RNE_E4M3(CR32(2^frac(t))·2^(⌊t⌋ + g))`` (= ``RNE_E4M3(CR32(2^t)·2^g)``
+    wherever 2^t is a normal float32) for float32 ``t <= 0`` (or −inf) and integer-valued
+    float32 ``g`` with ``⌈t⌉ + g <= 8``, without evaluating exp2.
 
     Written with operations Mosaic GPU lowers on sm_90 (round-to-even, compares, selects, integer
     shifts and bitcasts), so the same function runs inside the kernel, in interpret mode and under
@@ -404,8 +407,9 @@ class DebugTile(NamedTuple):
     """Intermediates of key tile ``debug_step`` for every query row that reaches it.
 
     ``p_codes`` (B, Hq, T, block_kv) float8_e4m3fn: the P codes fed to the PV product;
-    ``f`` the row's P exponent ``F``, ``m`` the running raw-score max after the tile,
-    ``l`` the normalizer after the tile (units 2^F): each (B, Hq, T) float32.
+    ``f`` the row's P exponent ``F`` (−inf where every key of the tile is masked), ``m`` the
+    running max of z after the tile, ``l`` the normalizer after the tile (relative to
+    ``2^(c_r·m)``): each (B, Hq, T) float32.
     Rows of causal CTAs that end before the tile are left unwritten.
     """
 
@@ -511,7 +515,6 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
     bc_col = lambda x: lax.broadcast_in_dim(x, (bq, bkv), [1])  # noqa: E731
 
     def step(ctx, m_i, state):
-        (f_i,) = state
         cq = ctx.rows * c  # c·2^e_Q per row: exact scaling of c
         if ab is Ablation.SKIP_KEY_COLUMNS:
             z, h, evinv, e_t = ctx.s, None, None, 0.0
@@ -528,9 +531,8 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
         m_new = jnp.maximum(m_i, z_max)
         ceil_tmax = _ceil_f32((z_max - m_new) * cq)
         g_row = ceil_tmax + a_off  # G_j = h_j − g_row
-        f_tile = g_row + (e_t - _P_HEADROOM)
+        f_tile = g_row + (e_t - _P_HEADROOM)  # F: the tile's P·V unit is 2^F
         seen = f_tile != -jnp.inf  # False only for rows with every key of the tile masked
-        f_new = jnp.where(seen, f_tile, f_i)
         g_row = jnp.where(seen, g_row, 0.0)
         hcol = float(_P_HEADROOM) if h is None else bc_col(h)
         p_u = None
@@ -541,6 +543,7 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
             r = m_new * cq + g_row
             p_u = jnp.exp2(z * bc_row(cq, bkv) + (hcol - bc_row(r, bkv)))
             p8 = p_u.astype(f8)
+        unit = jnp.exp2(f_tile)  # 2^F (0 for fully masked rows)
         l_tile = None
         if ab is not Ablation.SKIP_NORMALIZER:
             if consistent:
@@ -550,23 +553,22 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
             else:
                 w = jnp.exp2((z - bc_row(m_new, bkv)) * bc_row(cq, bkv)
                              + (hcol - bc_row(g_row, bkv)))
-            l_tile = (w if evinv is None else w * bc_col(evinv)).sum(axis=1)
-        beta = jnp.exp2((m_i - m_new) * cq + (f_i - f_new))
-        return StepResult(p=p8, l_tile=l_tile, m=m_new, beta=beta, state=(f_new,),
-                          debug=(f_new, m_new))
+            l_tile = (w if evinv is None else w * bc_col(evinv)).sum(axis=1) * unit
+        beta = jnp.exp2((m_i - m_new) * cq)
+        return StepResult(p=p8, l_tile=l_tile, m=m_new, beta=beta, pv_scale=unit, state=(),
+                          debug=(f_tile, m_new))
 
     def finish(acc, l_i, m_i, state, rows):
-        (f_i,) = state
         l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
         out = acc / lax.broadcast_in_dim(l_safe, (bq, d), [0])
-        lse = jnp.where(l_i == 0.0, -jnp.inf, m_i * (rows * c) + f_i + jnp.log2(l_safe))
+        lse = jnp.where(l_i == 0.0, -jnp.inf, m_i * (rows * c) + jnp.log2(l_safe))
         return out, lse
 
     run = build_forward(
         q_shape=q_shape, k_shape=k_shape, in_dtype=f8, p_dtype=f8, out_dtype=cfg.out_type.dtype,
         block_q=bq, block_kv=bkv, max_concurrent_steps=cfg.max_concurrent_steps,
         causal=cfg.causal, n_columns=4, row_input=True,
-        math=TileMath(step=step, finish=finish, state_init=(0.0,), n_debug=2),
+        math=TileMath(step=step, finish=finish, n_debug=2),
         debug_step=cfg.debug_step, skip_pv=ab is Ablation.SKIP_PV)
 
     def call(q_codes, k_codes, vt_codes, q_scale, kv_cols):
@@ -640,10 +642,14 @@ def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8Atte
                     evj = ev[bi, kh, cols].astype(np.float32)
                     a_r = np.where(visible, evj[None, :], -np.inf).max(axis=1)
                     f_tile = (a_r + np.ceil(t_max) - _P_HEADROOM).astype(np.float32)
-                    f_new = np.where(f_tile == -np.inf, f, f_tile).astype(np.float32)
-                    g = evj[None, :] - f_new[:, None]
-                    p32 = np.exp2(t.astype(np.float64)).astype(np.float32)  # CR32 exp2
-                    scaled = p32.astype(np.float64) * np.exp2(g.astype(np.float64))
+                    seen = f_tile != -np.inf
+                    g = np.where(seen[:, None], evj[None, :] - f_tile[:, None], 0.0)
+                    with np.errstate(invalid="ignore"):
+                        n0 = np.floor(t.astype(np.float64))
+                        frac = np.where(np.isfinite(n0), t - n0, 0.0)
+                    p32 = np.exp2(frac).astype(np.float32)  # CR32 exp2 of the fraction
+                    scaled = np.where(np.isfinite(n0), p32.astype(np.float64) *
+                                      np.exp2(np.where(np.isfinite(n0), n0, 0.0) + g), 0.0)
                     codes = scaled.astype(np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
                     w_rep = codes.astype(np.float64) * np.exp2(-evj.astype(np.float64))[None, :]
                     if cfg.normalization is Normalization.CONSISTENT:
@@ -651,19 +657,20 @@ def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8Atte
                     else:
                         l_tile = (np.exp2(t.astype(np.float64) + g) *
                                   np.exp2(-evj.astype(np.float64))[None, :]).sum(axis=1)
-                    beta = np.exp2((m.astype(np.float64) - m_new) * cq + (f.astype(np.float64) - f_new))
-                    acc = acc * beta[:, None] + codes.astype(np.float64) @ (
-                        vtc[bi, kh][:, cols].T.astype(np.float64))
-                    l = l * beta + l_tile
-                    m, f = m_new, f_new
+                    unit = np.exp2(f_tile.astype(np.float64))  # the tile's units 2^F
+                    beta = np.exp2((m.astype(np.float64) - m_new) * cq)
+                    acc = acc * beta[:, None] + (codes.astype(np.float64) @ (
+                        vtc[bi, kh][:, cols].T.astype(np.float64))) * unit[:, None]
+                    l = l * beta + l_tile * unit
+                    m, f = m_new, f_tile
                     out["p_codes"][j, bi, h, rows] = codes
                     out["f"][j, bi, h, rows] = f
                     out["m"][j, bi, h, rows] = m
                     out["l"][j, bi, h, rows] = l
-                # acc and l share the units 2^F (V's exponent is folded into P): O = acc / l.
+                # acc and l are both relative to 2^(c·m) (each tile added in its units 2^F).
                 safe = np.where(l == 0, 1.0, l)
                 out["o"][bi, rows, h, :] = acc / safe[:, None]
                 with np.errstate(divide="ignore"):
                     out["lse"][bi, h, rows] = np.where(l == 0, -np.inf,
-                                                       m.astype(np.float64) * cq + f + np.log2(safe))
+                                                       m.astype(np.float64) * cq + np.log2(safe))
     return out

@@ -60,10 +60,10 @@ Public names
 ============
 ``QuantKernelConfig``  frozen, hashable: ``fmt``, ``geometry``, ``in_dtype``, ``block_rows``
                        (scale blocks per CTA, BLOCK), ``token_blocks`` (token blocks per CTA).
-``quantize_mgpu(x, fmt, *, axis=-1, geometry=Geometry.BLOCK, global_scale=None,
+``gpu_quantize(x, fmt, *, axis=-1, geometry=Geometry.BLOCK, global_scale=None,
                 global_encode_scale=None, pack=None, block_rows=256, token_blocks=2)
                 -> QuantizedArray``  (``pack`` defaults to True for FP4, False otherwise)
-``check_supported(fmt, geometry, dtype)``  the validation ``quantize_mgpu`` does first.
+``check_supported(fmt, geometry, dtype)``  the validation ``gpu_quantize`` does first.
 ``build_kernel(config, num_rows)``  the ``plgpu.kernel`` callable on words, for cross-lowering.
 ``shipped_configs()``  every configuration the benchmarks run (cross-lowered in CI).
 ``swizzled_scales(q, layout=ScaleLayout.SWIZZLED_128X4)``  the scales in an MMA layout, by the
@@ -74,10 +74,12 @@ Public names
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import math
 from typing import Any
 
+import jax
 import ml_dtypes
 import numpy as np
 
@@ -100,7 +102,9 @@ from fp4sim.kernels.harness import interpreting
 
 __all__ = [
     "QuantKernelConfig",
-    "quantize_mgpu",
+    "ElementPath",
+    "Variant",
+    "gpu_quantize",
     "check_supported",
     "build_kernel",
     "shipped_configs",
@@ -122,6 +126,31 @@ _E2M1_POINTS = ((0x3E800000, True), (0x3F400000, False), (0x3FA00000, True),
 
 
 # --- configuration ----------------------------------------------------------------------------
+class ElementPath(enum.Enum):
+    """How element codes are computed inside the kernel (scale codes are always FTZ-proof).
+
+    ``INTEGER``: the input is scaled by exponent arithmetic on its bits and FP4 codes are decided
+    against per-block thresholds; no float operation sees a subnormal, so XLA:CPU's FTZ/DAZ in
+    GPU interpret mode cannot change a code. ``FLOAT``: one IEEE float32 multiply by the
+    (power-of-two or NVFP4) factor, then ``cvt.rn.satfinite`` (FP8) or a round-to-nearest-even
+    bit trick (FP4); exact on the GPU, whose float ops do not flush subnormals, but not on
+    XLA:CPU. The default (``None`` in :class:`QuantKernelConfig`) is ``FLOAT`` on hardware and
+    ``INTEGER`` in interpret mode; both are checked bitwise against the emulator.
+    """
+
+    INTEGER = "integer"
+    FLOAT = "float"
+
+
+class Variant(enum.Enum):
+    """``FULL`` quantizes; ``MOVE_ONLY`` (a diagnostic, never a result) keeps the loads, the block
+    max reduction and the stores but writes the low bits of the input instead of codes: the
+    kernel's data-movement floor, to say where time goes."""
+
+    FULL = "full"
+    MOVE_ONLY = "move_only"
+
+
 def _fmt_key(fmt: BlockFormat) -> str:
     for base in (MXFP8_E4M3, MXFP8_E5M2, MXFP4, NVFP4, NVFP4_SINGLE):
         if fmt.elem is base.elem and fmt.scale is base.scale and fmt.block_size == base.block_size:
@@ -187,11 +216,26 @@ class QuantKernelConfig:
     block_rows: int = 256  # scale blocks (rows of the block view) per CTA, BLOCK geometry
     token_blocks: int = 2  # (32 x D) token blocks per CTA, TOKEN_BLOCK geometry
     head_dim: int = 128  # D, TOKEN_BLOCK geometry only
+    element_path: ElementPath | None = None  # None: FLOAT on hardware, INTEGER interpreted
+    variant: Variant = Variant.FULL
+    tiles_per_cta: int = 1  # BLOCK: tiles a CTA loops over (> 1: double-buffered TMA ring)
+    tma_row_bytes: int = 512  # BLOCK: TMA stores move rows of at least this many bytes (output
+    #                           block rows are regrouped; 16 = minimal). Hardware only.
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "in_dtype", np.dtype(self.in_dtype))
         check_supported(self.fmt, self.geometry, self.in_dtype)
-        for name in ("block_rows", "token_blocks", "head_dim"):
+        if self.element_path is not None and not isinstance(self.element_path, ElementPath):
+            raise TypeError(f"QuantKernelConfig.element_path={self.element_path!r} must be an "
+                            f"ElementPath or None")
+        if not isinstance(self.variant, Variant):
+            raise TypeError(f"QuantKernelConfig.variant={self.variant!r} must be a Variant")
+        if self.variant is Variant.MOVE_ONLY and self.geometry is not Geometry.BLOCK:
+            raise ValueError("Variant.MOVE_ONLY exists for BLOCK geometry only")
+        if self.tma_row_bytes not in (16, 64, 128, 256, 512):
+            raise ValueError(f"QuantKernelConfig.tma_row_bytes={self.tma_row_bytes!r}; allowed: "
+                             f"16, 64, 128, 256, 512")
+        for name in ("block_rows", "token_blocks", "head_dim", "tiles_per_cta"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"QuantKernelConfig.{name}={v!r} must be a positive int")
@@ -413,8 +457,34 @@ def _nv_codes(b: Any, enc_m: Any, enc_e: Any, nan_block: Any) -> Any:
     return jnp.where(nan_block, _U(0), code)
 
 
-def _nv_block(amax: Any, params: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
-    """Per block: (UE4M3 scale code, enc significand, enc exponent, NaN-block mask), the
+def _fp8_codes_float(b: Any, s: Any, fmt: BlockFormat) -> Any:
+    """FLOAT path: FP8 codes of fl(x·s) by the hardware's saturating RNE conversion; NaN inputs
+    get the emulator's NaN code with the input's sign (the hardware's NaN is canonical)."""
+    import jax.numpy as jnp
+
+    y = _f32(b) * s
+    dt = jnp.float8_e4m3fn if fmt.elem is E4M3 else jnp.float8_e5m2
+    code = _bits_u8(y.astype(dt)).astype(jnp.uint32)
+    nan_code = 0x7F if fmt.elem is E4M3 else 0x7E
+    return jnp.where(y != y, _U(nan_code) | ((b >> _U(24)) & _U(0x80)), code)
+
+
+def _e2m1_codes_float(b: Any, s: Any) -> Any:
+    """FLOAT path: E2M1 codes of fl(x·s), s > 0 (or NaN). Magnitudes >= 1 round to nearest even
+    on the bits (keep exponent + 1 mantissa bit, carry into the exponent), smaller ones by the
+    two decision points 0.25 (tie down) and 0.75 (tie up); saturate at 6; NaN -> +0."""
+    import jax.numpy as jnp
+
+    a = _bits(_f32(b) * s) & _U(0x7FFFFFFF)
+    r = (a + _U(0x1FFFFF) + ((a >> _U(22)) & _U(1))) >> _U(22)
+    big = jnp.minimum(r, _U(259)) - _U(252)
+    small = (a > _U(0x3E800000)).astype(jnp.uint32) + (a >= _U(0x3F400000)).astype(jnp.uint32)
+    mag = jnp.where(a >= _U(0x3F800000), big, small)
+    return jnp.where(a > _U(_F32_INF), _U(0), mag | ((b >> _U(28)) & _U(8)))
+
+
+def _nv_block(amax: Any, params: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
+    """Per block: (UE4M3 scale code, enc significand, enc exponent, NaN-block mask, enc), the
     emulator's TransformerEngine order: s = E4M3(clip(amax·k, 0, 448)),
     enc = min(fl(1/fl(s·g)), max_f32)."""
     import jax.numpy as jnp
@@ -433,7 +503,9 @@ def _nv_block(amax: Any, params: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     denom = s * params["g"]  # normal (or 0) for g >= 2^-117: IEEE on every backend
     enc = jnp.minimum(np.float32(1.0) / denom, np.float32(np.finfo(np.float32).max))
     enc_m, enc_e = _normalize(_bits(enc))
-    return s_code, enc_m, enc_e, nan
+    # NaN blocks: enc must be NaN for the FLOAT path (the GPU's min may drop a NaN operand)
+    enc = jnp.where(nan, np.float32(np.nan), enc)
+    return s_code, enc_m, enc_e, nan, enc
 
 
 # --- kernel bodies ------------------------------------------------------------------------------
@@ -461,18 +533,32 @@ def _widen_amax(w: Any, cfg: QuantKernelConfig) -> tuple[tuple[Any, ...], Any]:
     return xs, amax
 
 
+def _path(cfg: QuantKernelConfig) -> ElementPath:
+    if cfg.element_path is not None:
+        return cfg.element_path
+    return ElementPath.INTEGER if interpreting() else ElementPath.FLOAT
+
+
 def _codes_from(xs: tuple[Any, ...], cfg: QuantKernelConfig, per_block: dict[str, Any],
                 bc: Any) -> Any:
     import jax.numpy as jnp
 
     fmt = cfg.fmt
+    flt = _path(cfg) is ElementPath.FLOAT
     if cfg.kind == "mx8":
-        k = bc(per_block["k"])
-        codes = [_fp8_codes(x, k, fmt) for x in xs]
+        if flt:
+            s = bc(per_block["s"])
+            codes = [_fp8_codes_float(x, s, fmt) for x in xs]
+        else:
+            k = bc(per_block["k"])
+            codes = [_fp8_codes(x, k, fmt) for x in xs]
         if len(codes) == 2:
             return (codes[0] | (codes[1] << _U(8))).astype(jnp.uint16)
         return codes[0].astype(jnp.uint8)
-    if cfg.kind == "mx4":
+    if flt:
+        s = bc(per_block["s"])
+        codes = [_e2m1_codes_float(x, s) for x in xs]
+    elif cfg.kind == "mx4":
         points = [bc(t) for t in per_block["points"]]
         codes = [_mx4_codes(x, points) for x in xs]
     else:
@@ -483,15 +569,28 @@ def _codes_from(xs: tuple[Any, ...], cfg: QuantKernelConfig, per_block: dict[str
     return codes[0].astype(jnp.uint8)
 
 
+def _pow2_factor(k: Any) -> Any:
+    """float32 2^-k for k in [-127, 127] (2^-127 built as the subnormal bit pattern)."""
+    import jax.numpy as jnp
+
+    return _f32(jnp.where(k <= 126, ((_I(127) - k) << _I(23)).astype(jnp.uint32),
+                          _U(0x00400000)))
+
+
 def _per_block(amax: Any, cfg: QuantKernelConfig, params: dict[str, Any]) -> tuple[Any, dict]:
     """(uint32 scale codes, per-block values the element code needs)."""
     import jax.numpy as jnp
 
+    flt = _path(cfg) is ElementPath.FLOAT
     if cfg.kind == "nv":
-        s_code, enc_m, enc_e, nan = _nv_block(amax, params)
+        s_code, enc_m, enc_e, nan, enc = _nv_block(amax, params)
+        if flt:
+            return s_code, {"s": enc}
         return s_code, {"enc_m": enc_m, "enc_e": enc_e, "nan": nan}
     code = _mx_scale_code(amax, cfg.fmt)
     k = jnp.where(code == 255, _I(0), code - _I(127))
+    if flt:
+        return code.astype(jnp.uint32), {"s": _pow2_factor(k)}
     if cfg.kind == "mx8":
         return code.astype(jnp.uint32), {"k": k}
     return code.astype(jnp.uint32), {"points": _e2m1_thresholds(k)}
@@ -532,53 +631,89 @@ def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
                          f"needs a multiple of 64 (pad the leading dimensions)")
     while num_rows % tr:
         tr //= 2
+    tiles = cfg.tiles_per_cta
+    while (num_rows // tr) % tiles:
+        tiles -= 1
+    slots = 2 if tiles > 1 else 1  # double-buffer the input and output when a CTA loops
     ww = cfg.words_per_block
     ow, odt = _out_words(cfg), _out_word_dtype(cfg)
     chunk = min(tr, 256)  # TMA boxes are at most 256 rows
-    # GMEM rows of a TMA copy must be >= 16 bytes: fold f block rows into one output row.
-    # (The interpreter has no such limit and cannot reshape SMEM refs: it does not fold.)
-    fold = 1 if interpreting() else max(1, 16 // (ow * np.dtype(odt).itemsize))
+    n = tr // chunk
+    # TMA copies move GMEM rows of >= 16 bytes (and are faster with wide rows): regroup
+    # `wi` input block rows and `fold` output block rows into one TMA row; SMEM refs are
+    # reshaped back for the register loads/stores. The interpreter cannot reshape SMEM refs
+    # and has no such limits: it keeps one block row per TMA row.
+    if interpreting():
+        wi = fold = 1
+    else:
+        wi = 1  # (Mosaic's layout inference cannot load a WGMMA tile from a reshaped ref)
+        fold = max(1, min(max(cfg.tma_row_bytes, 16) // (ow * np.dtype(odt).itemsize), chunk))
+    oc = chunk // fold
+    ic = chunk // wi
 
     def body(x_g, p_g, o_g, s_g, x_s, p_s, o_s, s_s, bar):
         i = lax.axis_index("tiles")
-        n = tr // chunk
-        for c in range(n):
-            plgpu.copy_gmem_to_smem(x_g.at[pl_ds(i * tr + c * chunk, chunk)],
-                                    x_s.at[pl_ds(c * chunk, chunk)], bar.at[c])
-        plgpu.copy_gmem_to_smem(p_g, p_s, bar.at[n])
-        for c in range(n + 1):
-            plgpu.barrier_wait(bar.at[c])
+
+        def load(t, slot):
+            row0 = (i * tiles + t) * tr
+            for c in range(n):
+                plgpu.copy_gmem_to_smem(x_g.at[pl_ds((row0 + c * chunk) // wi, ic)],
+                                        x_s.at[slot, pl_ds(c * ic, ic)],
+                                        bar.at[slot * n + c])
+
+        plgpu.copy_gmem_to_smem(p_g, p_s, bar.at[slots * n])
+        load(0, 0)
+        plgpu.barrier_wait(bar.at[slots * n])
         params = _load_params(p_s, (tr,)) if cfg.kind == "nv" else {}
-        w = plgpu.load(x_s, layout=plgpu.Layout.WGMMA)
-        xs, mag = _widen_amax(w, cfg)
-        amax = jnp.max(mag, axis=1)
-        scales, per_block = _per_block(amax, cfg, params)
-        bc = lambda v: lax.broadcast_in_dim(v, (tr, ww), [0])  # noqa: E731
-        codes = _codes_from(xs, cfg, per_block, bc)
-        if fold == 1:
-            o_s[...] = codes
-        else:
-            o_s.reshape(tr, ow)[...] = codes
-        s_s[...] = scales.astype(jnp.uint8)
-        plgpu.commit_smem()
-        oc = chunk // fold
-        for c in range(n):
-            plgpu.copy_smem_to_gmem(o_s.at[pl_ds(c * oc, oc)],
-                                    o_g.at[pl_ds((i * tr + c * chunk) // fold, oc)])
-            plgpu.copy_smem_to_gmem(s_s.at[pl_ds(c * chunk, chunk)],
-                                    s_g.at[pl_ds(i * tr + c * chunk, chunk)])
+        for t in range(tiles):
+            slot = t % slots
+            if t + 1 < tiles:
+                load(t + 1, (t + 1) % slots)
+            for c in range(n):
+                plgpu.barrier_wait(bar.at[slot * n + c])
+            xv = x_s.at[slot] if wi == 1 else x_s.at[slot].reshape(tr, ww)
+            w = plgpu.load(xv, layout=plgpu.Layout.WGMMA)
+            if cfg.variant is Variant.MOVE_ONLY:
+                scales = jnp.max(w, axis=1)
+                codes = w.astype(odt)
+            else:
+                xs, mag = _widen_amax(w, cfg)
+                amax = jnp.max(mag, axis=1)
+                scales, per_block = _per_block(amax, cfg, params)
+                bc = lambda v: lax.broadcast_in_dim(v, (tr, ww), [0])  # noqa: E731
+                codes = _codes_from(xs, cfg, per_block, bc)
+            if t >= slots:  # the stores of tile t - slots must have read this slot
+                plgpu.wait_smem_to_gmem(2 * n * (slots - 1), wait_read_only=True)
+            if fold == 1:
+                o_s.at[slot][...] = codes
+            else:
+                o_s.at[slot].reshape(tr, ow)[...] = codes
+            s_s.at[slot][...] = scales.astype(jnp.uint8)
+            plgpu.commit_smem()
+            row0 = (i * tiles + t) * tr
+            for c in range(n):
+                plgpu.copy_smem_to_gmem(o_s.at[slot, pl_ds(c * oc, oc)],
+                                        o_g.at[pl_ds((row0 + c * chunk) // fold, oc)])
+                plgpu.copy_smem_to_gmem(s_s.at[slot, pl_ds(c * chunk, chunk)],
+                                        s_g.at[pl_ds(row0 + c * chunk, chunk)])
         plgpu.wait_smem_to_gmem(0)
 
-    return plgpu.kernel(
+    kern = plgpu.kernel(
         body,
         out_type=(jax.ShapeDtypeStruct((num_rows // fold, ow * fold), odt),
                   jax.ShapeDtypeStruct((num_rows,), jnp.uint8)),
-        grid=(num_rows // tr,), grid_names=("tiles",),
-        scratch_types=[plgpu.SMEM((tr, ww), jnp.uint32), plgpu.SMEM((4,), jnp.uint32),
-                       plgpu.SMEM((tr // fold, ow * fold), odt), plgpu.SMEM((tr,), jnp.uint8),
-                       plgpu.Barrier(num_barriers=tr // chunk + 1)],
-
+        grid=(num_rows // (tr * tiles),), grid_names=("tiles",),
+        scratch_types=[plgpu.SMEM((slots, tr // wi, ww * wi), jnp.uint32),
+                       plgpu.SMEM((4,), jnp.uint32),
+                       plgpu.SMEM((slots, tr // fold, ow * fold), odt),
+                       plgpu.SMEM((slots, tr), jnp.uint8),
+                       plgpu.Barrier(num_barriers=slots * n + 1)],
     )
+
+    def run(words: Any, params: Any) -> Any:  # the regrouping is a free reshape in XLA
+        return kern(words.reshape(num_rows // wi, ww * wi), params)
+
+    return run
 
 
 def _build_token_block(cfg: QuantKernelConfig, num_blocks: int) -> Any:
@@ -687,14 +822,18 @@ def _words(x: Any, cfg: QuantKernelConfig) -> Any:
     return lax.bitcast_convert_type(x, jnp.uint32)
 
 
-def quantize_mgpu(x: Any, fmt: BlockFormat, *, axis: int = -1,
+def gpu_quantize(x: Any, fmt: BlockFormat, *, axis: int = -1,
                   geometry: Geometry = Geometry.BLOCK, global_scale: Any = None,
                   global_encode_scale: Any = None, pack: bool | None = None,
-                  block_rows: int = 256, token_blocks: int = 2) -> QuantizedArray:
+                  block_rows: int = 256, token_blocks: int = 2,
+                  element_path: ElementPath | None = None,
+                  variant: Variant = Variant.FULL, tiles_per_cta: int = 1) -> QuantizedArray:
     """Quantize ``x`` on the GPU (or in interpret mode); same result as ``blocks.quantize``.
 
     ``axis`` must be -1 for ``BLOCK`` and -2 for ``TOKEN_BLOCK`` (transpose first otherwise).
-    ``pack`` defaults to True for FP4 and must be False otherwise. Configuration errors raise
+    ``pack`` defaults to True for FP4 and must be False otherwise. ``element_path`` forces an
+    :class:`ElementPath` (default: FLOAT on hardware, INTEGER in interpret mode); ``variant``
+    ``MOVE_ONLY`` is a timing diagnostic whose codes are meaningless. Configuration errors raise
     before any kernel is built; see the module docstring for what is supported.
     """
     import jax
@@ -720,14 +859,17 @@ def quantize_mgpu(x: Any, fmt: BlockFormat, *, axis: int = -1,
         raise ValueError(f"pack={pack!r}: only FP4 codes can be packed")
     bf = np.dtype(x.dtype)
     if geometry is Geometry.BLOCK:
-        cfg = QuantKernelConfig(fmt=fmt, geometry=geometry, in_dtype=bf, block_rows=block_rows)
+        cfg = QuantKernelConfig(fmt=fmt, geometry=geometry, in_dtype=bf, block_rows=block_rows,
+                                element_path=element_path, variant=variant,
+                                tiles_per_cta=tiles_per_cta)
     else:
         cfg = QuantKernelConfig(fmt=fmt, geometry=geometry, in_dtype=bf,
-                                token_blocks=token_blocks, head_dim=shape[-1])
+                                token_blocks=token_blocks, head_dim=shape[-1],
+                                element_path=element_path, variant=variant)
     return _quantize_jit(jnp.asarray(x), global_scale, global_encode_scale, cfg=cfg, pack=pack)
 
 
-@functools.partial(__import__("jax").jit, static_argnames=("cfg", "pack"))
+@functools.partial(jax.jit, static_argnames=("cfg", "pack"))
 def _quantize_jit(x: Any, global_scale: Any, global_encode_scale: Any, *,
                   cfg: QuantKernelConfig, pack: bool) -> QuantizedArray:
     import jax.numpy as jnp

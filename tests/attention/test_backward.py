@@ -81,7 +81,7 @@ def test_reference_bad_shapes_named():
 from fp4sim.attention import causal  # noqa: E402
 from fp4sim.attention.autodiff import (TRAINING_PRESETS, training_backward,  # noqa: E402
                                        training_forward)
-from fp4sim.attention.backward import DeltaSource, emulated_backward, softmax_grad  # noqa: E402
+from fp4sim.attention.backward import emulated_backward, softmax_grad  # noqa: E402
 
 U32 = 2.0**-24  # float32 unit roundoff
 

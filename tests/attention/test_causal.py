@@ -13,7 +13,7 @@ import pytest
 
 from fp4sim.attention import causal
 from fp4sim.attention.causal import LeakClass, OperandScaling, leak_class
-from fp4sim.formats.blocks import MXFP8_E4M3, NVFP4, Geometry, GlobalScale, ScaleRule
+from fp4sim.formats.blocks import MXFP8_E4M3, NVFP4, GlobalScale, ScaleRule
 from fp4sim.formats.spec import E4M3
 
 EXPECTED = {

@@ -121,3 +121,44 @@ def test_with_mismatch_bad_arguments():
         with_mismatch(base, "p_bits")
     with pytest.raises(ValueError, match="MXFP4"):
         with_mismatch(base, Mismatch.P_BITS)  # its forward P is already 8-bit
+
+
+def test_attn_qat_route_consistent_with_its_own_p():
+    # dS from the unquantized p, D from the high-precision output: consistent (Attn-QAT's
+    # principle 2) although the forward's normalizer is mismatched
+    recipe = TRAINING_PRESETS["attn_qat_nvfp4"]
+    rep = check_consistency(recipe, *_inputs())
+    assert rep.ok, rep
+    # the same route with D from the quantized-P output breaks the D identity
+    from fp4sim.attention.backward import DeltaSource
+
+    broken = recipe.replace(name="qat, D from O", delta=DeltaSource.QUANTIZED_D_OUT)
+    rep = check_consistency(broken, *_inputs())
+    assert not rep.delta_ok and rep.p_bitwise, rep
+    with pytest.raises(ValueError, match="D_OUT_REPRESENTATION"):
+        with_mismatch(recipe, Mismatch.D_OUT_REPRESENTATION)  # its dO is not quantized
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 80), d=st.sampled_from([32, 64]), causal_=st.booleans(),
+       n_docs=st.integers(1, 4), name=st.sampled_from(sorted(TRAINING_PRESETS)),
+       seed=st.integers(0, 2**16))
+def test_property_matched_recipes_rebuild_p_and_keep_the_identities(n, d, causal_, n_docs, name,
+                                                                     seed):
+    rng = np.random.default_rng(seed)
+    q, k, v, do = (rng.standard_normal((n, d)).astype(np.float32) for _ in range(4))
+    cuts = np.sort(rng.choice(np.arange(1, n), size=min(n_docs - 1, n - 1), replace=False)) \
+        if n > 1 else np.array([], int)
+    ids = np.zeros(n, np.int32)
+    for c in cuts:
+        ids[c:] += 1
+    recipe = TRAINING_PRESETS[name]
+    rep = check_consistency(recipe, q, k, v, do, causal=causal_, segment_ids=ids)
+    assert rep.p_bitwise and rep.delta_ok, rep
+    if recipe.forward.normalization is not R.Normalization.MISMATCHED or \
+            recipe.ds_probabilities.name == "HIGH_PRECISION":
+        assert rep.ds_row_sum_ok, rep

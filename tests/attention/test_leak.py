@@ -17,7 +17,7 @@ from fp4sim.attention import causal
 from fp4sim.attention.autodiff import LEAK_TABLE, TRAINING_PRESETS
 from fp4sim.attention.causal import LeakClass, leak_class
 from fp4sim.attention.leak import leak_metric, leak_probe
-from fp4sim.attention.recipe import QKFormat
+from fp4sim.attention.recipe import GlobalScale, QKFormat
 
 CLASS_OF_ROW = {
     "V unquantized": LeakClass.NONE,
@@ -53,6 +53,26 @@ def test_leak_class_observed(name):
     elif name.startswith("dS"):
         # the V operand is per token: O cannot leak; dQ leaks through the shared dS tile scale
         assert rep.bitwise_o and rep.leak_dq > 0, rep
+    else:
+        assert rep.leak_o > 1e-3 and rep.leak_dq > 1e-3, rep
+
+
+@pytest.mark.parametrize("qk_global, qk, cls", [
+    (GlobalScale.NONE, QKFormat.NVFP4, LeakClass.NONE),  # constant global factor (1)
+    (GlobalScale.PER_TOKEN, QKFormat.NVFP4, LeakClass.NONE),
+    (GlobalScale.PER_TENSOR, QKFormat.NVFP4, LeakClass.LARGE),
+    (GlobalScale.NONE, QKFormat.FP8_PER_TENSOR, LeakClass.LARGE),
+    (GlobalScale.NONE, QKFormat.MXFP8, LeakClass.NONE),
+])
+def test_qk_global_factor_for_causal_training(qk_global, qk, cls):
+    base = LEAK_TABLE["V per-token pow2 (exact option)"]
+    recipe = base.replace(name=f"{qk.name}/{qk_global.name}",
+                          forward=base.forward.replace(qk=qk, qk_global=qk_global))
+    assert leak_class(recipe.qk) is cls
+    rep = leak_probe(recipe)
+    assert not rep.vacuous
+    if cls is LeakClass.NONE:
+        assert rep.bitwise_o and rep.bitwise_dq, rep
     else:
         assert rep.leak_o > 1e-3 and rep.leak_dq > 1e-3, rep
 
@@ -94,3 +114,32 @@ def test_probe_bad_arguments_named():
         leak_probe(recipe.forward)
     with pytest.raises(ValueError, match="n_tokens"):
         leak_probe(recipe, n_tokens=0)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**16), target=st.integers(33, 63), gain=st.floats(1.5, 100.0),
+       name=st.sampled_from(["V unquantized", "V per-token pow2 (exact option)"]))
+def test_property_exact_options_never_leak(seed, target, gain, name):
+    rep = leak_probe(LEAK_TABLE[name], n_tokens=64, d_model=32, head_dim=32, target=target,
+                     gain=gain, seed=seed)
+    assert rep.bitwise_o and rep.bitwise_dq, rep
+
+
+@pytest.mark.parametrize("scaling, leaks", [
+    (causal.PER_TOKEN_POW2, False),  # the causal dQ scale: one exponent per query row
+    (causal.MXFP8_TOKENS_FLOOR, True),  # 32 query rows share a scale: dQ of earlier rows leaks
+])
+def test_dq_output_scale_must_be_causal(scaling, leaks):
+    recipe = LEAK_TABLE["V per-token pow2 (exact option)"]
+    recipe = recipe.replace(name=f"dQ {scaling.name}", dq=scaling)
+    rep = leak_probe(recipe)
+    assert rep.bitwise_o, rep  # the forward is untouched
+    assert (leak_class(scaling) is not LeakClass.NONE) == leaks
+    if leaks:
+        assert rep.leak_dq > 1e-3, rep
+    else:
+        assert rep.bitwise_dq, rep

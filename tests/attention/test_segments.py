@@ -56,7 +56,8 @@ def test_fully_masked_row_gives_zero_output_and_gradients():
 
 # --- the emulated training path on packed documents ----------------------------------------------
 from fp4sim.attention import causal  # noqa: E402
-from fp4sim.attention.autodiff import TRAINING_PRESETS, training_backward, training_forward  # noqa: E402
+from fp4sim.attention.autodiff import (TRAINING_PRESETS, training_backward,  # noqa: E402
+                                       training_forward)
 
 LENGTHS = [20, 44, 9, 55]  # boundaries inside 32-token groups and 32x32 dS tiles
 
@@ -134,3 +135,24 @@ def test_token_spanning_qk_with_segments_rejected():
     with pytest.raises(ValueError, match="document"):
         training_forward(q, k, v, recipe, segment_ids=ids)
     training_forward(q, k, v, recipe.replace(segment_aligned=False), segment_ids=ids)
+
+
+def test_partial_blocks_are_zero_padded_and_stay_consistent():
+    from fp4sim.attention.consistency import check_consistency
+
+    rng = np.random.default_rng(6)
+    n = 72  # not a multiple of the 32-token groups nor of the 64-key tiles
+    q, k, v, do = (rng.standard_normal((n, 32)).astype(np.float32) for _ in range(4))
+    ids = np.repeat([0, 1, 2], [30, 20, 22]).astype(np.int32)
+    for name in ("direct_p_fp8_training", "attn_qat_nvfp4"):
+        rep = check_consistency(TRAINING_PRESETS[name], q, k, v, do, segment_ids=ids)
+        assert rep.ok, rep
+    # zero padding = quantizing whole blocks with zeros appended, then cropping
+    x = rng.standard_normal((40, 8)).astype(np.float32)
+    for scaling in (causal.MXFP8_TOKENS_FLOOR, causal.TOKEN_BLOCK_POW2):
+        whole = np.pad(x, ((0, 24), (0, 0)))  # 40 tokens -> two 32-token groups
+        np.testing.assert_array_equal(causal.fake_quantize(x, scaling),
+                                      causal.fake_quantize(whole, scaling)[:40])
+    whole = np.pad(x, ((0, 24), (0, 24)))  # 40 x 8 -> 2 x 1 tiles of 32 x 32
+    np.testing.assert_array_equal(causal.fake_quantize(x, causal.DS_SQUARE_RCEIL),
+                                  causal.fake_quantize(whole, causal.DS_SQUARE_RCEIL)[:40, :8])

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fp4sim.attention.recipe import Normalization
 from fp4sim.kernels import attention_mgpu as am
@@ -27,10 +29,14 @@ U8 = 2.0**-4  # E4M3 unit roundoff (3 mantissa bits)
 
 
 def _oracle_codes(t: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """RNE_E4M3(CR32(2^t)·2^g): float64 exp2 rounded once to float32, scaled, ml_dtypes cast."""
-    p32 = np.exp2(t.astype(np.float64)).astype(np.float32)
-    return (p32.astype(np.float64) * np.exp2(g.astype(np.float64))).astype(np.float32) \
-        .astype(F8).astype(np.float32)
+    """RNE_E4M3(CR32(2^frac t)·2^(floor t + g)): float64 exp2 of the fraction rounded once to
+    float32, scaled exactly, ml_dtypes cast."""
+    with np.errstate(invalid="ignore"):
+        n0 = np.floor(t.astype(np.float64))
+        ok = np.isfinite(n0)
+        p32 = np.exp2(np.where(ok, t - n0, 0.0)).astype(np.float32)
+        val = np.where(ok, p32.astype(np.float64) * np.exp2(np.where(ok, n0, 0.0) + g), 0.0)
+    return val.astype(np.float32).astype(F8).astype(np.float32)
 
 
 # --- the exact converter -------------------------------------------------------------------------
@@ -65,6 +71,18 @@ def test_exact_converter_random_matches_numpy_and_jit():
     np.testing.assert_array_equal(got, _oracle_codes(t, g))
     # values are on the E4M3 grid, never above 2^8 (no saturation)
     assert np.array_equal(got.astype(F8).astype(np.float32), got) and got.max() <= 256.0
+
+
+_EXACT_JIT = jax.jit(am.exact_e4m3_exp2)
+
+
+@given(st.lists(st.floats(-300.0, 0.0, width=32), min_size=64, max_size=64),
+       st.lists(st.integers(-20, 300), min_size=64, max_size=64))
+def test_exact_converter_property(ts, gs):
+    t = np.array(ts, np.float32)
+    g = np.minimum(np.array(gs, np.float32), 8 - np.ceil(t)).astype(np.float32)
+    got = np.asarray(_EXACT_JIT(jnp.asarray(t), jnp.asarray(g)))
+    np.testing.assert_array_equal(got, _oracle_codes(t, g))
 
 
 def test_thresholds_are_sorted_fractions():
@@ -133,6 +151,25 @@ def test_interpret_exact_debug_bitwise(causal):
     _check_against_oracle(ops, out, cfg, scale, bitwise_codes=True)
     codes = np.asarray(out[2].p_codes).astype(np.float32)
     assert (codes == 0).any() and (codes == 256).any() and ((codes > 0) & (codes < 2**-6)).any()
+
+
+def test_interpret_far_below_max_tiles_stay_finite():
+    """Tiles whose scores sit hundreds of log2 units below the running max (P exponents F far
+    below the first tile's) must neither overflow the accumulator nor lose the codes."""
+    rng = np.random.default_rng(9)
+    ops = _integer_operands(rng, 1, 128, 1, 1, 64)
+    qc = np.asarray(ops.q_codes).astype(np.float32)
+    qc[:] = 3.0  # every score = 3·Σ_d k_d: key 0..63 large, keys 64.. tiny after scaling
+    kc = np.asarray(ops.k_codes).astype(np.float32)
+    kc[:, 64:] = -kc[:, 64:] ** 2 - 1.0  # second key tile: strongly negative scores
+    ops = ops._replace(q_codes=jnp.asarray(qc.astype(F8)), k_codes=jnp.asarray(kc.astype(F8)))
+    cfg = am.FP8AttentionConfig(block_q=64, block_kv=64, conversion=am.PConversion.EXACT,
+                                debug_step=1, out_type=am.OutType.FLOAT32)
+    scale = 4.0
+    out = harness.interpret(lambda: am.attention_fp8_quantized(ops, softmax_scale=scale, config=cfg))
+    assert np.isfinite(np.asarray(out[0])).all() and np.isfinite(np.asarray(out[1])).all()
+    assert (np.asarray(out[2].f) < -60).all()  # the second tile's unit 2^F is tiny
+    _check_against_oracle(ops, out, cfg, scale, bitwise_codes=True)
 
 
 def test_interpret_hardware_exp2_and_mismatched_d128():

@@ -132,6 +132,32 @@ def test_e2m1_threshold_codes_every_bf16_pattern_and_scale():
         np.testing.assert_array_equal(got, want, err_msg=f"k={k}")
 
 
+def test_float_path_e2m1_bit_trick_every_normal_bf16_pattern():
+    """The FLOAT path's E2M1 rounding (exact on the GPU). On XLA:CPU only inputs that are not
+    float32 subnormals can be checked (DAZ), which covers every rounding decision."""
+    x = all_bf16_as_f32()
+    x = x[(np.abs(x) >= 2.0 ** -126) | (x == 0) | ~np.isfinite(x)]
+    pol = Policy(nan=NanPolicy.ZERO)
+    f = _j(lambda b, s: Q._e2m1_codes_float(b, s))
+    for k in (-100, -3, 0, 1, 5, 100):
+        want = codec.encode(B.ldexp_f32(x, np.int32(-k)), E2M1, pol)
+        s = jnp.full(x.shape, np.float32(2.0 ** -k))
+        np.testing.assert_array_equal(np.asarray(f(jnp.asarray(_bits(x)), s)), want,
+                                      err_msg=f"k={k}")
+
+
+def test_float_path_fp8_within_range_on_cpu():
+    """FLOAT-path FP8 codes for |x·s| <= max (XLA:CPU's cast does not saturate; the GPU's
+    cvt.rn.satfinite does, which the @gpu tests check)."""
+    x = all_bf16_as_f32()
+    for fmt, elem in ((B.MXFP8_E4M3, E4M3), (B.MXFP8_E5M2, E5M2)):
+        sel = np.isnan(x) | ((np.abs(x) <= elem.max) & ((np.abs(x) >= 2.0 ** -126) | (x == 0)))
+        xs = x[sel]
+        got = np.asarray(_j(lambda b: Q._fp8_codes_float(b, np.float32(1.0), fmt))(
+            jnp.asarray(_bits(xs))))
+        np.testing.assert_array_equal(got, codec.encode(xs, elem))
+
+
 NV_CONST = B.NVFP4.replace(global_scale=B.GlobalScale.CONSTANT)
 
 
@@ -147,7 +173,7 @@ def test_nvfp4_block_and_element_arithmetic(g):
         p = {"k_m": jax.lax.bitcast_convert_type(params[0], jnp.float32),
              "k_e": params[1].astype(jnp.int32),
              "g": jax.lax.bitcast_convert_type(params[2], jnp.float32), "nan": params[3] != 0}
-        s_code, enc_m, enc_e, nan = Q._nv_block(amax, p)
+        s_code, enc_m, enc_e, nan, _ = Q._nv_block(amax, p)
         codes = Q._nv_codes(bits, enc_m[:, None], enc_e[:, None], nan[:, None])
         return s_code, codes
 
@@ -186,7 +212,7 @@ def _check(got: B.QuantizedArray, want: B.QuantizedArray) -> None:
 
 
 def _run(x, fmt, **kw):
-    return interpret(lambda v: Q.quantize_mgpu(v, fmt, **kw), jnp.asarray(x), detect_races=True)
+    return interpret(lambda v: Q.gpu_quantize(v, fmt, **kw), jnp.asarray(x), detect_races=True)
 
 
 MX_FORMATS = [B.MXFP8_E4M3, B.MXFP8_E5M2, B.MXFP4]
@@ -221,6 +247,16 @@ def test_kernel_several_ctas_unpacked_and_encode_factor():
            emu_quantize(xf, NV_CONST, global_encode_scale=s, pack=True))
 
 
+@pytest.mark.parametrize("tiles", [2, 3])
+def test_double_buffered_ctas_race_free_and_exact(tiles):
+    """CTAs looping over several tiles through the 2-slot TMA ring (race detector on)."""
+    x = special_tensor((192, 64), BF16, seed=8)  # 384 MX blocks: 6 tiles of 64
+    _check(_run(x, B.MXFP8_E4M3, block_rows=64, tiles_per_cta=tiles),
+           emu_quantize(x, B.MXFP8_E4M3))
+    _check(_run(x, B.NVFP4_SINGLE, block_rows=64, tiles_per_cta=tiles),
+           emu_quantize(x, B.NVFP4_SINGLE, pack=True))
+
+
 @pytest.mark.parametrize("fmt", [B.MXFP8_E4M3, B.MXFP4], ids=lambda f: f.name)
 @pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)], ids=str)
 def test_token_block_kernel_interpret_matches_emulator(fmt, dtype):
@@ -246,10 +282,11 @@ def test_kernel_property_random_shapes_and_ranges(fmt, dtype, lead, cols, spread
     if rows % 64:
         shape = (64,) + (cols,)
     e = rng.integers(-spread, spread + 1, shape[:-1] + (1,))
-    x = (rng.standard_normal(shape) * np.exp2(e.astype(np.float64))).astype(np.float32)
+    with np.errstate(over="ignore"):
+        x = (rng.standard_normal(shape) * np.exp2(e.astype(np.float64))).astype(np.float32)
     x.reshape(-1)[rng.integers(0, x.size, 3)] = [np.nan, np.inf, 0.0]
     with np.errstate(over="ignore"):
-        x = x.astype(dtype)
+        x = x.astype(dtype)  # overflow to Inf is part of the test
     _check(_run(x, fmt), emu_quantize(x, fmt, pack=fmt.elem is E2M1))
 
 
@@ -262,8 +299,10 @@ def test_swizzled_scales_use_the_emulator_layout():
 
 
 # --- layer 3: cross-lowering ----------------------------------------------------------------
-@pytest.mark.parametrize("cfg", Q.shipped_configs(),
-                         ids=lambda c: f"{c.fmt.name}-{c.in_dtype}-{c.geometry.name}")
+@pytest.mark.parametrize("cfg", Q.shipped_configs() + tuple(
+    Q.QuantKernelConfig(fmt=f, element_path=Q.ElementPath.INTEGER, tiles_per_cta=2)
+    for f in (B.MXFP8_E4M3, B.MXFP4, B.NVFP4)),
+    ids=lambda c: f"{c.fmt.name}-{c.in_dtype}-{c.geometry.name}-{c.element_path}-{c.tiles_per_cta}")
 def test_every_shipped_config_cross_lowers_for_sm90a(cfg):
     rows = 1024
     if cfg.geometry is B.Geometry.BLOCK:
@@ -279,40 +318,42 @@ def test_every_shipped_config_cross_lowers_for_sm90a(cfg):
 def test_bad_configurations_raise_naming_the_argument():
     x = np.zeros((64, 64), np.float32)
     with pytest.raises(ValueError, match="MXFP6"):
-        Q.quantize_mgpu(x, B.MXFP6_E2M3)
+        Q.gpu_quantize(x, B.MXFP6_E2M3)
     with pytest.raises(TypeError, match="dtype"):
-        Q.quantize_mgpu(x.astype(np.float64), B.MXFP8)
+        Q.gpu_quantize(x.astype(np.float64), B.MXFP8)
     with pytest.raises(TypeError, match="dtype"):
-        Q.quantize_mgpu(x.astype(np.int32), B.MXFP8)
+        Q.gpu_quantize(x.astype(np.int32), B.MXFP8)
     with pytest.raises(ValueError, match="policy"):
-        Q.quantize_mgpu(x, B.MXFP8.replace(policy=Policy(nan=NanPolicy.ZERO)))
+        Q.gpu_quantize(x, B.MXFP8.replace(policy=Policy(nan=NanPolicy.ZERO)))
     with pytest.raises(ValueError, match="arithmetic"):
-        Q.quantize_mgpu(x, B.MXFP8.replace(arithmetic=B.Arithmetic.TORCHAO))
+        Q.gpu_quantize(x, B.MXFP8.replace(arithmetic=B.Arithmetic.TORCHAO))
     with pytest.raises(ValueError, match="axis"):
-        Q.quantize_mgpu(x, B.MXFP8, axis=0)
+        Q.gpu_quantize(x, B.MXFP8, axis=0)
     with pytest.raises(ValueError, match="SQUARE"):
-        Q.quantize_mgpu(x, B.MXFP8, geometry=B.Geometry.SQUARE)
+        Q.gpu_quantize(x, B.MXFP8, geometry=B.Geometry.SQUARE)
     with pytest.raises(ValueError, match="pack"):
-        Q.quantize_mgpu(x, B.MXFP8, pack=True)
+        Q.gpu_quantize(x, B.MXFP8, pack=True)
     with pytest.raises(ValueError, match="multiple of"):
-        Q.quantize_mgpu(np.zeros((3, 32), np.float32), B.MXFP8)
+        Q.gpu_quantize(np.zeros((3, 32), np.float32), B.MXFP8)
     with pytest.raises(ValueError, match="block extent"):
-        Q.quantize_mgpu(np.zeros((64, 40), np.float32), B.MXFP8)
+        Q.gpu_quantize(np.zeros((64, 40), np.float32), B.MXFP8)
     with pytest.raises(ValueError, match="global_scale"):
-        Q.quantize_mgpu(x, NV_CONST)
+        Q.gpu_quantize(x, NV_CONST)
     with pytest.raises(ValueError, match="PER_ROW"):
-        Q.quantize_mgpu(x, B.NVFP4.replace(global_scale=B.GlobalScale.PER_ROW))
+        Q.gpu_quantize(x, B.NVFP4.replace(global_scale=B.GlobalScale.PER_ROW))
     with pytest.raises(ValueError, match="block_rows"):
         Q.QuantKernelConfig(fmt=B.MXFP8, block_rows=100)
     with pytest.raises(TypeError, match="fmt"):
-        Q.quantize_mgpu(x, "MXFP8")
+        Q.gpu_quantize(x, "MXFP8")
 
 
 # --- on the H200 ------------------------------------------------------------------------------
-def _gpu_case(fmt, x, **kw):
+def _gpu_case(fmt, x, element_path=None, tiles_per_cta=1, **kw):
     from fp4sim.formats import blocks
 
-    q = jax.block_until_ready(jax.jit(functools.partial(Q.quantize_mgpu, fmt=fmt, **kw))(x))
+    q = jax.block_until_ready(jax.jit(functools.partial(
+        Q.gpu_quantize, fmt=fmt, element_path=element_path, tiles_per_cta=tiles_per_cta,
+        **kw))(x))
     emu = jax.jit(functools.partial(blocks.quantize, fmt=fmt, pack=q.packed, **kw))
     _check(q, jax.block_until_ready(emu(x)))
 
@@ -324,6 +365,16 @@ def test_gpu_8192_bf16_with_special_blocks(fmt):
 
     assert gpu_available()
     _gpu_case(fmt, test_tensor(8192, BF16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", [B.MXFP8_E4M3, B.MXFP4, NV_CONST], ids=lambda f: f.name)
+def test_gpu_8192_integer_path_and_ring(fmt):
+    from fp4sim.benchmarks.gpu_quant import test_tensor
+
+    kw = {"global_scale": jnp.float32(2.0 ** -7)} if fmt is NV_CONST else {}
+    _gpu_case(fmt, test_tensor(8192, BF16), element_path=Q.ElementPath.INTEGER, **kw)
+    _gpu_case(fmt, test_tensor(8192, BF16), tiles_per_cta=4, **kw)
 
 
 @pytest.mark.gpu

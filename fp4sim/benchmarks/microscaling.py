@@ -1,0 +1,168 @@
+"""``python -m fp4sim bench microscaling``: MXFP8, MXFP4 (packed) and NVFP4 quantize on this CPU.
+
+Times, in one run and on the same float32 (rows, cols) array, :func:`fp4sim.formats.quantize`
+on NumPy and under ``jax.jit`` against two other CPU quantizers of the same thing:
+
+* a plain ml_dtypes quantizer (NumPy: block amax, power-of-two / E4M3 scale, ``astype`` casts,
+  nibble packing), always available;
+* torchao's own CPU path (``to_mx`` RCEIL for MXFP8/MXFP4, ``nvfp4_quantize`` with a per-tensor
+  scale), run as a subprocess in the side venv (``--torchao-python``, default
+  ``/tmp/torchao_venv/bin/python``; skipped with a note if absent). torch picks its own thread
+  count there (``--torch-threads`` to pin it; 0 = torch's default).
+
+Every timing is the minimum over ``--repeats`` runs. Ratios are "other time / fp4sim jit time"
+(above 1: fp4sim faster). The same-size arrays are generated from the same seed in both
+processes. CPU times on a shared machine are comparisons, not claims about any GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+import ml_dtypes
+import numpy as np
+
+_CASES = ("MXFP8", "MXFP4", "NVFP4")
+
+_TORCHAO_SCRIPT = r"""
+import json, sys, time, numpy as np, torch
+rows, cols, repeats, threads = map(int, sys.argv[1:5])
+if threads: torch.set_num_threads(threads)
+from torchao.prototype.mx_formats.mx_tensor import to_mx
+from torchao.prototype.mx_formats.config import ScaleCalculationMode
+from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
+x = torch.from_numpy((np.random.default_rng(0).standard_normal((rows, cols)) * 2).astype(np.float32))
+def t(fn):
+    fn(); best = 1e30
+    for _ in range(repeats):
+        t0 = time.perf_counter(); fn(); best = min(best, time.perf_counter() - t0)
+    return best
+out = {
+  "MXFP8": t(lambda: to_mx(x, torch.float8_e4m3fn, 32, ScaleCalculationMode.RCEIL)),
+  "MXFP4": t(lambda: to_mx(x, torch.float4_e2m1fn_x2, 32, ScaleCalculationMode.RCEIL)),
+  "NVFP4": t(lambda: nvfp4_quantize(x, 16, per_tensor_amax_to_scale(x.abs().amax()))),
+  "threads": torch.get_num_threads(), "torch": torch.__version__,
+}
+import torchao; out["torchao"] = torchao.__version__
+print(json.dumps(out))
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", type=int, default=1024)
+    parser.add_argument("--cols", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs; the minimum counts")
+    parser.add_argument("--torchao-python", default="/tmp/torchao_venv/bin/python",
+                        help="python of a venv with torch + torchao (skipped if missing)")
+    parser.add_argument("--torch-threads", type=int, default=0,
+                        help="torch.set_num_threads in the torchao subprocess (0: torch default)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
+
+
+def _min_time(fn: Callable[[], Any], repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+# --- a plain ml_dtypes quantizer (the always-available baseline) ------------------------------
+def _mld_mx(x: np.ndarray, dtype: Any, emax: int, pack: bool) -> tuple[np.ndarray, np.ndarray]:
+    r, c = x.shape
+    b = x.reshape(r, c // 32, 32)
+    amax = np.abs(b).max(-1, keepdims=True)
+    m = np.float32(ml_dtypes.finfo(dtype).max)
+    _, e = np.frexp(amax * (np.float32(1) / m))  # d = f * 2^e, f in [0.5, 1): ceil(log2 d)
+    e = np.clip(e - (np.frexp(amax * (np.float32(1) / m))[0] == 0.5), -127, 127)
+    y = np.clip(b * np.exp2(-e).astype(np.float32), -m, m).astype(dtype).reshape(r, c)
+    scales = (e[..., 0] + 127).astype(np.uint8)
+    codes = y.view(np.uint8)
+    if pack:
+        codes = (codes[:, 0::2] & 0xF) | ((codes[:, 1::2] & 0xF) << 4)
+    return codes, scales
+
+
+def _mld_nvfp4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r, c = x.shape
+    g = np.abs(x).max() / np.float32(2688)
+    b = x.reshape(r, c // 16, 16)
+    amax = np.abs(b).max(-1, keepdims=True)
+    s = np.clip(amax / np.float32(6) / g, 0, 448).astype(ml_dtypes.float8_e4m3fn)
+    sf = s.astype(np.float32) * g
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(sf > 0, b / sf, 0)
+    codes = np.clip(y, -6, 6).astype(ml_dtypes.float4_e2m1fn).reshape(r, c).view(np.uint8)
+    return (codes[:, 0::2] & 0xF) | ((codes[:, 1::2] & 0xF) << 4), s.view(np.uint8)
+
+
+def _torchao(args: argparse.Namespace) -> dict[str, Any] | str:
+    if not os.path.exists(args.torchao_python):
+        return f"skipped: {args.torchao_python} not found"
+    try:
+        res = subprocess.run([args.torchao_python, "-c", _TORCHAO_SCRIPT, str(args.rows),
+                              str(args.cols), str(args.repeats), str(args.torch_threads)],
+                             capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"skipped: {exc}"
+    if res.returncode:
+        return "skipped: torchao subprocess failed: " + (res.stderr.strip().splitlines() or [""])[-1]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def run(args: argparse.Namespace) -> int:
+    import jax
+    import jax.numpy as jnp
+
+    from fp4sim.formats import MXFP4, MXFP8, NVFP4, quantize
+
+    fmts = {"MXFP8": (MXFP8, False), "MXFP4": (MXFP4, True), "NVFP4": (NVFP4, True)}
+    x = (np.random.default_rng(0).standard_normal((args.rows, args.cols)) * 2).astype(np.float32)
+    xj = jax.device_put(jnp.asarray(x))
+    n = x.size
+    times: dict[str, dict[str, float]] = {}
+    for name, (fmt, pack) in fmts.items():
+        jitted = jax.jit(lambda v, f=fmt, p=pack: quantize(v, f, pack=p))
+        if name == "NVFP4":
+            mld = lambda: _mld_nvfp4(x)  # noqa: E731
+        else:
+            dt = ml_dtypes.float8_e4m3fn if name == "MXFP8" else ml_dtypes.float4_e2m1fn
+            mld = lambda dt=dt, p=pack, e=fmt.elem.emax: _mld_mx(x, dt, e, p)  # noqa: E731
+        times[name] = {
+            "fp4sim NumPy": _min_time(lambda f=fmt, p=pack: quantize(x, f, pack=p), args.repeats),
+            "fp4sim jax.jit": _min_time(lambda: jax.block_until_ready(jitted(xj)), args.repeats),
+            "ml_dtypes quantizer": _min_time(mld, args.repeats),
+        }
+    tao = _torchao(args)
+    if isinstance(tao, dict):
+        for name in _CASES:
+            times[name][f"torchao {tao['torchao']} CPU ({tao['threads']} threads)"] = tao[name]
+    rows = []
+    for name, impls in times.items():
+        jit_t = impls["fp4sim jax.jit"]
+        for impl, t in impls.items():
+            rows.append({"case": name, "impl": impl, "seconds": t, "Melem_per_s": n / t / 1e6,
+                         "other_over_fp4sim_jit": t / jit_t})
+    info = {"rows_x_cols": [args.rows, args.cols], "repeats": args.repeats,
+            "jax": jax.__version__, "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+            "torchao": tao if isinstance(tao, dict) else {"note": tao}, "results": rows}
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(info, fh, indent=1)
+    print(f"fp4sim bench microscaling: quantize a {args.rows}x{args.cols} float32 array, min of "
+          f"{args.repeats} runs, jax {jax.__version__} CPU, {os.cpu_count()} cores")
+    if not isinstance(tao, dict):
+        print(f"torchao: {tao}")
+    print(f"{'case':6} {'implementation':36} {'ms':>9} {'Melem/s':>9} {'time/jit':>9}")
+    for r in rows:
+        print(f"{r['case']:6} {r['impl']:36} {r['seconds'] * 1e3:9.2f} {r['Melem_per_s']:9.1f} "
+              f"{r['other_over_fp4sim_jit']:9.2f}")
+    return 0
