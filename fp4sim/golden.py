@@ -666,30 +666,35 @@ def _register_attention_cases() -> None:
             return out
 
         register(f"attention.{preset}.forward",
-                 description=f"tiled forward of the {preset} recipe on Gaussian q (1,32,64), k/v (1,256,64), "
+                 description=f"tiled forward of the {preset} recipe on Gaussian q (1,32,32), k/v (1,256,32) (two key tiles), "
                              "non-causal, default softmax scale: O, LSE, tile anchors, P codes/scales, "
                              "numerator and normalizer (bitwise; a kernel's O may differ by its "
                              "accumulation order)",
-                 preset=preset, seed=_FWD_SEED, q_shape=[1, 32, 64], kv_shape=[1, 256, 64])(forward_case)
+                 preset=preset, seed=_FWD_SEED, q_shape=[1, 32, 32], kv_shape=[1, 256, 32])(forward_case)
 
     for preset in _training_preset_names():
         def training_case(preset=preset) -> dict[str, np.ndarray]:
             from fp4sim.attention import TRAINING_PRESETS, training_backward, training_forward
 
             rng = np.random.default_rng(_TRAIN_SEED)
-            q, k, v, d_out = (rng.standard_normal((1, 128, 64)).astype(np.float32) for _ in range(4))
+            q, k, v, d_out = (rng.standard_normal((1, 64, 32)).astype(np.float32) for _ in range(4))
             recipe = TRAINING_PRESETS[preset]
             out, saved = training_forward(q, k, v, recipe, causal=True)
             trace = training_backward(saved, d_out, recipe)
             arrays = {"q": q, "k": k, "v": v, "d_out": d_out, "o": out, "lse": saved.lse,
                       "dq": trace.grads.dq, "dk": trace.grads.dk, "dv": trace.grads.dv,
-                      "delta": trace.delta, "ds": trace.ds}
-            return {key: np.asarray(a, dtype=np.float32) for key, a in arrays.items()}
+                      "delta": trace.delta, "ds": trace.ds, "ds_q": trace.ds_q, "p": trace.rebuilt.p}
+            result = {key: np.asarray(a, dtype=np.float32) for key, a in arrays.items()}
+            result["p_codes"] = np.asarray(trace.rebuilt.codes)  # the rebuilt P codes (= the forward's)
+            if trace.rebuilt.scales is not None:
+                result["p_scales"] = np.asarray(trace.rebuilt.scales)
+            return result
 
         register(f"attention.training.{preset}",
                  description=f"causal training step of the {preset} training recipe on Gaussian q, k, v, dO "
-                             "(1, 128, 64): O, LSE, D = rowsum(dO∘O), dS, dQ, dK, dV",
-                 preset=preset, seed=_TRAIN_SEED, shape=[1, 128, 64], causal=True)(training_case)
+                             "(1, 64, 32): O, LSE, rebuilt P (normalized, codes, scales), D = rowsum(dO∘O), dS "
+                             "and its quantized copy, dQ, dK, dV",
+                 preset=preset, seed=_TRAIN_SEED, shape=[1, 64, 32], causal=True)(training_case)
 
 
 _TILE_SEED = 7
@@ -720,9 +725,9 @@ def _tile_scores() -> np.ndarray:
 
 def _qkv(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    q = rng.standard_normal((1, 32, 64)).astype(np.float32)
-    k = rng.standard_normal((1, 256, 64)).astype(np.float32)
-    v = rng.standard_normal((1, 256, 64)).astype(np.float32)
+    q = rng.standard_normal((1, 32, 32)).astype(np.float32)
+    k = rng.standard_normal((1, 256, 32)).astype(np.float32)
+    v = rng.standard_normal((1, 256, 32)).astype(np.float32)
     return q, k, v
 
 

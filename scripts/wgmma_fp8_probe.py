@@ -66,7 +66,8 @@ def main() -> int:
             summary[f"{name}_{k}"] = {
                 "fp8_correctly_rounded": float(np.mean(o8 == r32)),
                 "f16_correctly_rounded": float(np.mean(o16 == r32)),
-                "fp8_max_err_rel_to_abs_sum": float(np.max(np.abs(o8 - ref) / np.maximum(scale, 1e-30))),
+                "fp8_max_err_rel_to_abs_sum":
+                    float(np.max(np.abs(o8 - ref) / np.maximum(scale, 1e-30))),
             }
             print(name, k, summary[f"{name}_{k}"], flush=True)
     store["meta"] = np.frombuffer(json.dumps({

@@ -176,3 +176,14 @@ def test_bit_identity_numbers(quick_run):
     nums = _section(quick_run, "bit_identity")
     assert nums["all_identical"] is True
     assert len([r for r in nums["rows"] if r["what"].startswith("attention_forward")]) == report.QUICK.jit_presets
+
+
+def test_repository_figures_are_present_and_indexed():
+    from fp4sim.figures import DEFAULT_DIR, FIGURES
+
+    index = (DEFAULT_DIR / "INDEX.md").read_text()
+    for name, spec in FIGURES.items():
+        assert (DEFAULT_DIR / spec.filename).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f"`fp4sim.figures.{spec.draw.__name__}`" in index
+    stray = {p.name for p in DEFAULT_DIR.iterdir()} - {f.filename for f in FIGURES.values()} - {"INDEX.md"}
+    assert not stray, f"files in figures/ that no figure function makes: {stray}"

@@ -40,9 +40,17 @@ def f32(x: Any, like: Any = None) -> Any:
 
 
 def ftz(x: Any) -> Any:
-    """Flush |x| < 2^-126 to +0 (NaN and Inf pass); a contraction barrier under XLA."""
+    """Flush |x| < 2^-126 to +0 (NaN and Inf pass); a contraction barrier under XLA.
+
+    Done on the bit pattern (an integer AND with a mask that is all ones unless the exponent
+    field is zero), so no compiler can fold it into a neighbouring float operation (a float
+    ``select`` can be hoisted by LLVM and re-expose ``a*b + c`` to FMA contraction)."""
     xp = namespace(x)
-    return xp.where(xp.abs(x) < TINY, xp.zeros_like(x), x)
+    x = xp.asarray(x, dtype=np.float32)
+    bits = bitcast(x, np.uint32)
+    keep = (bits & np.uint32(0x7F800000)) != np.uint32(0)
+    mask = xp.where(keep, np.uint32(0xFFFFFFFF), np.uint32(0))
+    return bitcast(bits & mask, np.float32)
 
 
 def mul(a: Any, b: Any) -> Any:

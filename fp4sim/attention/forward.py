@@ -9,7 +9,9 @@ independent across key tiles (scores, conversion of P, the PV partial products, 
 denominators) is computed for all tiles at once as batched array operations; only what is
 sequential in a kernel is a loop over tiles: the running max and the rescale-and-add updates of
 the accumulator and the normalizer. The result is, element by element, the same sequence of
-float32 operations as a tile-by-tile kernel.
+float32 operations as a tile-by-tile kernel. Under jax, query rows are processed in chunks of
+``_ROW_CHUNK`` rows by ``lax.map`` (rows are independent: the bits do not change; memory stays
+bounded and the working set fits the caches).
 
 Per key tile of ``block_kv`` keys (seed_algorithms.md §2.0, §4.2):
 
@@ -83,7 +85,7 @@ __all__ = ["Operand", "ForwardResult", "ForwardIntermediates", "quantize_qk", "q
            "converter_unit"]
 
 _LN2 = np.float32(math.log(2.0))
-_ROW_CHUNK = 256  # query rows per chunk under jax (rows are independent)
+_ROW_CHUNK = 128  # query rows per chunk under jax (rows are independent)
 
 
 class Operand(NamedTuple):
@@ -322,10 +324,11 @@ def scores(q: Operand, k: Operand) -> Any:
     nb = d // blk
     if q.exact:
         # all block partials in one batched product; each entry is exact, so the backend's
-        # summation order cannot matter; ftz is the barrier before the ordered block sum
+        # summation order cannot matter; the barrier keeps the ordered block sum separate
         qb = xp.moveaxis(xp.reshape(q.values, q.values.shape[:-1] + (nb, blk)), -2, -3)
         kb = xp.moveaxis(xp.reshape(k.values, k.values.shape[:-1] + (nb, blk)), -2, -3)
-        parts = _f32.ftz(_matmul(xp, qb, xp.swapaxes(kb, -1, -2)))  # (..., nb, Sq, Sk)
+        # no subnormal is possible (multiples of 2^-20), so a plain barrier replaces ftz
+        parts = _materialize(_matmul(xp, qb, xp.swapaxes(kb, -1, -2)))  # (..., nb, Sq, Sk)
         parts = [parts[..., b, :, :] for b in range(nb)]
     else:
         parts = [_seq_dot(q.values[..., b * blk:(b + 1) * blk], k.values[..., b * blk:(b + 1) * blk])
@@ -395,6 +398,17 @@ def _group_partials(xp: Any, p: PTile, v_vals: Any, v_exps: Any, v_block: int, v
     for j in range(1, per_group):
         g = _f32.add(g, parts[..., j, :, :])
     return g
+
+
+def _materialize(x: Any) -> Any:
+    """Under jax, an optimization barrier: XLA computes ``x`` once instead of re-fusing its
+    long elementwise chain into every consumer (a pure performance hint; no effect on bits)."""
+    leaves = x if isinstance(x, tuple) else (x,)
+    if not any(is_jax(a) for a in leaves):
+        return x
+    from jax import lax
+
+    return lax.optimization_barrier(x)
 
 
 def _consistent_denominator(xp: Any, p: PTile, n: int) -> Any:
@@ -487,7 +501,7 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
         """Everything for a set of query rows (rows are independent)."""
         nrows = qo.values.shape[-2]
         # 1-2. scores of all keys, the log2 domain, the masks
-        z = scores(qo, kop)  # (..., Sq, Skv_pad)
+        z = _materialize(scores(qo, kop))  # (..., Sq, Skv_pad)
         rows = row_ids[:, None]
         cols = xp.arange(skv_pad, dtype=np.int32)[None, :]
         valid = (cols < np.int32(skv)) & (rows < np.int32(sq))
@@ -495,7 +509,7 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
             valid = valid & (cols <= rows + np.int32(skv - sq))
         if qseg is not None:
             valid = valid & (qs[..., :, None] == kseg[..., None, :])
-        u = log2_scores(z, c, valid)
+        u = _materialize(log2_scores(z, c, valid))
         nanf = xp.any(xp.isnan(u), axis=-1)
         ut = xp.reshape(u, (*lead, nrows, n_tiles, tile))
         mt = xp.max(xp.where(xp.isnan(ut), np.float32(-np.inf), ut), axis=-1)  # (..., Sq, nt)
@@ -520,14 +534,17 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
 
         # 3. P of every tile
         t = xp.where(finite[..., None], ut - safe[..., None], np.float32(-np.inf))
-        p = convert_tile(recipe, t, need_mismatched=mism)  # fields (..., Sq, nt, ...)
+        p = convert_tile(recipe, _materialize(t), need_mismatched=mism)
+        p = p._replace(**dict(zip(("codes", "values", "exps", "mismatched"), _materialize(
+            (p.codes, p.values, p.exps, p.mismatched)))))
 
         # 4-5. PV partials and tile denominators, then the sequential online-softmax updates
         v_vals = xp.reshape(vop.values, (*lead, n_tiles, tile, dv))
         v_exps = None
         if vop.exps is not None:
             v_exps = xp.reshape(vop.exps, (*lead, n_tiles, tile // vop.block, vop.exps.shape[-1]))
-        g = _group_partials(xp, p, v_vals, v_exps, vop.block, vop.exact, recipe.pv_group, p_fp4)
+        g = _materialize(_group_partials(xp, p, v_vals, v_exps, vop.block, vop.exact,
+                                         recipe.pv_group, p_fp4))
         lt = p.mismatched if mism else _consistent_denominator(xp, p, tile)  # (..., Sq, nt)
         acc = xp.zeros(lead + (nrows, dv), dtype=np.float32)
         den = xp.zeros(lead + (nrows,), dtype=np.float32)

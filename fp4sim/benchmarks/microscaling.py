@@ -10,9 +10,11 @@ on NumPy and under ``jax.jit`` against two other CPU quantizers of the same thin
   ``/tmp/torchao_venv/bin/python``; skipped with a note if absent). torch picks its own thread
   count there (``--torch-threads`` to pin it; 0 = torch's default).
 
-Every timing is the minimum over ``--repeats`` runs. Ratios are "other time / fp4sim jit time"
-(above 1: fp4sim faster). The same-size arrays are generated from the same seed in both
-processes. CPU times on a shared machine are comparisons, not claims about any GPU.
+Every timing is the minimum over ``--repeats`` rounds; within a round every implementation
+(torchao through a persistent subprocess) runs once, so all see the same machine load. Ratios
+are "other time / fp4sim jit time" (above 1: fp4sim faster). The same-size arrays are generated
+from the same seed in both processes. CPU times on a shared machine are comparisons, not claims
+about any GPU.
 """
 
 from __future__ import annotations
@@ -32,32 +34,67 @@ _CASES = ("MXFP8", "MXFP4", "NVFP4")
 
 _TORCHAO_SCRIPT = r"""
 import json, sys, time, numpy as np, torch
-rows, cols, repeats, threads = map(int, sys.argv[1:5])
+rows, cols, threads = map(int, sys.argv[1:4])
 if threads: torch.set_num_threads(threads)
 from torchao.prototype.mx_formats.mx_tensor import to_mx
 from torchao.prototype.mx_formats.config import ScaleCalculationMode
 from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize, per_tensor_amax_to_scale
-x = torch.from_numpy((np.random.default_rng(0).standard_normal((rows, cols)) * 2).astype(np.float32))
-def t(fn):
-    fn(); best = 1e30
-    for _ in range(repeats):
-        t0 = time.perf_counter(); fn(); best = min(best, time.perf_counter() - t0)
-    return best
-out = {
-  "MXFP8": t(lambda: to_mx(x, torch.float8_e4m3fn, 32, ScaleCalculationMode.RCEIL)),
-  "MXFP4": t(lambda: to_mx(x, torch.float4_e2m1fn_x2, 32, ScaleCalculationMode.RCEIL)),
-  "NVFP4": t(lambda: nvfp4_quantize(x, 16, per_tensor_amax_to_scale(x.abs().amax()))),
-  "threads": torch.get_num_threads(), "torch": torch.__version__,
+import torchao
+x = np.random.default_rng(0).standard_normal((rows, cols)) * 2
+x = torch.from_numpy(x.astype(np.float32))
+fns = {
+  "MXFP8": lambda: to_mx(x, torch.float8_e4m3fn, 32, ScaleCalculationMode.RCEIL),
+  "MXFP4": lambda: to_mx(x, torch.float4_e2m1fn_x2, 32, ScaleCalculationMode.RCEIL),
+  "NVFP4": lambda: nvfp4_quantize(x, 16, per_tensor_amax_to_scale(x.abs().amax())),
 }
-import torchao; out["torchao"] = torchao.__version__
-print(json.dumps(out))
+for f in fns.values(): f()
+print(json.dumps({"threads": torch.get_num_threads(), "torch": torch.__version__,
+                  "torchao": torchao.__version__}), flush=True)
+for line in sys.stdin:
+    t0 = time.perf_counter(); fns[line.strip()](); print(time.perf_counter() - t0, flush=True)
 """
+
+
+class _Torchao:
+    """torchao's quantizers in a persistent side-venv subprocess, timed one call at a time (so
+    its runs interleave with fp4sim's and share the same machine load)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.proc = None
+        self.info: dict[str, Any] | None = None
+        self.note = ""
+        if not os.path.exists(args.torchao_python):
+            self.note = f"skipped: {args.torchao_python} not found"
+            return
+        try:
+            self.proc = subprocess.Popen(
+                [args.torchao_python, "-c", _TORCHAO_SCRIPT, str(args.rows), str(args.cols),
+                 str(args.torch_threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, text=True,
+                # idle OpenMP workers must sleep, not spin: spinning steals the cores that the
+                # interleaved fp4sim runs use (and slows torch's own next call as well)
+                env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+            self.info = json.loads(self.proc.stdout.readline())
+        except (OSError, ValueError) as exc:
+            self.note = f"skipped: torchao subprocess failed ({exc})"
+            self.close()
+
+    def time(self, case: str) -> float:
+        self.proc.stdin.write(case + "\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+            self.proc = None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=1024)
     parser.add_argument("--cols", type=int, default=4096)
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs; the minimum counts")
+    parser.add_argument("--repeats", type=int, default=7, help="timed rounds; the minimum counts")
     parser.add_argument("--torchao-python", default="/tmp/torchao_venv/bin/python",
                         help="python of a venv with torch + torchao (skipped if missing)")
     parser.add_argument("--torch-threads", type=int, default=0,
@@ -65,14 +102,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
 
 
-def _min_time(fn: Callable[[], Any], repeats: int) -> float:
+def _once(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
     fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return time.perf_counter() - t0
 
 
 # --- a plain ml_dtypes quantizer (the always-available baseline) ------------------------------
@@ -104,20 +137,6 @@ def _mld_nvfp4(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (codes[:, 0::2] & 0xF) | ((codes[:, 1::2] & 0xF) << 4), s.view(np.uint8)
 
 
-def _torchao(args: argparse.Namespace) -> dict[str, Any] | str:
-    if not os.path.exists(args.torchao_python):
-        return f"skipped: {args.torchao_python} not found"
-    try:
-        res = subprocess.run([args.torchao_python, "-c", _TORCHAO_SCRIPT, str(args.rows),
-                              str(args.cols), str(args.repeats), str(args.torch_threads)],
-                             capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"skipped: {exc}"
-    if res.returncode:
-        return "skipped: torchao subprocess failed: " + (res.stderr.strip().splitlines() or [""])[-1]
-    return json.loads(res.stdout.strip().splitlines()[-1])
-
-
 def run(args: argparse.Namespace) -> int:
     import jax
     import jax.numpy as jnp
@@ -128,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     x = (np.random.default_rng(0).standard_normal((args.rows, args.cols)) * 2).astype(np.float32)
     xj = jax.device_put(jnp.asarray(x))
     n = x.size
-    times: dict[str, dict[str, float]] = {}
+    impls: dict[str, dict[str, Callable[[], Any]]] = {}
     for name, (fmt, pack) in fmts.items():
         jitted = jax.jit(lambda v, f=fmt, p=pack: quantize(v, f, pack=p))
         if name == "NVFP4":
@@ -136,15 +155,27 @@ def run(args: argparse.Namespace) -> int:
         else:
             dt = ml_dtypes.float8_e4m3fn if name == "MXFP8" else ml_dtypes.float4_e2m1fn
             mld = lambda dt=dt, p=pack, e=fmt.elem.emax: _mld_mx(x, dt, e, p)  # noqa: E731
-        times[name] = {
-            "fp4sim NumPy": _min_time(lambda f=fmt, p=pack: quantize(x, f, pack=p), args.repeats),
-            "fp4sim jax.jit": _min_time(lambda: jax.block_until_ready(jitted(xj)), args.repeats),
-            "ml_dtypes quantizer": _min_time(mld, args.repeats),
+        impls[name] = {
+            "fp4sim NumPy": lambda f=fmt, p=pack: quantize(x, f, pack=p),
+            "fp4sim jax.jit": lambda j=jitted: jax.block_until_ready(j(xj)),
+            "ml_dtypes quantizer": mld,
         }
-    tao = _torchao(args)
-    if isinstance(tao, dict):
-        for name in _CASES:
-            times[name][f"torchao {tao['torchao']} CPU ({tao['threads']} threads)"] = tao[name]
+        for fn in impls[name].values():
+            fn()  # warm-up and compilation
+    tao = _Torchao(args)
+    tao_name = None if tao.info is None else \
+        f"torchao {tao.info['torchao']} CPU ({tao.info['threads']} threads)"
+    times = {name: {impl: float("inf") for impl in fns} for name, fns in impls.items()}
+    try:
+        for _ in range(args.repeats):  # round robin: every implementation sees the same load
+            for name, fns in impls.items():
+                for impl, fn in fns.items():
+                    times[name][impl] = min(times[name][impl], _once(fn))
+                if tao_name:
+                    times[name][tao_name] = min(times[name].get(tao_name, float("inf")),
+                                                tao.time(name))
+    finally:
+        tao.close()
     rows = []
     for name, impls in times.items():
         jit_t = impls["fp4sim jax.jit"]
@@ -153,14 +184,14 @@ def run(args: argparse.Namespace) -> int:
                          "other_over_fp4sim_jit": t / jit_t})
     info = {"rows_x_cols": [args.rows, args.cols], "repeats": args.repeats,
             "jax": jax.__version__, "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-            "torchao": tao if isinstance(tao, dict) else {"note": tao}, "results": rows}
+            "torchao": tao.info or {"note": tao.note}, "results": rows}
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(info, fh, indent=1)
     print(f"fp4sim bench microscaling: quantize a {args.rows}x{args.cols} float32 array, min of "
           f"{args.repeats} runs, jax {jax.__version__} CPU, {os.cpu_count()} cores")
-    if not isinstance(tao, dict):
-        print(f"torchao: {tao}")
+    if tao.info is None:
+        print(f"torchao: {tao.note}")
     print(f"{'case':6} {'implementation':36} {'ms':>9} {'Melem/s':>9} {'time/jit':>9}")
     for r in rows:
         print(f"{r['case']:6} {r['impl']:36} {r['seconds'] * 1e3:9.2f} {r['Melem_per_s']:9.1f} "

@@ -9,61 +9,70 @@ under ``jax.jit``/``vmap``/``lax.scan``), jax out, with the same bits.
 Public names
 ============
 
-``ScaleRule``      how a block scale is derived from the block's max-abs ``amax`` (``M`` = element max,
-                   ``e_M = floor(log2 M)``):
+``ScaleRule``
+    How a block scale follows from the block's max-abs ``amax`` (``M`` = element max,
+    ``e_M = floor(log2 M)``). Power-of-two exponents are clamped to UE8M0's [−127, 127].
 
-                   * ``RCEIL`` (default for power-of-two scales): the descale ``d = fl32(amax · fl32(1/M))``
-                     rounded *up* onto the scale grid. UE8M0: ``2^ceil(log2 d)`` with the TE/cuDNN/torchao
-                     bit rule (exponent + 1 iff any mantissa bit is set; an f32-subnormal ``d`` rounds up
-                     only above 2^-127). UE4M3/UE5M3: the next scale value at or above ``d``.
-                   * ``FLOOR`` (OCP MX §6.3, microxcaling, torchao FLOOR): ``2^(floor(log2 amax) − e_M)``;
-                     block maxima above ``M·2^e`` are *clamped* to ``±M`` by the saturating element cast.
-                   * ``CEIL`` (torchao CEIL): ``2^(ceil(log2 amax) − e_M)``.
-                   * ``EVEN`` (torchao EVEN): round ``amax`` to the element's mantissa width (ties up)
-                     first, then ``FLOOR``.
-                   * ``NEAREST`` (default for UE4M3/UE5M3 scales, NVFP4): ``d`` rounded to the nearest
-                     scale value, ties to even (satfinite).
-                   Power-of-two exponents are clamped to the UE8M0 range [−127, 127].
-``Geometry``       which elements share one scale: ``BLOCK`` (``block_size`` consecutive elements
-                   along ``axis``; default), ``PER_ROW`` (the whole of ``axis``), ``PER_TENSOR`` (all),
-                   ``TOKEN_BLOCK`` (``block_size`` consecutive rows along ``axis`` — tokens, normally
-                   ``-2`` — times the *whole last axis*: FLAMIA's 32 tokens × head_dim), ``SQUARE``
-                   (``block_size × block_size`` tiles of the last two axes: FLAMIA's/cuDNN's 32×32 dS).
-``GlobalScale``    the optional FP32 second level (NVFP4): ``NONE``, ``PER_TENSOR`` (amax of the whole
-                   tensor — leaks across tokens under causal masking), ``PER_ROW`` (amax over ``axis``
-                   per row: "per token" for Q/K blocked along head_dim), ``CONSTANT`` (given by the
-                   caller as ``global_scale=`` (decode factor) or ``global_encode_scale=`` (encode factor)).
-``Arithmetic``     the order of float32 operations a library uses (matters only at exact ties and
-                   for the special cases): ``TRANSFORMER_ENGINE`` (default), ``TORCHAO``, ``JAX``;
-                   see :func:`quantize`.
-``NonFinite``      the UE8M0 code of blocks holding Inf/NaN: ``SATFINITE`` (NaN → 0xFF, Inf → 0xFE,
-                   TE and DESIGN.md §3; default), ``NAN`` (both → 0xFF, torchao ≥ PR #4725),
-                   ``JAX`` (NaN wraps to 0x00, Inf → 0xFF: JAX's ``cast_to_e8m0_with_rounding_up``),
-                   ``FORMULA`` (NaN → 0xFF, Inf → whatever the rule's formula gives for Inf's bit
-                   pattern, clamped to 0xFE: torchao 0.18 gives 247 (E4M3 FLOOR), 254 (RCEIL)).
-``BlockFormat``    frozen, hashable: ``elem``, ``scale`` (``None`` = no block scale), ``block_size``,
-                   ``rule``, ``policy`` (element :class:`~fp4sim.formats.spec.Policy`), ``global_scale``,
-                   ``arithmetic``, ``min_scale`` (lower clamp of the block scale value before it is
-                   encoded; torchao NVFP4: 2^-6), ``nonfinite``, ``name``.
-Constants          ``MXFP4``, ``MXFP6_E2M3``, ``MXFP6_E3M2``, ``MXFP8_E4M3`` (= ``MXFP8``),
-                   ``MXFP8_E5M2`` (UE8M0 scales, 32 elements, ``RCEIL``), ``NVFP4`` (UE4M3 per 16,
-                   ``NEAREST``, per-tensor FP32 factor, TE order), ``NVFP4_SINGLE`` (no FP32 factor),
-                   ``FP8_E4M3_PER_TENSOR`` (no block scale, FP32 per-tensor factor).
-``QuantizedArray`` registered jax pytree: children ``codes`` (uint8; unpacked one code per byte, or
-                   packed along the last axis when ``packed``), ``scales`` (uint8 scale codes, shape
-                   ``shape[d] // extent[d]`` per axis, or ``None``), ``global_scale`` (float32 decode
-                   factor broadcastable to ``scales``/codes, or ``None``); static aux: ``format``,
-                   ``geometry``, ``axis`` (negative), ``packed``. Invariants are checked on
-                   construction (dtypes, shapes, block divisibility; concrete NumPy checks only).
+    * ``RCEIL`` (default for power-of-two scales): the descale ``d = fl32(amax · fl32(1/M))``
+      rounded *up* onto the scale grid. UE8M0: ``2^ceil(log2 d)`` by the TE/cuDNN/torchao bit
+      rule (exponent + 1 iff a mantissa bit is set; an f32-subnormal ``d`` rounds up only above
+      2^-127). UE4M3/UE5M3: the next scale value at or above ``d``.
+    * ``FLOOR`` (OCP MX §6.3, microxcaling, torchao FLOOR): ``2^(floor(log2 amax) − e_M)``; block
+      maxima above ``M·2^e`` are *clamped* to ``±M`` by the saturating element cast.
+    * ``CEIL`` (torchao CEIL): ``2^(ceil(log2 amax) − e_M)``.
+    * ``EVEN`` (torchao EVEN): round ``amax`` to the element's mantissa width (ties up), then
+      ``FLOOR``.
+    * ``NEAREST`` (default for UE4M3/UE5M3 scales, NVFP4): ``d`` to the nearest scale value,
+      ties to even (satfinite).
+``Geometry``
+    Which elements share one scale: ``BLOCK`` (``block_size`` consecutive elements along
+    ``axis``; default), ``PER_ROW`` (the whole of ``axis``), ``PER_TENSOR`` (all),
+    ``TOKEN_BLOCK`` (``block_size`` consecutive rows along ``axis`` — tokens, normally ``-2`` —
+    times the *whole last axis*: FLAMIA's 32 tokens × head_dim), ``SQUARE`` (``block_size ×
+    block_size`` tiles of the last two axes: FLAMIA's / cuDNN's 32×32 dS).
+``GlobalScale``
+    The optional FP32 second level (NVFP4): ``NONE``, ``PER_TENSOR`` (amax of the whole tensor;
+    leaks across tokens under causal masking), ``PER_ROW`` (amax over ``axis`` per row: "per
+    token" for Q/K blocked along head_dim), ``CONSTANT`` (given by the caller as
+    ``global_scale=`` (decode factor) or ``global_encode_scale=`` (encode factor)).
+``Arithmetic``
+    The order of float32 operations a library uses (matters at exact ties and in special
+    cases): ``TRANSFORMER_ENGINE`` (default), ``TORCHAO``, ``JAX``; see the class.
+``NonFinite``
+    The UE8M0 code of blocks holding Inf/NaN: ``SATFINITE`` (NaN → 0xFF, Inf → 0xFE; TE and
+    DESIGN.md §3; default), ``NAN`` (both → 0xFF; torchao ≥ PR #4725), ``JAX`` (NaN wraps to
+    0x00, Inf → 0xFF: JAX's ``cast_to_e8m0_with_rounding_up``), ``FORMULA`` (NaN → 0xFF, Inf →
+    what the rule's formula gives for Inf's bits, at most 0xFE: torchao 0.18's 247 for E4M3
+    FLOOR, 254 for RCEIL).
+``BlockFormat``
+    Frozen, hashable: ``name``, ``elem``, ``scale`` (``None`` = no block scale), ``block_size``,
+    ``rule``, ``policy`` (the element :class:`~fp4sim.formats.spec.Policy`), ``global_scale``,
+    ``arithmetic``, ``min_scale`` (lower clamp of the block scale value before it is encoded;
+    torchao NVFP4: 2^-6), ``nonfinite``; ``.replace(**changes)``, ``.pow2``.
+Constants
+    ``MXFP4``, ``MXFP6_E2M3``, ``MXFP6_E3M2``, ``MXFP8_E4M3`` (= ``MXFP8``), ``MXFP8_E5M2`` (UE8M0
+    per 32, ``RCEIL``); ``NVFP4`` (UE4M3 per 16, ``NEAREST``, per-tensor FP32 factor, TE order);
+    ``NVFP4_SINGLE`` (no FP32 factor); ``FP8_E4M3_PER_TENSOR`` (no block scale, FP32 per-tensor
+    factor).
+``QuantizedArray``
+    A registered jax pytree. Children: ``codes`` (uint8; one code per byte, or packed along the
+    last axis when ``packed``), ``scales`` (uint8 scale codes, ``shape[d] // extent[d]`` per
+    axis, or ``None``), ``global_scale`` (float32 decode factor broadcastable to the scales, or
+    ``None``). Static: ``format``, ``geometry``, ``axis`` (negative), ``packed``. Invariants
+    (dtypes, shapes, block divisibility, valid scale codes on NumPy) are checked on construction.
 ``quantize(x, fmt, *, axis=-1, geometry=Geometry.BLOCK, rule=None, global_scale=None,
-           global_encode_scale=None, pack=False) -> QuantizedArray``
-``dequantize(q) -> float32 array``
-``block_extents(shape, fmt, geometry, axis) -> tuple[int, ...]``: per axis, how many elements
-                   share a scale.
-``scale_exponents(q) -> int32``: the integer power of two of every UE8M0 scale (code − 127; the
-                   NaN code 0xFF gives 128), for kernels that apply scales by exponent arithmetic.
-``expand_scales(values, q)``: broadcast a per-scale array to the element shape.
-``global_decode_scale(amax, fmt)`` / ``global_encode_scale(amax, fmt)``: the NVFP4 FP32 factors.
+global_encode_scale=None, pack=False) -> QuantizedArray``; ``dequantize(q) -> float32``
+``block_extents(shape, fmt, geometry, axis)``
+    Per axis, how many consecutive elements share a scale.
+``scale_exponents(q) -> int32``
+    The power of two of every UE8M0 scale (code − 127; the NaN code 0xFF gives 128), for
+    kernels that apply scales by exponent arithmetic.
+``expand_scales(values, q)``
+    Broadcast a per-block array to the element shape.
+``global_decode_scale(amax, fmt)``, ``global_encode_scale(amax, fmt)``
+    The NVFP4 FP32 factors (torchao/JAX decode form ``amax/2688``; TE encode form).
+``ldexp_f32``, ``mul_f32``, ``div_f32``
+    The exact, FTZ-proof float32 steps below.
 
 Exactness and platforms
 =======================
@@ -73,7 +82,8 @@ correctly rounded (RNE) result even in the float32 subnormal range (``ldexp_f32`
 multiplies/divides of the UE4M3 (NVFP4) path go through ``mul_f32``/``div_f32``: the significands
 are multiplied natively in [1, 4) and the exponent is applied with integers, which equals IEEE
 float32 arithmetic whenever the result is normal, on every platform, FTZ or not (a result below
-2^-126 is rounded twice; it only feeds rounding steps that cannot tell the difference).
+2^-126 may be rounded twice: the one documented deviation from IEEE, reached only by blocks whose
+scales or values sit near 2^-126; NumPy and jax still agree bit for bit).
 Dequantization of NVFP4 (``code · s_e4m3 · g``) is correctly rounded with integer arithmetic.
 
 Partial trailing blocks are rejected (``ValueError`` naming ``x``); pad the input yourself.
@@ -200,7 +210,7 @@ class NonFinite(enum.Enum):
     SATFINITE = "satfinite"  # NaN -> 0xFF, Inf -> 0xFE
     NAN = "nan"  # NaN and Inf -> 0xFF
     JAX = "jax"  # NaN -> 0x00 (uint8 wrap), Inf -> 0xFF
-    FORMULA = "formula"  # NaN -> 0xFF; Inf -> the rule's formula applied to Inf's bits (torchao 0.18)
+    FORMULA = "formula"  # NaN -> 0xFF; Inf -> the rule's formula on Inf's bits (torchao 0.18)
 
 
 # --- BlockFormat ----------------------------------------------------------------------------
@@ -348,35 +358,14 @@ def _f32_bits(xp: Any, x: Any) -> Any:
 
 
 def ldexp_f32(x: Any, k: Any) -> Any:
-    """``x · 2^k`` for float32 ``x`` and int ``k``, correctly rounded, FTZ-proof (integer ops).
-
-    When every lane is normal before and after (or zero/Inf/NaN), the result is the exponent
-    field plus ``k``; only otherwise is the general integer rounding path evaluated (a
-    ``lax.cond`` under jax), which gives the same bits on those lanes.
-    """
+    """``x · 2^k`` for float32 ``x`` and int ``k``, correctly rounded, FTZ-proof (integer ops)."""
     xp = namespace(x, k)
     bits = _f32_bits(xp, x)
+    sign, sig, exp = _split(xp, bits)
     k = xp.clip(xp.asarray(k, dtype=np.int32), -400, 400)
-    field = ((bits >> _U(23)) & _U(0xFF)).astype(np.int32)
-    new = field + k
-    mag = bits & _U(0x7FFFFFFF)
-    keep = (mag == 0) | (field == 255)
-    easy = keep | ((field >= 1) & (new >= 1) & (new <= 254))
-    fast = xp.where(keep, bits, (bits.astype(np.int32) + (k << 23)).astype(np.uint32))
-
-    def slow():
-        sign, sig, exp = _split(xp, bits)
-        out = _compose(xp, sign, sig, exp + k)
-        return xp.where(keep, bits, out)
-
-    if xp is np:
-        out = fast if bool(np.all(easy)) else slow()
-    else:
-        from jax import lax
-
-        out = lax.cond(xp.all(easy), lambda: xp.broadcast_to(fast, easy.shape),
-                       lambda: xp.broadcast_to(slow(), easy.shape))
-    return _stage(bitcast(out, np.float32))
+    out = _compose(xp, sign, sig, exp + k)
+    special = (bits & _U(0x7F800000)) == _U(0x7F800000)
+    return bitcast(xp.where(special, bits, out), np.float32)
 
 
 def _normalize(xp: Any, bits: Any) -> tuple[Any, Any]:
@@ -757,7 +746,8 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
     if (global_scale is not None or global_encode_scale is not None) and \
             fmt.global_scale is not GlobalScale.CONSTANT:
         raise ValueError(f"global_scale/global_encode_scale given but {fmt.name}.global_scale is "
-                         f"{fmt.global_scale.name}; use fmt.replace(global_scale=GlobalScale.CONSTANT)")
+                         f"{fmt.global_scale.name}; use "
+                         f"fmt.replace(global_scale=GlobalScale.CONSTANT)")
     g_dec = s_enc = None  # decode factor, encode factor (float32 arrays)
     gmode = fmt.global_scale
     if gmode is GlobalScale.CONSTANT:
@@ -786,7 +776,7 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
             g_dec = global_decode_scale(amax_t, fmt)
             s_enc = div_f32(np.float32(1.0), g_dec)
     if g_dec is not None and is_jax(g_dec):
-        # Keep XLA from fusing the whole-tensor reduction into every consumer (minutes of compile).
+        # Materialize the two factors once instead of re-deriving them inside every consumer.
         from jax import lax
 
         g_dec, s_enc = lax.optimization_barrier((g_dec, s_enc))
@@ -829,6 +819,8 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
         scales = xp.reshape(scales, scale_shape)
     if g_dec is not None:
         g_dec = xp.asarray(g_dec, dtype=np.float32)
+    if pack:  # materialize the codes first: XLA would otherwise re-run the encoder per nibble
+        codes = _stage(codes)
     q = QuantizedArray(codes, scales, g_dec, fmt, geometry, axis, False)
     return q.pack() if pack else q
 
@@ -851,7 +843,8 @@ def _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec, s_enc):
     """(scaled elements, scale codes) for UE4M3/UE5M3 block scales, per ``fmt.arithmetic``."""
     M = np.float32(fmt.elem.max)
     S = np.float32(fmt.scale.max)
-    spolicy = Policy(rounding=(Rounding.UP if fmt.rule is ScaleRule.RCEIL else Rounding.NEAREST_EVEN))
+    spolicy = Policy(rounding=(Rounding.UP if fmt.rule is ScaleRule.RCEIL
+                               else Rounding.NEAREST_EVEN))
     red = _block_reduce_axes(len(blocked) // 2)
     f32max = np.float32(np.finfo(np.float32).max)
     one = np.float32(1.0)

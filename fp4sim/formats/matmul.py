@@ -1,13 +1,19 @@
 """Block-scaled matrix products: what a block-scaled MMA computes, under named accumulation models.
 
 This module owns ``scaled_matmul(a, b)`` for two :class:`~fp4sim.formats.blocks.QuantizedArray`
-operands ``a (..., M, K)`` and ``b (..., N, K)`` (both blocked along K, the contraction axis,
-"K-major" like every block-scaled MMA), returning float32 ``(..., M, N)``:
+operands ``a (..., M, K)`` and ``b`` — ``(..., N, K)`` ("K-major", ``BLayout.NK``, what every
+block-scaled MMA consumes) or ``(..., K, N)`` (``BLayout.KN``, e.g. V stored (tokens, head_dim) in
+P·V) — returning float32 ``(..., M, N)``:
 
-    out[m, n] = g_a · g_b · Σ_blocks (s_a · s_b) · Σ_{k in block} a_k · b_k
+    out[m, n] = g_a · g_b · Σ_k (s_a[m, k] · s_b[n, k]) · a[m, k] · b[n, k]
 
-Element products are exact (E2M1·E2M1 has 4 significant bits, E4M3·E4M3 8); scales are applied
-per block. How the sum is accumulated is an :class:`Accumulation`:
+where ``s`` is the block scale that covers each element (any geometry: MX blocks along K, token
+blocks, 32x32 squares, blocks along M or N) and ``g`` the FP32 global factors, which must not vary
+along K.
+
+Element products are exact (E2M1·E2M1 has 4 significant bits, E4M3·E4M3 8); each term's scales
+are applied exactly (powers of two by exponent arithmetic). How the sum is accumulated is an
+:class:`Accumulation`:
 
 ``EXACT``      every term exact, summed in float64, rounded once to float32. Equals a float64
                dequantize-then-matmul whenever that sum is exact (e.g. terms on a common grid).
@@ -16,18 +22,22 @@ per block. How the sum is accumulated is an :class:`Accumulation`:
                once to float32) are added one by one in increasing K. NumPy and jitted JAX give
                the same bits (each term is exact or correctly rounded with integer arithmetic, so
                FMA contraction cannot change it).
-``HOPPER_FP8`` a model of Hopper's FP8 ``wgmma`` accumulator (pallas_mgpu.md §1.5: FP8 wgmma is
-               *not* float32-exact; DeepSeek-V3 reports "around 14 bits"). Per K-block (the MX
-               block; the whole K for operands without block scales) the products go through
-               :func:`wgmma_fp8_dot` with a :class:`WgmmaFp8Model`, and the block results are
-               scaled and added in float32 (the usual "promote to CUDA cores per block" scheme).
+``HOPPER_FP8`` Hopper's FP8 ``wgmma`` accumulator (pallas_mgpu.md §1.5: FP8 wgmma is *not*
+               float32-exact). Per scale block along K (which must be whole 32-element wgmma
+               steps; the whole K for operands whose scales do not vary along K) the products go
+               through :func:`wgmma_fp8_dot` with a :class:`WgmmaFp8Model`, and the block results
+               are scaled and added in float32 (the usual "promote per block" scheme, since
+               Hopper has no block-scaled MMA).
 
-``WgmmaFp8Model(group, frac_bits, acc_in_group)``: products are consumed ``group`` at a time; the
-terms of a group (and the running accumulator when ``acc_in_group``) are aligned to the largest
-exponent among them and truncated toward zero to ``frac_bits`` bits below it, summed exactly, and
-the sum becomes the new accumulator (correctly rounded to float32). All integer arithmetic.
-``HOPPER_FP8_MODEL`` holds the parameters fitted to H200 measurements (see its docstring: 84 %
-of measured outputs bit-exact, the rest within 1.1e-3 of sum|a·b|).
+``WgmmaFp8Model(group, frac_bits, acc_in_group, align, out_frac_bits, emin)``: products are
+consumed ``group`` at a time; the terms of a group (and the running accumulator when
+``acc_in_group``) are aligned to the largest exponent among them (a product's exponent is the sum
+of its factors' exponents, each clamped below at ``emin``, under ``Align.EXPONENT_SUM``) and
+truncated toward zero to ``frac_bits`` bits below it, summed exactly, optionally truncated toward
+zero to ``out_frac_bits`` fraction bits of the sum's own leading bit, and the sum becomes the new
+accumulator. All integer arithmetic, so NumPy and jitted JAX agree bit for bit.
+``HOPPER_FP8_MODEL`` reproduces every output of an H200 FP8 ``wgmma`` measurement bit for bit
+(see its docstring).
 """
 
 from __future__ import annotations
@@ -40,15 +50,17 @@ import numpy as np
 
 from fp4sim._xp import bitcast, namespace
 from fp4sim.formats.blocks import (
-    Geometry,
     QuantizedArray,
+    block_extents,
+    expand_scales,
     _compose,
     _split,
     ldexp_f32,
     mul_f32,
 )
 
-__all__ = ["Accumulation", "Align", "WgmmaFp8Model", "HOPPER_FP8_MODEL", "scaled_matmul", "wgmma_fp8_dot"]
+__all__ = ["Accumulation", "Align", "BLayout", "WgmmaFp8Model", "HOPPER_FP8_MODEL",
+           "scaled_matmul", "wgmma_fp8_dot"]
 
 
 class Accumulation(enum.Enum):
@@ -74,6 +86,8 @@ class WgmmaFp8Model:
     frac_bits: int = 13
     acc_in_group: bool = True
     align: Align = Align.EXPONENT_SUM
+    out_frac_bits: int | None = None
+    emin: int = -6
 
     def __post_init__(self) -> None:
         if not isinstance(self.group, int) or self.group < 1:
@@ -84,72 +98,92 @@ class WgmmaFp8Model:
             raise TypeError(f"WgmmaFp8Model.acc_in_group={self.acc_in_group!r} must be a bool")
         if not isinstance(self.align, Align):
             raise TypeError(f"WgmmaFp8Model.align={self.align!r} must be an Align")
+        if self.out_frac_bits is not None and not (isinstance(self.out_frac_bits, int)
+                                                   and 1 <= self.out_frac_bits <= 23):
+            raise ValueError(f"WgmmaFp8Model.out_frac_bits={self.out_frac_bits!r} must be None or "
+                             f"in 1..23")
+        if not isinstance(self.emin, int):
+            raise TypeError(f"WgmmaFp8Model.emin={self.emin!r} must be an int")
 
 
 HOPPER_FP8_MODEL = WgmmaFp8Model(group=32, frac_bits=13, acc_in_group=True,
-                                 align=Align.EXPONENT_SUM)
-"""Hopper FP8 ``wgmma`` (E4M3 x E4M3, float32 accumulator) as fitted to H200 measurements
-(``tests/golden/wgmma_fp8_h200.npz``, 15 cases x 4096 outputs, K = 32..512): per 32-product
-instruction, the products and the running accumulator are aligned to the largest exponent-sum
-among them and truncated toward zero 13 bits below it. It reproduces 83.8 % of the measured
-outputs bit for bit (64-97 % per case; float32 accumulation in K order: 0-32 %), and its largest
-deviation from the hardware is 1.1e-3 of sum|a·b| (the hardware's own deviation from the exact
-sum reaches 3.0e-3). Every hardware output lies on the 13-fraction-bit grid of its own leading
-bit, which this model does not fully explain: the remaining mismatches are an open question."""
+                                 align=Align.EXPONENT_SUM, out_frac_bits=13, emin=-6)
+"""Hopper FP8 ``wgmma`` (E4M3 x E4M3, float32 accumulator). Per 32-product instruction: input
+exponents are clamped below at E4M3's emin (-6); the products (aligned by exponent sum) and the
+running accumulator are aligned to the largest exponent among them and truncated toward zero
+13 bits below it; the exact sum is truncated toward zero to 13 fraction bits of its own leading
+bit (a zero sum is +0). This is the block-FMA model of Khattak & Mikaitis ("Accurate Models of
+NVIDIA Tensor Cores", ACM TACO 2026, arXiv:2512.07004) with the parameters the ``mmaemu``
+package validates for H100 cuBLAS FP8 GEMMs. Against the H200 measurement stored in
+``tests/golden/wgmma_fp8_h200.npz`` (15 cases x 4096 outputs, K = 32..512, N(0, 2), wide-exponent
+and one-large-term data) it is bit-exact on every output; float32 accumulation in K order
+matches 0-32 %."""
 
 _U = np.uint32
+
+
+class BLayout(enum.Enum):
+    """How the second operand is stored: ``NK`` (..., N, K), the K-major layout of every
+    block-scaled MMA; ``KN`` (..., K, N), e.g. V (tokens, head_dim) in P·V."""
+
+    NK = "nk"
+    KN = "kn"
 
 
 def _check_operand(q: Any, name: str) -> None:
     if not isinstance(q, QuantizedArray):
         raise TypeError(f"{name}={q!r} must be a QuantizedArray")
     if q.ndim < 2:
-        raise ValueError(f"{name} has shape {q.shape}; need (..., rows, K)")
-    if q.format.scale is not None and (q.geometry is not Geometry.BLOCK or q.axis != -1):
-        raise ValueError(f"{name} must be blocked along its last (K) axis with Geometry.BLOCK; "
-                         f"got {q.geometry.name} along axis {q.axis}")
+        raise ValueError(f"{name} has shape {q.shape}; need at least 2 dimensions")
 
 
-def _operand(q: QuantizedArray):
-    """(element values (..., R, K) float32, per-block scale as (exponent int32 | value f32) or
-    None, block size along K, global factor (..., R, 1) or scalar or None)."""
+def _operand(q: QuantizedArray, name: str, kn: bool):
+    """(values (..., R, K) float32, per-element scales (kind, (..., R, K), NaN mask) or None,
+    K extent of a scale block (K when scales do not vary along K), global factor broadcastable
+    to (..., R, 1) or None)."""
     xp = namespace(q.codes)
-    vals = q.values()
-    if q.format.scale is None:
-        return vals, None, None, q.shape[-1], q.global_scale
-    if q.format.pow2:
-        code = q.scales.astype(np.int32)
-        sc = ("exp", code - 127, code == 255)
-    else:
-        sc = ("val", q.scale_values(), None)
+
+    def swap(v):
+        return xp.swapaxes(v, -1, -2) if kn else v
+
+    vals = swap(q.values())
+    K = vals.shape[-1]
+    shape = q.shape
+    ext = block_extents(shape, q.format, q.geometry, q.axis)
+    sshape = tuple(n // b for n, b in zip(shape, ext))
+    sc, k_ext = None, K
+    if q.format.scale is not None:
+        k_ext = ext[-2] if kn else ext[-1]
+        if q.format.pow2:
+            code = swap(expand_scales(q.scales.astype(np.int32), q))
+            sc = ("exp", code - 127, code == 255)
+        else:
+            sc = ("val", swap(expand_scales(q.scale_values(), q)), None)
     g = q.global_scale
     if g is not None and g.ndim:
-        g = xp.reshape(g, tuple(g.shape[:-1]) + (1,)) if g.shape[-1] == 1 else g
-    return vals, sc, q.format.block_size, q.shape[-1], g
+        g = xp.reshape(g, (1,) * (len(shape) - g.ndim) + tuple(g.shape))
+        if g.shape[-2 if kn else -1] != 1:
+            raise ValueError(f"{name}.global_scale has shape {tuple(q.global_scale.shape)}: it "
+                             f"varies along the contraction axis, which no MMA can apply")
+        g = swap(expand_scales(xp.broadcast_to(g, sshape), q))[..., :, :1]
+    return vals, sc, k_ext, g
 
 
-def _scale_terms(xp, terms, sa, sb, blk):
-    """terms (..., M, N, k) times their block scales; the last axis holds whole blocks."""
-    def expand(side, s):  # (..., R, nb) -> broadcastable (..., M|1, 1|N, k)
-        kind, v, nan = s
-        v = xp.repeat(v, blk, axis=-1)
-        nan = None if nan is None else xp.repeat(nan, blk, axis=-1)
-        if side == "a":
-            return kind, v[..., :, None, :], None if nan is None else nan[..., :, None, :]
-        return kind, v[..., None, :, :], None if nan is None else nan[..., None, :, :]
-
-    out, nan = terms, None
-    exps = []
+def _scale_terms(xp, terms, sa, sb):
+    """terms (..., M, N, k) times the per-element scales sa (..., M, k) and sb (..., N, k)."""
+    out, nan, exps = terms, None, []
     for side, s in (("a", sa), ("b", sb)):
         if s is None:
             continue
-        kind, v, n = expand(side, s)
+        kind, v, n = s
+        v = v[..., :, None, :] if side == "a" else v[..., None, :, :]
+        if n is not None:
+            n = n[..., :, None, :] if side == "a" else n[..., None, :, :]
+            nan = n if nan is None else nan | n
         if kind == "exp":
             exps.append(v)
         else:
             out = mul_f32(out, v)
-        if n is not None:
-            nan = n if nan is None else nan | n
     if exps:
         out = ldexp_f32(out, exps[0] if len(exps) == 1 else exps[0] + exps[1])
     if nan is not None:
@@ -157,10 +191,21 @@ def _scale_terms(xp, terms, sa, sb, blk):
     return out
 
 
+def _at(s, k):
+    """The scales of K index ``k`` only (keeping a length-1 K axis), or None."""
+    if s is None:
+        return None
+    kind, v, nan = s
+    return kind, v[..., k:k + 1], None if nan is None else nan[..., k:k + 1]
+
+
 def scaled_matmul(a: QuantizedArray, b: QuantizedArray, *,
                   accumulation: Accumulation = Accumulation.FLOAT32,
-                  model: WgmmaFp8Model = HOPPER_FP8_MODEL) -> Any:
-    """float32 ``(..., M, N)`` product of ``a (..., M, K)`` and ``b (..., N, K)`` (see module doc)."""
+                  model: WgmmaFp8Model = HOPPER_FP8_MODEL,
+                  b_layout: BLayout = BLayout.NK) -> Any:
+    """float32 ``(..., M, N)`` product of ``a (..., M, K)`` and ``b`` (``(..., N, K)``, or
+    ``(..., K, N)`` with ``b_layout=BLayout.KN``); any geometry whose scales are applied per
+    element of K (see the module docstring)."""
     _check_operand(a, "a")
     _check_operand(b, "b")
     if not isinstance(accumulation, Accumulation):
@@ -168,57 +213,52 @@ def scaled_matmul(a: QuantizedArray, b: QuantizedArray, *,
                         f"{[m.name for m in Accumulation]}")
     if not isinstance(model, WgmmaFp8Model):
         raise TypeError(f"model={model!r} must be a WgmmaFp8Model")
-    if a.shape[-1] != b.shape[-1]:
-        raise ValueError(f"a has K={a.shape[-1]} but b has K={b.shape[-1]}")
+    if not isinstance(b_layout, BLayout):
+        raise TypeError(f"b_layout={b_layout!r} must be a BLayout; allowed: "
+                        f"{[m.name for m in BLayout]}")
+    kb = b.shape[-2] if b_layout is BLayout.KN else b.shape[-1]
+    if a.shape[-1] != kb:
+        raise ValueError(f"a has K={a.shape[-1]} but b ({b_layout.name}) has K={kb}")
     xp = namespace(a.codes, b.codes)
-    av, sa, bsa, K, ga = _operand(a)
-    bv, sb, bsb, _, gb = _operand(b)
-    if sa is not None and sb is not None and bsa != bsb:
-        raise ValueError(f"a and b have different K blocks ({bsa} vs {bsb})")
-    blk = bsa if sa is not None else (bsb if sb is not None else K)
+    av, sa, ka, ga = _operand(a, "a", False)
+    bv, sb, kb_ext, gb = _operand(b, "b", b_layout is BLayout.KN)
+    K = av.shape[-1]
 
     if accumulation is Accumulation.EXACT:
-        if np.dtype(xp.zeros((), dtype=np.float64).dtype) != np.float64:
-            raise TypeError("accumulation=EXACT needs float64: use NumPy operands or enable "
-                            "jax_enable_x64")
-        out = _exact(xp, a, b)
-        return out.astype(np.float32)
+        if xp is not np:
+            import jax
+
+            if not jax.config.jax_enable_x64:
+                raise TypeError("accumulation=EXACT needs float64: use NumPy operands or enable "
+                                "jax_enable_x64")
+        from fp4sim.formats.blocks import dequantize
+
+        da = dequantize(a).astype(np.float64)
+        db = dequantize(b).astype(np.float64)
+        sub = "...mk,...kn->...mn" if b_layout is BLayout.KN else "...mk,...nk->...mn"
+        return xp.einsum(sub, da, db).astype(np.float32)
 
     acc = None
     if accumulation is Accumulation.FLOAT32:
-        terms = _scale_terms(xp, av[..., :, None, :] * bv[..., None, :, :], sa, sb, blk)
+        terms = _scale_terms(xp, av[..., :, None, :] * bv[..., None, :, :], sa, sb)
         for k in range(K):  # the float32 accumulator, in increasing K
             acc = terms[..., k] if acc is None else acc + terms[..., k]
     else:
-        for j in range(K // blk):
-            ks = slice(j * blk, (j + 1) * blk)
+        chunk = min(ka, kb_ext)  # one wgmma chain per scale block along K, promoted in float32
+        if chunk < K and chunk % 32:
+            raise ValueError(f"accumulation=HOPPER_FP8 needs scale blocks along K that are whole "
+                             f"32-element wgmma steps; got {chunk}")
+        for start in range(0, K, chunk):
+            ks = slice(start, start + chunk)
             part = wgmma_fp8_dot(av[..., :, None, ks], bv[..., None, :, ks], model)[..., None]
-            part = _scale_terms(xp, part, _block(sa, j), _block(sb, j), 1)[..., 0]
+            part = _scale_terms(xp, part, _at(sa, start), _at(sb, start))[..., 0]
             acc = part if acc is None else acc + part
     out = acc
-    for g, side in ((ga, "a"), (gb, "b")):
-        if g is not None:
-            g = xp.asarray(g, dtype=np.float32)
-            if g.ndim:
-                g = g if side == "a" else xp.swapaxes(g, -1, -2)
-            out = mul_f32(out, g)
+    if ga is not None:
+        out = mul_f32(out, ga)
+    if gb is not None:
+        out = mul_f32(out, xp.swapaxes(gb, -1, -2) if xp.ndim(gb) else gb)
     return out
-
-
-def _block(s, j):
-    """The scales of K-block ``j`` only (as a one-block scale tuple), or None."""
-    if s is None:
-        return None
-    kind, v, nan = s
-    return kind, v[..., j:j + 1], None if nan is None else nan[..., j:j + 1]
-
-
-def _exact(xp, a: QuantizedArray, b: QuantizedArray) -> Any:
-    from fp4sim.formats.blocks import dequantize
-
-    da = dequantize(a).astype(np.float64)
-    db = dequantize(b).astype(np.float64)
-    return xp.einsum("...mk,...nk->...mn", da, db)
 
 
 def _exponent(xp: Any, x: Any) -> Any:
@@ -236,7 +276,8 @@ def wgmma_fp8_dot(a: Any, b: Any, model: WgmmaFp8Model = HOPPER_FP8_MODEL) -> An
     with np.errstate(over="ignore"):
         prods = a * b  # exact for the element formats this models
     if model.align is Align.EXPONENT_SUM:
-        tops = _exponent(xp, a) + _exponent(xp, b)
+        emin = np.int32(model.emin)
+        tops = xp.maximum(_exponent(xp, a), emin) + xp.maximum(_exponent(xp, b), emin)
         tops = xp.where(prods == 0, np.int32(-1000), tops)
     else:
         tops = _exponent(xp, prods)
@@ -249,15 +290,17 @@ def wgmma_fp8_dot(a: Any, b: Any, model: WgmmaFp8Model = HOPPER_FP8_MODEL) -> An
         if model.acc_in_group:
             terms = xp.concatenate([acc[..., None], terms], axis=-1)
             top = xp.concatenate([_exponent(xp, acc)[..., None], top], axis=-1)
-        s = _aligned_sum(xp, terms, top, model.frac_bits)
+        s = _aligned_sum(xp, terms, top, model.frac_bits, model.out_frac_bits)
         acc = s if model.acc_in_group else acc + s
     return acc
 
 
-def _aligned_sum(xp: Any, terms: Any, top: Any, frac_bits: int) -> Any:
+def _aligned_sum(xp: Any, terms: Any, top: Any, frac_bits: int,
+                 out_frac_bits: int | None = None) -> Any:
     """Align finite float32 terms (last axis) to the largest of ``top`` (their alignment
-    exponents), truncate toward zero to ``frac_bits`` bits below it, sum exactly; correctly
-    rounded float32 result."""
+    exponents), truncate toward zero to ``frac_bits`` bits below it, sum exactly; then truncate
+    toward zero to ``out_frac_bits`` bits below the sum's own leading bit (if given); float32
+    result (correctly rounded; +0 for a zero sum)."""
     bits = bitcast(terms, np.uint32)
     sign, sig, exp = _split(xp, bits)
     emax = xp.max(top, axis=-1, keepdims=True)
@@ -269,7 +312,11 @@ def _aligned_sum(xp: Any, terms: Any, top: Any, frac_bits: int) -> Any:
     n = xp.where(sign == 1, -mag.astype(np.int32), mag.astype(np.int32))
     total = xp.sum(n, axis=-1)
     neg = (total < 0).astype(np.uint32)
-    out = _compose(xp, neg, xp.abs(total).astype(np.uint32), lsb[..., 0])
+    mag = xp.abs(total).astype(np.uint32)
+    if out_frac_bits is not None:
+        drop = xp.clip(_bitlen_i(xp, mag) - 1 - out_frac_bits, 0, 31).astype(np.uint32)
+        mag = (mag >> drop) << drop
+    out = _compose(xp, neg, mag, lsb[..., 0])
     return bitcast(out, np.float32)
 
 

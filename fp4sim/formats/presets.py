@@ -1,6 +1,7 @@
 """Named block formats that reproduce other libraries' quantizers bit for bit where they differ.
 
-This module owns the mapping "library X's quantizer" → a :class:`~fp4sim.formats.blocks.BlockFormat`.
+This module owns the mapping "library X's quantizer" →
+:class:`~fp4sim.formats.blocks.BlockFormat`.
 Each preset is an ordinary frozen ``BlockFormat``; pass it to
 :func:`~fp4sim.formats.blocks.quantize`. What each imitates (and how the test suite checks it):
 
@@ -19,9 +20,11 @@ Each preset is an ordinary frozen ``BlockFormat``; pass it to
     [2^-6, 448] then RNE to E4M3; elements ``x · ((1/g)/s)``. Checked against stored vectors.
 ``TE_MXFP8`` / ``TE_NVFP4`` — TransformerEngine's MXFP8 kernels / ``NVFP4QuantizerRef``: RCEIL via
     ``amax·fl(1/448)``, satfinite E8M0 (Inf → 0xFE); NVFP4 ``S_enc = 2688/amax`` (0 → 1),
-    ``s = E4M3(amax_b·(S_enc·fl(1/6)))``, elements ``x · fl(1/(s·fl(1/S_enc)))``, NaN → +0 and
-    −0 → +0 in the E2M1 cast (TE's threshold table). TE is not installable on this machine; the
-    order of operations is transcribed from its reference (formats_anchors.md §4).
+    ``s = E4M3(amax_b·(S_enc·fl(1/6)))``, elements ``x · fl(1/(s·fl(1/S_enc)))``, NaN → +0 in the
+    E2M1 cast (TE's threshold table). One known difference: TE's table sends an input of exactly
+    −0.0 to +0 (code 0) but small negatives to −0 (code 8); fp4sim's ``SignedZero.KEEP`` gives −0
+    for both. TE itself is not installable here (CUDA build); the tests check this preset against
+    an independent NumPy transcription of ``NVFP4QuantizerRef``'s steps.
 ``JAX_MXFP8`` / ``JAX_NVFP4`` — ``jax._src.cudnn.scaled_matmul_stablehlo.quantize`` as it behaves
     on a GPU (no flush-to-zero): MXFP8 descale ``amax/448`` (true division), NaN blocks → scale
     0x00 (uint8 wrap), Inf blocks → 0xFF; NVFP4 ``x/g`` first, ``s = E4M3(clip(amax/6, 0, 448))``,
@@ -45,7 +48,7 @@ from fp4sim.formats.blocks import (
     NonFinite,
     ScaleRule,
 )
-from fp4sim.formats.spec import NanPolicy, Policy, Rounding, SignedZero
+from fp4sim.formats.spec import NanPolicy, Policy, Rounding
 
 __all__ = [
     "OCP_MXFP4",
@@ -82,8 +85,7 @@ TORCHAO_NVFP4_SINGLE = TORCHAO_NVFP4.replace(name="TORCHAO_NVFP4_SINGLE",
                                              global_scale=GlobalScale.NONE)
 
 TE_MXFP8 = MXFP8_E4M3.replace(name="TE_MXFP8")
-TE_NVFP4 = NVFP4.replace(name="TE_NVFP4", policy=Policy(nan=NanPolicy.ZERO,
-                                                         signed_zero=SignedZero.POSITIVE))
+TE_NVFP4 = NVFP4.replace(name="TE_NVFP4", policy=Policy(nan=NanPolicy.ZERO))
 
 JAX_MXFP8 = MXFP8_E4M3.replace(name="JAX_MXFP8", arithmetic=Arithmetic.JAX,
                                nonfinite=NonFinite.JAX)

@@ -12,7 +12,9 @@ XLA (no Pallas):
 
 ``time_call`` is the shared timer: median over ``repeats`` of the mean time of ``iters``
 back-to-back calls after ``warmup`` calls, each batch closed by ``block_until_ready`` (wall
-clock; meaningful only on a GPU). ``measure_all`` returns a JSON-able dict of everything.
+clock; meaningful only on a GPU). ``measure_all`` returns a JSON-able dict of everything;
+``python -m fp4sim.kernels.ceilings`` prints it (``python -m fp4sim bench gpu --only ceilings``
+shows the same as a table).
 """
 
 from __future__ import annotations
@@ -87,3 +89,9 @@ def measure_all(*, copy_bytes: int = 1 << 30, n: int = 8192) -> dict[str, Any]:
         "matmul_bf16": matmul_rate(n, "bfloat16", iters=10),
         "matmul_fp8": matmul_rate(n, "float8_e4m3fn", iters=10),
     }
+
+
+if __name__ == "__main__":  # python -m fp4sim.kernels.ceilings  (on the GPU machine)
+    import json
+
+    print(json.dumps(measure_all(), indent=1))

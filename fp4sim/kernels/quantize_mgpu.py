@@ -12,30 +12,37 @@ The input is read as 32-bit *words*, never as floats: a bfloat16/float16 tensor 
 (free, in XLA) as uint32 words holding an (even, odd) element pair, a float32 tensor as one
 element per word. The tensor is then seen as a matrix whose rows are scale blocks
 (``BLOCK`` geometry: ``block_size`` consecutive elements of the last axis form one row of
-``block_size/2`` pair words), and each CTA of a 1-D grid
+``block_size/2`` pair words), and each CTA of a 1-D grid loops over ``tiles_per_cta`` tiles of ``block_rows`` such rows
+(default 2, through a two-slot ring so the TMA load of the next tile overlaps this one):
 
-1. copies ``block_rows`` such rows to SMEM with TMA,
+1. copies the tile's rows to SMEM with TMA,
 2. loads them into registers in the WGMMA layout and reduces each row to the block max-abs as
    an *integer* max over ``bits & 0x7FFFFFFF`` (exact, NaN-aware, immune to flush-to-zero),
-3. derives the scale code per row with the emulator's rule (see below),
+3. derives the scale code per row with the emulator's rule,
 4. converts both elements of every word and packs the two codes into one uint16 (FP8) or one
    byte (FP4, even element in the low nibble),
-5. writes codes and scales back through SMEM with TMA.
+5. writes codes and scales back through SMEM with TMA (FP4 output rows of 8 or 16 bytes are
+   regrouped into ``tma_row_bytes``-wide TMA rows).
 
 ``TOKEN_BLOCK`` geometry (32 tokens x the whole head dimension share one power-of-two scale)
 uses a second body: each CTA takes ``token_blocks`` such (32, D) blocks, reduces each with a
-full warpgroup reduction and converts it with the same element code as above.
+full warpgroup reduction and converts it with the same element code.
 
-Exactness on every backend. Mosaic GPU's in-register float ops are IEEE on the GPU, while GPU
-interpret mode runs them on XLA:CPU, which flushes subnormals (FTZ/DAZ). The kernels therefore
-only use float arithmetic whose operands and results are normal: scale codes come from the
-normalised significand of the block max (subnormals normalised with an exact int->float
-conversion) times the normalised ``fl(1/M)``, with exponents handled as integers; elements are
-scaled by power-of-two exponents in the integer domain; FP4 codes are decided by comparing the
-*unscaled* input bits with per-block thresholds ``t·2^k`` (the E2M1 round-to-nearest-even
-decision points), NVFP4 by one normal float multiply of normalised significands. FP8 codes use
-the hardware ``cvt.rn.satfinite`` (XLA's cast in interpret mode) on values already clipped to
-the format's maximum, with NaN codes patched in by integer selects.
+Exactness on every backend
+==========================
+Mosaic GPU's in-register float ops are IEEE on the GPU, while GPU interpret mode runs them on
+XLA:CPU, which flushes subnormals (FTZ/DAZ). Scale codes therefore only use float arithmetic
+whose operands and results are normal: the normalised significand of the block max
+(subnormals normalised by an exact int->float conversion) times the normalised ``fl(1/M)``
+(or the NVFP4 factor), exponents handled as integers. Element codes have two implementations
+(:class:`ElementPath`): ``INTEGER`` scales by exponent arithmetic on the bits, decides FP4 codes
+against per-block thresholds ``t·2^k`` (the E2M1 round-to-nearest-even decision points) and
+never lets a float op see a subnormal, so it is exact in interpret mode too; ``FLOAT`` (the
+hardware default, 2x faster) multiplies once in float32 and converts with
+``cvt.rn.satfinite`` (FP8) or a round-to-nearest-even bit trick (FP4), exact only where float
+ops do not flush, i.e. on the GPU. Interpret mode uses ``INTEGER``; both are checked bitwise
+against the emulator (interpret mode here, both paths at 8192x8192 on the H200). NaN codes are
+patched in by integer selects (the hardware's NaN is canonical, the emulator keeps the sign).
 
 Supported configurations (anything else raises ``ValueError`` before a kernel is built)
 =====================================================================================
@@ -59,12 +66,17 @@ model.
 Public names
 ============
 ``QuantKernelConfig``  frozen, hashable: ``fmt``, ``geometry``, ``in_dtype``, ``block_rows``
-                       (scale blocks per CTA, BLOCK), ``token_blocks`` (token blocks per CTA).
+                       (scale blocks per tile), ``tiles_per_cta``, ``tma_row_bytes``,
+                       ``token_blocks``/``head_dim`` (TOKEN_BLOCK), ``element_path``, ``variant``.
+``ElementPath``        INTEGER / FLOAT (see above); ``Variant``: FULL / MOVE_ONLY (a timing
+                       diagnostic: loads, reduction and stores without the conversion math).
 ``gpu_quantize(x, fmt, *, axis=-1, geometry=Geometry.BLOCK, global_scale=None,
-                global_encode_scale=None, pack=None, block_rows=256, token_blocks=2)
-                -> QuantizedArray``  (``pack`` defaults to True for FP4, False otherwise)
+               global_encode_scale=None, pack=None, block_rows=256, token_blocks=2,
+               element_path=None, variant=Variant.FULL, tiles_per_cta=2, tma_row_bytes=512)
+               -> QuantizedArray``  (``pack`` defaults to True for FP4, False otherwise)
 ``check_supported(fmt, geometry, dtype)``  the validation ``gpu_quantize`` does first.
-``build_kernel(config, num_rows)``  the ``plgpu.kernel`` callable on words, for cross-lowering.
+``build_kernel(config, num_rows)``  the kernel callable ``(words, params) -> (codes, scales)``
+                       on uint32 words, for cross-lowering and timing without the XLA wrapper.
 ``shipped_configs()``  every configuration the benchmarks run (cross-lowered in CI).
 ``swizzled_scales(q, layout=ScaleLayout.SWIZZLED_128X4)``  the scales in an MMA layout, by the
                        emulator's :func:`fp4sim.formats.layouts.to_layout` (an XLA gather over the
@@ -218,7 +230,7 @@ class QuantKernelConfig:
     head_dim: int = 128  # D, TOKEN_BLOCK geometry only
     element_path: ElementPath | None = None  # None: FLOAT on hardware, INTEGER interpreted
     variant: Variant = Variant.FULL
-    tiles_per_cta: int = 1  # BLOCK: tiles a CTA loops over (> 1: double-buffered TMA ring)
+    tiles_per_cta: int = 2  # BLOCK: tiles a CTA loops over (> 1: double-buffered TMA ring)
     tma_row_bytes: int = 512  # BLOCK: TMA stores move rows of at least this many bytes (output
     #                           block rows are regrouped; 16 = minimal). Hardware only.
 
@@ -239,9 +251,9 @@ class QuantKernelConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"QuantKernelConfig.{name}={v!r} must be a positive int")
-        if self.geometry is Geometry.BLOCK and (self.block_rows % 64 or self.block_rows > 1024):
-            raise ValueError(f"QuantKernelConfig.block_rows={self.block_rows} must be a multiple "
-                             f"of 64 (the WGMMA row tile) and at most 1024")
+        if self.block_rows not in (64, 128, 256, 512, 1024):
+            raise ValueError(f"QuantKernelConfig.block_rows={self.block_rows}; allowed: 64, 128, "
+                             f"256, 512, 1024 (multiples of the 64-row WGMMA tile)")
         if self.geometry is Geometry.TOKEN_BLOCK and (self.head_dim % 16 or
                                                       not 16 <= self.head_dim <= 256):
             raise ValueError(f"QuantKernelConfig.head_dim={self.head_dim} must be a multiple of "
@@ -304,6 +316,13 @@ def _widen(w: Any, cfg: QuantKernelConfig) -> tuple[Any, ...]:
     if cfg.in_dtype == np.dtype(ml_dtypes.bfloat16):
         return (w << _U(16), w & _U(0xFFFF0000))
     return (_f16_to_f32_bits(w & _U(0xFFFF)), _f16_to_f32_bits(w >> _U(16)))
+
+
+def _ds(start: Any, size: int) -> Any:
+    """``pl.ds(start, size)`` (imported lazily: importing this module loads no Pallas)."""
+    from jax.experimental import pallas as pl
+
+    return pl.ds(start, size)
 
 
 def _bits(v: Any) -> Any:
@@ -435,8 +454,6 @@ def _mx4_codes(b: Any, points: list[Any]) -> Any:
     return _e2m1_finish(b, _e2m1_from_points(a, points))
 
 
-_E2M1_POINT_BITS = tuple(tb for tb, _ in _E2M1_POINTS)
-
 
 def _nv_codes(b: Any, enc_m: Any, enc_e: Any, nan_block: Any) -> Any:
     """E2M1 codes of fl(x·enc) (enc = enc_m·2^enc_e, a normal float32; per block)."""
@@ -516,10 +533,9 @@ def _out_word_dtype(cfg: QuantKernelConfig) -> Any:
 
 
 def _out_words(cfg: QuantKernelConfig) -> int:
-    """Output elements (of ``_out_word_dtype``) per block row."""
-    if cfg.paired:
-        return cfg.words_per_block  # one uint16 (FP8 pair) or one packed byte (FP4 pair)
-    return cfg.words_per_block  # float32 input: one code byte per element
+    """Output elements (of ``_out_word_dtype``) per block row: one per input word (a uint16 FP8
+    pair, a packed FP4 byte, or, for float32 input, one code byte)."""
+    return cfg.words_per_block
 
 
 def _widen_amax(w: Any, cfg: QuantKernelConfig) -> tuple[tuple[Any, ...], Any]:
@@ -629,8 +645,7 @@ def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
     if num_rows % 64:
         raise ValueError(f"the input has {num_rows} scale blocks; the {cfg.fmt.name} kernel "
                          f"needs a multiple of 64 (pad the leading dimensions)")
-    while num_rows % tr:
-        tr //= 2
+    tr = math.gcd(tr, num_rows)  # a power of two >= 64
     tiles = cfg.tiles_per_cta
     while (num_rows // tr) % tiles:
         tiles -= 1
@@ -647,7 +662,9 @@ def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
         wi = fold = 1
     else:
         wi = 1  # (Mosaic's layout inference cannot load a WGMMA tile from a reshaped ref)
-        fold = max(1, min(max(cfg.tma_row_bytes, 16) // (ow * np.dtype(odt).itemsize), chunk))
+        row_bytes = ow * np.dtype(odt).itemsize
+        # (Regrouped stores of rows >= 32 bytes do not pass Mosaic's layout inference.)
+        fold = max(1, min(cfg.tma_row_bytes // row_bytes, chunk)) if row_bytes < 32 else 1
     oc = chunk // fold
     ic = chunk // wi
 
@@ -657,8 +674,8 @@ def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
         def load(t, slot):
             row0 = (i * tiles + t) * tr
             for c in range(n):
-                plgpu.copy_gmem_to_smem(x_g.at[pl_ds((row0 + c * chunk) // wi, ic)],
-                                        x_s.at[slot, pl_ds(c * ic, ic)],
+                plgpu.copy_gmem_to_smem(x_g.at[_ds((row0 + c * chunk) // wi, ic)],
+                                        x_s.at[slot, _ds(c * ic, ic)],
                                         bar.at[slot * n + c])
 
         plgpu.copy_gmem_to_smem(p_g, p_s, bar.at[slots * n])
@@ -692,10 +709,10 @@ def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
             plgpu.commit_smem()
             row0 = (i * tiles + t) * tr
             for c in range(n):
-                plgpu.copy_smem_to_gmem(o_s.at[slot, pl_ds(c * oc, oc)],
-                                        o_g.at[pl_ds((row0 + c * chunk) // fold, oc)])
-                plgpu.copy_smem_to_gmem(s_s.at[slot, pl_ds(c * chunk, chunk)],
-                                        s_g.at[pl_ds(row0 + c * chunk, chunk)])
+                plgpu.copy_smem_to_gmem(o_s.at[slot, _ds(c * oc, oc)],
+                                        o_g.at[_ds((row0 + c * chunk) // fold, oc)])
+                plgpu.copy_smem_to_gmem(s_s.at[slot, _ds(c * chunk, chunk)],
+                                        s_g.at[_ds(row0 + c * chunk, chunk)])
         plgpu.wait_smem_to_gmem(0)
 
     kern = plgpu.kernel(
@@ -730,7 +747,7 @@ def _build_token_block(cfg: QuantKernelConfig, num_blocks: int) -> Any:
 
     def body(x_g, p_g, o_g, s_g, x_s, o_s, s_s, bar):
         i = lax.axis_index("tiles")
-        plgpu.copy_gmem_to_smem(x_g.at[pl_ds(i * tb, tb)], x_s, bar.at[0])
+        plgpu.copy_gmem_to_smem(x_g.at[_ds(i * tb, tb)], x_s, bar.at[0])
         plgpu.barrier_wait(bar.at[0])
         for j in range(tb):
             w = x_s.at[j][...]
@@ -745,8 +762,8 @@ def _build_token_block(cfg: QuantKernelConfig, num_blocks: int) -> Any:
             o_s.at[j][...] = _codes_from(xs, cfg, per_block, bc)
             s_s[j, 0] = jnp.max(scale).astype(jnp.uint8)  # TMA rows are >= 16 bytes: byte 0
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_s, o_g.at[pl_ds(i * tb, tb)])
-        plgpu.copy_smem_to_gmem(s_s, s_g.at[pl_ds(i * tb, tb)])
+        plgpu.copy_smem_to_gmem(o_s, o_g.at[_ds(i * tb, tb)])
+        plgpu.copy_smem_to_gmem(s_s, s_g.at[_ds(i * tb, tb)])
         plgpu.wait_smem_to_gmem(0)
 
     return plgpu.kernel(
@@ -758,12 +775,6 @@ def _build_token_block(cfg: QuantKernelConfig, num_blocks: int) -> Any:
                        plgpu.SMEM((tb, 16), jnp.uint8), plgpu.Barrier(num_barriers=1)],
 
     )
-
-
-def pl_ds(start: Any, size: int) -> Any:
-    from jax.experimental import pallas as pl
-
-    return pl.ds(start, size)
 
 
 # --- host-side wrapper --------------------------------------------------------------------------
@@ -827,7 +838,8 @@ def gpu_quantize(x: Any, fmt: BlockFormat, *, axis: int = -1,
                   global_encode_scale: Any = None, pack: bool | None = None,
                   block_rows: int = 256, token_blocks: int = 2,
                   element_path: ElementPath | None = None,
-                  variant: Variant = Variant.FULL, tiles_per_cta: int = 1) -> QuantizedArray:
+                  variant: Variant = Variant.FULL, tiles_per_cta: int = 2,
+                  tma_row_bytes: int = 512) -> QuantizedArray:
     """Quantize ``x`` on the GPU (or in interpret mode); same result as ``blocks.quantize``.
 
     ``axis`` must be -1 for ``BLOCK`` and -2 for ``TOKEN_BLOCK`` (transpose first otherwise).
@@ -861,7 +873,7 @@ def gpu_quantize(x: Any, fmt: BlockFormat, *, axis: int = -1,
     if geometry is Geometry.BLOCK:
         cfg = QuantKernelConfig(fmt=fmt, geometry=geometry, in_dtype=bf, block_rows=block_rows,
                                 element_path=element_path, variant=variant,
-                                tiles_per_cta=tiles_per_cta)
+                                tiles_per_cta=tiles_per_cta, tma_row_bytes=tma_row_bytes)
     else:
         cfg = QuantKernelConfig(fmt=fmt, geometry=geometry, in_dtype=bf,
                                 token_blocks=token_blocks, head_dim=shape[-1],

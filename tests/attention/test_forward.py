@@ -233,3 +233,29 @@ def test_bad_recipe_and_dtype():
         attention_forward(q, q, q, "hw_fp4_direct_p")
     with pytest.raises(TypeError, match="dtype"):
         attention_forward(q.astype(np.int32), q, q, R.HW_FP4_DIRECT_P)
+
+
+OTHER_FORMATS = [
+    R.AttentionRecipe(qk=R.QKFormat.BF16, converter=R.ExactP(), p_format=R.PFormat.BF16,
+                      v=R.VFormat.BF16),
+    R.AttentionRecipe(qk=R.QKFormat.FP8_PER_TENSOR, converter=R.ExactP(), p_format=R.PFormat.FP8,
+                      v=R.VFormat.FP8, normalization=R.Normalization.MISMATCHED),
+    R.AttentionRecipe(qk=R.QKFormat.TOKEN_BLOCK_FP8, converter=R.SchraudolphP(scale_log2=8),
+                      p_format=R.PFormat.FP8, v=R.VFormat.TOKEN_BLOCK_FP8),
+    R.AttentionRecipe(qk_global=R.GlobalScale.PER_TOKEN, converter=R.ExactP(),
+                      exp2=R.Exp2Model(kind=R.Exp2Kind.FA4_POLY), v=R.VFormat.MXFP8_TOKENS,
+                      normalization=R.Normalization.MISMATCHED, rescale_threshold=8.0),
+]
+
+
+def test_other_operand_formats_numpy_jit_and_error():
+    q, k, v = _qkv((1, 64, 32), 128, seed=10)
+    ref = attention_reference(q, k, v, causal=True).out
+    bounds = [2.0**-6, 4 * 2.0**-4, 4 * 2.0**-4 + 0.0615, 0.25 + 0.25]  # RSS-style, see _bound
+    for rec, bound in zip(OTHER_FORMATS, bounds):
+        want = attention_forward(q, k, v, rec, causal=True)
+        assert error_summary(want.out, ref).rel_l2 <= bound, rec
+        got = jax.jit(lambda q, k, v, rec=rec: attention_forward(q, k, v, rec, causal=True)[:2])(
+            q, k, v)
+        np.testing.assert_array_equal(_bits(got[0]), _bits(want.out))
+        np.testing.assert_array_equal(_bits(got[1]), _bits(want.lse))

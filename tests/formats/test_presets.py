@@ -175,3 +175,74 @@ def test_torchao_direct():
                           quantize(x, TORCHAO_MX[("E4M3", ScaleRule.FLOOR)]).scales)
     assert torchao is not None
     assert ml_dtypes is not None
+
+
+# --- TransformerEngine NVFP4QuantizerRef, transcribed step by step in NumPy float32 ---------------
+def te_nvfp4_reference(x):
+    """TE's reference steps (1x16 tiles, per-tensor amax, no RHT), float32 NumPy + ml_dtypes."""
+    f32 = np.float32
+    amax = np.abs(x).max()
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        s_enc = np.minimum(f32(448 * 6) / amax, np.finfo(f32).max).astype(f32)
+        s_enc = f32(1) if s_enc == 0 else s_enc
+        s_dec = (f32(1) / s_enc).astype(f32)
+        b = x.reshape(x.shape[0], -1, 16)
+        vec_max = np.abs(b).max(-1, keepdims=True)
+        dec = vec_max * (s_enc * (f32(1) / f32(6)))
+        dec = np.clip(np.minimum(dec, np.finfo(f32).max), -448, 448).astype(f32)
+        dec = dec.astype(ml_dtypes.float8_e4m3fn)
+        enc = np.minimum(f32(1) / (dec.astype(f32) * s_dec), np.finfo(f32).max).astype(f32)
+        y = np.clip(b * enc, -6, 6).reshape(x.shape).astype(f32)
+    codes = np.zeros(y.shape, np.uint8)  # TE's threshold table (NaN falls through to 0)
+    table = [(0.0, 0.25, 0, True, True), (0.25, 0.75, 1, False, False),
+             (0.75, 1.25, 2, True, True), (1.25, 1.75, 3, False, False),
+             (1.75, 2.5, 4, True, True), (2.5, 3.5, 5, False, False),
+             (3.5, 5.0, 6, True, True)]
+    for lo, hi, c, lo_in, hi_in in table:
+        pos = ((y >= lo) if lo_in else (y > lo)) & ((y <= hi) if hi_in else (y < hi))
+        neg = ((y <= -lo) if lo_in else (y < -lo)) & ((y >= -hi) if hi_in else (y > -hi))
+        codes[pos] = c
+        codes[neg & (y != 0)] = c | 8
+    codes[y > 5.0] = 7
+    codes[y < -5.0] = 15
+    codes[(y >= -0.25) & (y < 0)] = 8
+    return dec.view(np.uint8).reshape(x.shape[0], -1), codes, s_dec
+
+
+def test_te_nvfp4_matches_transcribed_reference():
+    rng = np.random.default_rng(14)
+    x = (rng.standard_normal((32, 64)) * np.exp(rng.standard_normal((32, 1)) * 2)).astype(
+        np.float32)
+    x[0, :16] = [2.9, 0, 0.1, -0.1, 1e-4, -1e-4, 5.0, 2.5] + [0.0] * 8
+    x[1, :16] = 0.0
+    x[2, 16:32] = -0.0
+    x[3, :16] = 1e-30
+    for data in (x, x * np.float32(1e-3), x * np.float32(300)):
+        scales, codes, s_dec = te_nvfp4_reference(data)
+        q = quantize(data, TE_NVFP4)
+        assert len(np.unique(scales)) > 20  # a real spread of block scales, not a degenerate case
+        assert np.array_equal(q.scales, scales)
+        assert same_bits(q.global_scale, s_dec)
+        neg_zero_in = (data == 0) & np.signbit(data)  # TE: +0, fp4sim: -0 (see presets doc)
+        assert np.array_equal(q.codes[~neg_zero_in], codes[~neg_zero_in])
+        assert np.all(q.codes[neg_zero_in] == 8) and np.all(codes[neg_zero_in] == 0)
+
+
+@pytest.mark.parametrize("fmt,kw", [
+    (JAX_MXFP8, {}), (JAX_NVFP4, {"global_scale": np.float32(0.37)}), (TORCHAO_NVFP4, {}),
+    (TORCHAO_NVFP4_SINGLE, {}), (TORCHAO_MX[("E2M1", ScaleRule.RCEIL)], {}), (TE_NVFP4, {}),
+    (OCP_MXFP8_E4M3, {}),
+], ids=lambda v: getattr(v, "name", "kw"))
+def test_presets_numpy_and_jit_bit_identical(fmt, kw):
+    import jax
+
+    rng = np.random.default_rng(15)
+    x = (rng.standard_normal((16, 64)) * np.exp2(rng.integers(-130, 60, (16, 1)))).astype(
+        np.float32)
+    x[1] = 0.0
+    x[2, :5] = [np.inf, -np.inf, 1e-40, -0.0, 448.0]
+    q = quantize(x, fmt, **kw)
+    qj = jax.jit(lambda v: quantize(v, fmt, **kw))(jnp.asarray(x))
+    assert np.array_equal(q.codes, np.asarray(qj.codes))
+    assert np.array_equal(q.scales, np.asarray(qj.scales))
+    assert same_bits(dequantize(q), jax.jit(dequantize)(qj))
