@@ -338,7 +338,7 @@ def test_quantized_array_is_a_pytree_through_jit_vmap_scan():
     q = jax.jit(lambda a: quantize(a, NVFP4_SINGLE))(x)
     leaves, tree = jax.tree_util.tree_flatten(q)
     assert len(leaves) == 2 and jax.tree_util.tree_unflatten(tree, leaves).format is NVFP4_SINGLE
-    qv = jax.vmap(lambda a: quantize(a, MXFP8))(x)
+    qv = jax.jit(jax.vmap(lambda a: quantize(a, MXFP8)))(x)
     assert qv.scales.shape == (3, 8, 2) and qv.axis == -1
     assert np.array_equal(np.asarray(qv.codes), quantize(np.asarray(x), MXFP8).codes)
 
