@@ -356,7 +356,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action == "write":
             manifest = write(args.out, args.names, progress=args.progress)
-            print(f"wrote {len(manifest['cases'])} golden cases to {args.out}")
+            n = len(set(args.names)) if args.names else len(manifest["cases"])
+            print(f"wrote {n} golden case(s) to {args.out}; the manifest lists {len(manifest['cases'])}")
             return 0
         n = check(args.out, args.names, progress=args.progress)
     except ValueError as e:
@@ -631,10 +632,10 @@ def _register_attention_cases() -> None:
 
     for preset in _attention_preset_names():
         def tile_case(preset=preset) -> dict[str, np.ndarray]:
-            from fp4sim.attention import convert_tile, preset_by_name
+            from fp4sim.attention import convert_tile
 
             t = _tile_scores()
-            p = convert_tile(preset_by_name(preset), t, need_mismatched=True)
+            p = convert_tile(_attention_recipes()[preset], t, need_mismatched=True)
             out = {"t": t, "codes": np.asarray(p.codes), "values": np.asarray(p.values, dtype=np.float32)}
             for key in ("scales", "exps", "mismatched", "k"):
                 val = getattr(p, key)
@@ -649,10 +650,10 @@ def _register_attention_cases() -> None:
                  preset=preset, seed=_TILE_SEED, shape=[8, 128])(tile_case)
 
         def forward_case(preset=preset) -> dict[str, np.ndarray]:
-            from fp4sim.attention import attention_forward, preset_by_name
+            from fp4sim.attention import attention_forward
 
             q, k, v = _qkv(_FWD_SEED)
-            res = attention_forward(q, k, v, preset_by_name(preset), return_intermediates=True)
+            res = attention_forward(q, k, v, _attention_recipes()[preset], return_intermediates=True)
             it = res.intermediates
             out = {"q": q, "k": k, "v": v, "o": np.asarray(res.out, dtype=np.float32),
                    "lse": np.asarray(res.lse, dtype=np.float32),
@@ -708,10 +709,15 @@ def _training_preset_names() -> list[str]:
 _FWD_SEED = 11
 
 
-def _attention_preset_names() -> list[str]:
+def _attention_recipes() -> dict[str, Any]:
+    """The named attention recipes (the published routes) of :mod:`fp4sim.attention`."""
     from fp4sim.attention import PRESETS
 
-    return sorted(PRESETS)
+    return PRESETS
+
+
+def _attention_preset_names() -> list[str]:
+    return sorted(_attention_recipes())
 
 
 def _tile_scores() -> np.ndarray:

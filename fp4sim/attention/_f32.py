@@ -10,9 +10,11 @@ the kernels do. Three XLA behaviours would make a naive jitted expression differ
 
 The emulator's arithmetic is therefore defined as **float32 round-to-nearest-even with
 flush-to-zero**: every result below 2^-126 in magnitude becomes zero (what ``.ftz`` SIMT
-instructions do). :func:`ftz` applies that flush explicitly, and because it is a data-dependent
-select it is also a barrier XLA cannot contract a multiply through. :func:`mul` and :func:`div`
-use it; :func:`div` also hides the divisor behind ``lax.optimization_barrier``. Exact
+instructions do). :func:`ftz` applies that flush explicitly, on the bit pattern (an integer
+AND), so it is also a barrier no compiler can contract a multiply through. :func:`mul` and
+:func:`div` use it; :func:`div` also hides the divisor behind ``lax.optimization_barrier`` and,
+under jax, corrects a quotient that is one ulp off to the IEEE result (exact residual check),
+so a backend with a merely faithful division agrees too. Exact
 error-free transformations (:func:`two_sum`, :func:`two_prod` with a bit-mask split) and an
 exactly emulated :func:`fma` (Boldo-Melquiond round-to-odd) build the correctly rounded exp2 of
 :mod:`fp4sim.attention.exp2` and FA4's polynomial.
@@ -64,7 +66,11 @@ def add(a: Any, b: Any) -> Any:
 
 
 def div(a: Any, b: Any) -> Any:
-    """float32 ``a / b`` correctly rounded, flushed (XLA's reciprocal rewrite is blocked)."""
+    """float32 ``a / b`` correctly rounded, flushed (XLA's reciprocal rewrite is blocked).
+
+    Under jax the hardware quotient is checked against the exact residual ``a − q·b``
+    (:func:`two_prod`) and moved by one ulp when it is not the nearest (ties to even), so a
+    backend whose division is only faithful (within one ulp) still gives IEEE's result."""
     xp = namespace(a, b)
     if xp is np:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -72,8 +78,29 @@ def div(a: Any, b: Any) -> Any:
     from jax import lax
 
     shape = np.broadcast_shapes(np.shape(a), np.shape(b))
+    a = xp.broadcast_to(xp.asarray(a, dtype=_F32), shape)
     bb = lax.optimization_barrier(xp.broadcast_to(xp.asarray(b, dtype=_F32), shape))
-    return ftz(xp.asarray(a, dtype=_F32) / bb)
+    return _correct_quotient(xp, a, bb, ftz(a / bb))
+
+
+def _correct_quotient(xp: Any, a: Any, b: Any, q: Any) -> Any:
+    qb = bitcast(q, np.uint32)
+    qe = ((qb >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32)
+    plain = (qe > 1) & (qe < 254) & xp.isfinite(a) & xp.isfinite(b)
+    p, e = two_prod(q, b)
+    r = ftz(ftz(a - p) - e)  # the residual a - q*b (exact when q is within an ulp)
+    d = xp.where(b > 0, r, -r)  # > 0: the true quotient lies above q
+    half_ulp_b = ftz(xp.abs(b) * pow2(xp.clip(qe - 127 - 24, -126, 127), like=q))
+    pow2_q = (qb & np.uint32(0x7FFFFF)) == 0
+    away = xp.where(q > 0, d > 0, d < 0)  # the neighbour farther from zero is closer
+    # moving toward zero from a power of two crosses into the binade below (half the ulp)
+    thresh = xp.where(pow2_q & ~away, half_ulp_b * np.float32(0.5), half_ulp_b)
+    ar = xp.abs(r)
+    odd = (qb & np.uint32(1)) == np.uint32(1)
+    move = (ar > thresh) | ((ar == thresh) & odd & (ar > 0))
+    step = xp.where(away, np.uint32(1), np.uint32(0xFFFFFFFF))
+    fixed = bitcast(qb + step, np.float32)
+    return xp.where(plain & move & (q != 0), fixed, q)
 
 
 def pow2(k: Any, like: Any = None) -> Any:

@@ -187,6 +187,11 @@ def convert_tile(recipe: AttentionRecipe, t: Any, *, need_mismatched: bool = Fal
     """P of one key tile ``t`` (..., rows, keys) per ``recipe`` (converter, P format, block
     exponent rule, exp2 model, fragment and tile sizes). Pure; the backward calls it to rebuild
     P bit-identically from the same ``t``."""
+    with np.errstate(over="ignore", invalid="ignore"):  # NaN rows follow the forward's policy
+        return _convert_tile(recipe, t, need_mismatched)
+
+
+def _convert_tile(recipe: AttentionRecipe, t: Any, need_mismatched: bool) -> PTile:
     xp = namespace(t)
     t = xp.asarray(t, dtype=np.float32)
     conv, fmt = recipe.converter, recipe.p_format

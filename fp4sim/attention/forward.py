@@ -41,9 +41,10 @@ Finally ``O = fl(fl(A / (pdiv·v_div)) / L)`` (consistent; ``pdiv = 6`` for Dire
 factor between its units and probabilities (6 HAO-NVFP4, 448 HAO-MXFP8, 2688 Sage, else 1).
 
 Policies: a fully masked row gives O = 0 and LSE = −inf (never NaN). A row with a NaN score
-gives O = NaN and LSE = NaN; other rows are unaffected. Inputs go through the recipe's
-quantizers first, whose formats decide what NaN/Inf become (E4M3/NVFP4 saturate ±Inf to ±max,
-so an Inf key is a large finite key; a NaN input gives NaN scores). Masks:
+gives O = NaN and LSE = NaN (so does a +Inf score, as in exact softmax); other rows are
+unaffected. Inputs go through the recipe's quantizers first, whose formats decide what NaN/Inf
+become (E4M3/NVFP4 saturate ±Inf to ±max, so an Inf key is a large finite key; a NaN input
+gives NaN scores). Masks:
 ``causal`` is aligned at the end (query i sees key j iff ``j ≤ i + Skv − Sq``), segment ids
 (packed documents) let query i see key j iff their ids are equal. Keys are padded with masked
 zero keys up to a multiple of ``block_kv``.
@@ -68,7 +69,7 @@ from fp4sim.attention.exp2 import exp2_rn, log2_f32
 from fp4sim.attention.normalization import block_denominator
 from fp4sim.attention.recipe import (
     AttentionRecipe,
-    GlobalScale,
+    QKGlobalScale,
     LogGroupP,
     Normalization,
     PFormat,
@@ -85,7 +86,7 @@ __all__ = ["Operand", "ForwardResult", "ForwardIntermediates", "quantize_qk", "q
            "converter_unit"]
 
 _LN2 = np.float32(math.log(2.0))
-_ROW_CHUNK = 128  # query rows per chunk under jax (rows are independent)
+_ROW_CHUNK = 256  # query rows per chunk under jax (rows are independent)
 
 
 class Operand(NamedTuple):
@@ -219,8 +220,8 @@ def _quantize_qk(x: Any, recipe: AttentionRecipe) -> Operand:
         return Operand(decode(q.codes, E4M3), blocks.scale_exponents(q), None, None, 32, False,
                        1.0, q)
     if fmt is QKFormat.NVFP4:
-        nv = {GlobalScale.NONE: blocks.NVFP4_SINGLE, GlobalScale.PER_TENSOR: blocks.NVFP4,
-              GlobalScale.PER_TOKEN: blocks.NVFP4.replace(
+        nv = {QKGlobalScale.NONE: blocks.NVFP4_SINGLE, QKGlobalScale.PER_TENSOR: blocks.NVFP4,
+              QKGlobalScale.PER_TOKEN: blocks.NVFP4.replace(
                   global_scale=blocks.GlobalScale.PER_ROW)}[recipe.qk_global]
         q = blocks.quantize(x, nv, axis=-1)
         vals = decode(q.codes, E2M1) * _expand_last(xp, q.scale_values(), 16)  # exact
@@ -510,9 +511,9 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
         if qseg is not None:
             valid = valid & (qs[..., :, None] == kseg[..., None, :])
         u = _materialize(log2_scores(z, c, valid))
-        nanf = xp.any(xp.isnan(u), axis=-1)
+        nanf = xp.any(xp.isnan(u) | (u == np.inf), axis=-1)  # NaN or +Inf score: NaN row
         ut = xp.reshape(u, (*lead, nrows, n_tiles, tile))
-        mt = xp.max(xp.where(xp.isnan(ut), np.float32(-np.inf), ut), axis=-1)  # (..., Sq, nt)
+        mt = xp.max(xp.where(xp.isnan(ut) | (ut == np.inf), np.float32(-np.inf), ut), axis=-1)
 
         # the running max (anchor) of every tile and the rescale factors
         m = xp.full(lead + (nrows,), -np.inf, dtype=np.float32)
@@ -599,7 +600,8 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
 
     chunk = _ROW_CHUNK
     if xp is np or sq <= chunk:
-        res = rows_fn(qop, qseg, xp.arange(sq, dtype=np.int32))
+        with np.errstate(over="ignore", invalid="ignore"):  # Inf/NaN follow the row policy
+            res = rows_fn(qop, qseg, xp.arange(sq, dtype=np.int32))
     else:
         # jax: map over chunks of query rows (same arithmetic per row; bounded memory, cache)
         from jax import lax

@@ -13,7 +13,7 @@ blocks are 32 keys (MX) or 16 keys (NV). ``fl`` is float32 round-to-nearest-even
 Fields of :class:`AttentionRecipe`:
 
 * ``qk``: :class:`QKFormat` of Q and K (quantized along the head dimension, per token), and
-  ``qk_global``: the NVFP4 FP32 global factor mode (:class:`GlobalScale`).
+  ``qk_global``: the NVFP4 FP32 global factor mode (:class:`QKGlobalScale`).
 * ``converter``: one of :class:`ExactP`, :class:`AffineP`, :class:`MitchellP`,
   :class:`SchraudolphP`, :class:`LogGroupP`, :class:`SageTwoLevelP`, :class:`FixedScaleP`;
   ``p_format``: :class:`PFormat` of P; ``block_exponent``: :class:`BlockExponent` (the Direct-P
@@ -46,7 +46,7 @@ Decisions on the open ambiguities (seed_algorithms.md §11), all documented here
 4. Schraudolph: code = ``floor(2^mbits·(t + scale_log2 − shift)) + bias·2^mbits`` taken directly
    as the BF16 / E4M3 bit pattern, clamped to [0, max]; shift default 0.0576 (zero mean).
 5. V in MXFP4 uses the Direct-P amplitude convention ``β·q/6`` with ``β = 2^ceil(log2 amax)``.
-6. NVFP4 global factor: ``GlobalScale.NONE`` (constant 1, causal-safe) by default.
+6. NVFP4 global factor: ``QKGlobalScale.NONE`` (constant 1, causal-safe) by default.
 7. exp2 "exact" = correctly rounded float32 exp2 with flush of results below 2^-126
    (:mod:`fp4sim.attention.exp2`); MUFU ``ex2.approx`` is not modelled bit-exactly, so the FA4
    schedule's "native" pairs use the correctly rounded exp2.
@@ -62,7 +62,7 @@ from typing import Any, Union
 
 __all__ = [
     "QKFormat",
-    "GlobalScale",
+    "QKGlobalScale",
     "VFormat",
     "PFormat",
     "BlockExponent",
@@ -112,12 +112,15 @@ class QKFormat(enum.Enum):
     TOKEN_BLOCK_FP8 = "token_block_fp8"  # E4M3, one power-of-two exponent per 32 tokens x D
 
 
-class GlobalScale(enum.Enum):
+class QKGlobalScale(enum.Enum):
     """The NVFP4 FP32 global factor ``s_enc = 6·448/amax`` (seed_algorithms.md §1.3)."""
 
     NONE = "none"  # s_enc = s_dec = 1 (SageAttention3; causal-safe)
     PER_TENSOR = "per_tensor"  # amax over each (batch, head) tensor: leaks the future if causal
     PER_TOKEN = "per_token"  # amax over each token's row (causal-safe)
+
+
+GlobalScale = QKGlobalScale  # the first published name; not in __all__ (formats has its own)
 
 
 class VFormat(enum.Enum):
@@ -309,7 +312,7 @@ class AttentionRecipe:
     """One low-precision attention forward (see the module docstring for every field)."""
 
     qk: QKFormat = QKFormat.NVFP4
-    qk_global: GlobalScale = GlobalScale.NONE
+    qk_global: QKGlobalScale = QKGlobalScale.NONE
     converter: Converter = AffineP()
     p_format: PFormat = PFormat.MXFP4
     block_exponent: BlockExponent = BlockExponent.BLOCK_MAX_CEIL
@@ -326,7 +329,7 @@ class AttentionRecipe:
     def __post_init__(self) -> None:
         own = "AttentionRecipe"
         _check_enum(own, "qk", self.qk, QKFormat)
-        _check_enum(own, "qk_global", self.qk_global, GlobalScale)
+        _check_enum(own, "qk_global", self.qk_global, QKGlobalScale)
         _check_enum(own, "p_format", self.p_format, PFormat)
         _check_enum(own, "block_exponent", self.block_exponent, BlockExponent)
         _check_enum(own, "v", self.v, VFormat)
@@ -370,7 +373,7 @@ class AttentionRecipe:
         if self.normalization is Normalization.EXACT and self.p_format is not PFormat.FLOAT32:
             raise ValueError(f"{own}: normalization=EXACT means unquantized P in numerator and "
                              f"denominator; it needs p_format=FLOAT32, not {self.p_format.name}")
-        if self.qk_global is not GlobalScale.NONE and self.qk is not QKFormat.NVFP4:
+        if self.qk_global is not QKGlobalScale.NONE and self.qk is not QKFormat.NVFP4:
             raise ValueError(f"{own}.qk_global={self.qk_global.name} applies only to "
                              f"qk=NVFP4, not {self.qk.name}")
 
@@ -407,7 +410,7 @@ HW_FP4_FP8_PV = AttentionRecipe(converter=ExactP(), p_format=PFormat.MXFP8,
 """The HW-FP4 paper's retained FP8 P/V route [B]: NVFP4 Q/K, exact P in E4M3 with UE8M0 per 32
 keys, V E4M3 with one power-of-two exponent per 32 tokens, consistent normalization."""
 
-HAO_LOG_NVFP4 = AttentionRecipe(qk_global=GlobalScale.PER_TENSOR, converter=LogGroupP(),
+HAO_LOG_NVFP4 = AttentionRecipe(qk_global=QKGlobalScale.PER_TENSOR, converter=LogGroupP(),
                                 p_format=PFormat.NVFP4, v=VFormat.NVFP4_TOKENS,
                                 normalization=Normalization.MISMATCHED)
 """HAO flash-attention-fp4, NVFP4 Q/K with per-tensor global factor, log-domain NVFP4 P,
@@ -434,7 +437,7 @@ FLAMIA_MXFP8 = AttentionRecipe(qk=QKFormat.MXFP8, converter=ExactP(), p_format=P
 """FLAMIA MXFP8 route [B, reconstructed]: MXFP8 Q/K (per token), exact MXFP8 P, token-block V,
 consistent normalization."""
 
-FLAMIA_NVFP4 = AttentionRecipe(qk_global=GlobalScale.PER_TOKEN, converter=ExactP(),
+FLAMIA_NVFP4 = AttentionRecipe(qk_global=QKGlobalScale.PER_TOKEN, converter=ExactP(),
                                p_format=PFormat.NVFP4, v=VFormat.TOKEN_BLOCK_FP8)
 """FLAMIA NVFP4 route [B, reconstructed]: NVFP4 Q/K with per-token global factor, exact NVFP4
 P, token-block V, consistent normalization."""

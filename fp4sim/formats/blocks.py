@@ -77,9 +77,11 @@ global_encode_scale=None, pack=False) -> QuantizedArray``; ``dequantize(q) -> fl
 Exactness and platforms
 =======================
 Block amax is a max over the *integer* bit patterns of ``|x|`` (exact, NaN-aware, immune to XLA
-CPU's flush-to-zero). Power-of-two scales are applied by integer exponent arithmetic with a
-correctly rounded (RNE) result even in the float32 subnormal range (``ldexp_f32``). The float32
-multiplies/divides of the UE4M3 (NVFP4) path go through ``mul_f32``/``div_f32``: the significands
+CPU's flush-to-zero). Power-of-two scales are applied by integer exponent arithmetic:
+``dequantize`` with a correctly rounded (RNE) result even in the float32 subnormal range
+(``ldexp_f32``); ``quantize`` with a cheaper variant that is exact wherever the element encoder
+can tell the difference (results below 2^-126 become ±2^-149; see ``_scale_for_encode``).
+The float32 multiplies/divides of the UE4M3 (NVFP4) path go through ``mul_f32``/``div_f32``: the significands
 are multiplied natively in [1, 4) and the exponent is applied with integers, which equals IEEE
 float32 arithmetic whenever the result is normal, on every platform, FTZ or not (a result below
 2^-126 may be rounded twice: the one documented deviation from IEEE, reached only by blocks whose
@@ -366,6 +368,34 @@ def ldexp_f32(x: Any, k: Any) -> Any:
     out = _compose(xp, sign, sig, exp + k)
     special = (bits & _U(0x7F800000)) == _U(0x7F800000)
     return bitcast(xp.where(special, bits, out), np.float32)
+
+
+def _scale_for_encode(xp: Any, x: Any, k: Any) -> Any:
+    """``x · 2^k`` as the element encoder needs it, with integer operations only.
+
+    Exact wherever the result is a normal float32 (or zero, Inf, NaN, overflow to Inf). A result
+    below 2^-126 is replaced by ±2^-149 with the same sign: every element format's smallest step
+    is at least 2^-17, so under every :class:`~fp4sim.formats.spec.Policy` (nearest, directed,
+    stochastic with 32 random bits, flushing) such a value encodes exactly like the exact real
+    ``x · 2^k`` (±0, or the smallest subnormal when rounding away from zero). No rounding happens
+    here, so each element is rounded once, from its exact scaled value (a float32 intermediate
+    could round a tiny nonzero value to 0 and change a directed or stochastic rounding).
+    """
+    bits = _f32_bits(xp, x)
+    k = xp.asarray(k, dtype=np.int32)
+    sign = bits & _U(0x80000000)
+    field = ((bits >> _U(23)) & _U(0xFF)).astype(np.int32)
+    mant = bits & _U(0x7FFFFF)
+    n = _bitlen(xp, mant)  # subnormal inputs: normalize their mantissa
+    sub_e = n - 150 + k  # unbiased exponent of the result for a subnormal input
+    sub_bits = ((xp.clip(sub_e + 127, 1, 254).astype(np.uint32) << _U(23))
+                | ((mant << xp.clip(24 - n, 0, 23).astype(np.uint32)) & _U(0x7FFFFF)))
+    new = xp.where(field == 0, sub_e + 127, field + k)  # biased result exponent
+    nrm_bits = (xp.clip(new, 1, 254).astype(np.uint32) << _U(23)) | mant
+    out = xp.where(field == 0, sub_bits, nrm_bits)
+    out = xp.where(new >= 255, _U(0x7F800000), xp.where(new <= 0, _U(1), out))
+    out = xp.where((field == 255) | ((bits & _U(0x7FFFFFFF)) == 0), bits, sign | out)
+    return bitcast(out, np.float32)
 
 
 def _normalize(xp: Any, bits: Any) -> tuple[Any, Any]:
@@ -670,9 +700,29 @@ def _pow2_scale_code(xp: Any, amax_bits: Any, fmt: BlockFormat, rule: ScaleRule)
     return xp.where(is_nan, np.int32(nan_c), code)
 
 
+def _max_keepdims(xp: Any, a: Any, axes: tuple[int, ...]) -> Any:
+    """Integer max over ``axes`` (kept, size 1) by pairwise halving: the same exact result as
+    ``max``, but XLA CPU vectorizes it (its reduction over a short minor axis is ~3x slower)."""
+    def part(a, ax, start, stop):
+        index = [slice(None)] * a.ndim
+        index[ax] = slice(start, stop)
+        return a[tuple(index)]
+
+    for ax in axes:
+        while a.shape[ax] > 1:
+            n = a.shape[ax]
+            h = n // 2
+            m = xp.maximum(part(a, ax, 0, h), part(a, ax, h, 2 * h))
+            if n % 2:
+                m = xp.concatenate([m, part(a, ax, 2 * h, n)], axis=ax)
+            a = m
+    return a
+
+
 def _block_amax_bits(xp: Any, bits: Any, blocked: tuple[int, ...]) -> Any:
     mag = xp.reshape(bits & _U(0x7FFFFFFF), blocked)
-    return xp.max(mag, axis=_block_reduce_axes(len(blocked) // 2), keepdims=True)
+    # materialized: otherwise XLA fuses the max tree into every element's consumer
+    return _stage(_max_keepdims(xp, mag, _block_reduce_axes(len(blocked) // 2)))
 
 
 def global_decode_scale(amax: Any, fmt: BlockFormat = NVFP4) -> Any:
@@ -803,13 +853,14 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
         code = _pow2_scale_code(xp, amax_bits, fmt, fmt.rule)
         e = code - 127
         if fmt.arithmetic is Arithmetic.JAX:  # code 0xFF decodes to +Inf: x/Inf
-            y = xp.where(code == 255, div_f32(xb, np.float32(np.inf)), ldexp_f32(xb, -e))
+            y = xp.where(code == 255, div_f32(xb, np.float32(np.inf)),
+                         _scale_for_encode(xp, xb, -e))
         elif fmt.arithmetic is Arithmetic.TORCHAO:  # torchao's handling of the 2^-127 code
             e = xp.where(code == 0, np.int32(0), e) if fmt.rule is ScaleRule.RCEIL \
                 else xp.maximum(e, np.int32(-126))
-            y = ldexp_f32(xb, -xp.where(code == 255, np.int32(0), e))
+            y = _scale_for_encode(xp, xb, -xp.where(code == 255, np.int32(0), e))
         else:
-            y = ldexp_f32(xb, -xp.where(code == 255, np.int32(0), e))
+            y = _scale_for_encode(xp, xb, -xp.where(code == 255, np.int32(0), e))
         scales = code.astype(np.uint8)
     else:
         y, scales = _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec_b, s_enc_b)
@@ -850,7 +901,7 @@ def _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec, s_enc):
     one = np.float32(1.0)
     if fmt.arithmetic is Arithmetic.JAX:
         xs = xb if g_dec is None else div_f32(xb, g_dec)
-        amax = bitcast(xp.max(bitcast(xs, np.uint32) & _U(0x7FFFFFFF), axis=red, keepdims=True),
+        amax = bitcast(_stage(_max_keepdims(xp, bitcast(xs, np.uint32) & _U(0x7FFFFFFF), red)),
                        np.float32)
         s_val = xp.clip(div_f32(amax, M), np.float32(fmt.min_scale), S)
         s_code = codec.encode(s_val, fmt.scale, spolicy)

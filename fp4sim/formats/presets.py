@@ -63,7 +63,7 @@ __all__ = [
     "TE_NVFP4",
     "JAX_MXFP8",
     "JAX_NVFP4",
-    "PRESETS",
+    "BLOCK_PRESETS",
     "preset",
 ]
 
@@ -92,7 +92,7 @@ JAX_MXFP8 = MXFP8_E4M3.replace(name="JAX_MXFP8", arithmetic=Arithmetic.JAX,
 JAX_NVFP4 = NVFP4.replace(name="JAX_NVFP4", arithmetic=Arithmetic.JAX,
                           global_scale=GlobalScale.CONSTANT)
 
-PRESETS: dict[str, BlockFormat] = {
+BLOCK_PRESETS: dict[str, BlockFormat] = {
     f.name: f for f in (OCP_MXFP4, OCP_MXFP6_E2M3, OCP_MXFP6_E3M2, OCP_MXFP8_E4M3, OCP_MXFP8_E5M2,
                         *TORCHAO_MX.values(), TORCHAO_NVFP4, TORCHAO_NVFP4_SINGLE, TE_MXFP8,
                         TE_NVFP4, JAX_MXFP8, JAX_NVFP4)
@@ -101,7 +101,7 @@ PRESETS: dict[str, BlockFormat] = {
 
 def preset(name: str) -> BlockFormat:
     """The preset called ``name`` (case-insensitive), for CLIs and manifests."""
-    for key, fmt in PRESETS.items():
+    for key, fmt in BLOCK_PRESETS.items():
         if key.lower() == str(name).lower():
             return fmt
-    raise ValueError(f"preset={name!r} is unknown; allowed: {sorted(PRESETS)}")
+    raise ValueError(f"preset={name!r} is unknown; allowed: {sorted(BLOCK_PRESETS)}")

@@ -200,3 +200,17 @@ def test_bad_input():
         direct_p_payload(R.SageTwoLevelP(), np.zeros(4, np.float32))
     with pytest.raises(ValueError, match="multiple"):
         convert_tile(R.HW_FP4_DIRECT_P, np.zeros((2, 48), np.float32))
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=100)
+@given(st.lists(st.floats(min_value=-200, max_value=10, width=32), min_size=2, max_size=64))
+def test_direct_p_payloads_are_monotone_codes(xs):
+    x = np.sort(np.array(xs, dtype=np.float32))
+    for conv in (R.ExactP(), R.AffineP(), R.MitchellP(), R.MitchellP(shift=0.0)):
+        codes = direct_p_payload(conv, x)
+        assert codes.max() <= 7  # non-negative E2M1 magnitudes only
+        assert np.all(np.diff(_vals(codes)) >= 0), conv

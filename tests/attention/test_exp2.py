@@ -158,3 +158,42 @@ def test_log2_accuracy_specials_and_jit():
 @pytest.mark.parametrize("fn", [exp2_rn, exp2_fa4])
 def test_exp2_rejects_nothing_silently_on_shapes(fn):
     assert fn(np.zeros((2, 0), np.float32)).shape == (2, 0)
+
+
+def test_f32_division_is_correctly_rounded_even_from_a_faithful_quotient():
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(4)
+    a = (rng.standard_normal(100_000) * np.exp(rng.uniform(-30, 30, 100_000))).astype(np.float32)
+    b = (rng.standard_normal(100_000) * np.exp(rng.uniform(-30, 30, 100_000))).astype(np.float32)
+    want = _f32.div(a, b)
+    np.testing.assert_array_equal(_bits(jax.jit(_f32.div)(a, b)), _bits(want))
+    # a backend whose quotient is one ulp off (either way) is corrected to the IEEE result
+    q = (a / b).astype(np.float32)
+    off = (q.view(np.uint32).astype(np.int64) + rng.integers(-1, 2, q.size)).astype(np.uint32)
+    fixed = jax.jit(lambda a, b, q: _f32._correct_quotient(jnp, a, b, q))(a, b, off.view(np.float32))
+    np.testing.assert_array_equal(_bits(fixed), _bits(want))
+
+
+def test_f32_ftz_on_bits():
+    x = np.array([1e-39, -1e-39, -0.0, 2.0**-126, np.nan, -np.inf, 3.0], np.float32)
+    y = _f32.ftz(x)
+    np.testing.assert_array_equal(_bits(y[:3]), [0, 0, 0])
+    assert y[3] == np.float32(2.0**-126) and np.isnan(y[4]) and y[5] == -np.inf and y[6] == 3
+    np.testing.assert_array_equal(_bits(jax.jit(_f32.ftz)(x)), _bits(y))
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200)
+@given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1,
+                max_size=64))
+def test_exp2_rn_property_matches_oracle(xs):
+    x = np.array(xs, dtype=np.float32)
+    y = exp2_rn(x)
+    want = _oracle_exp2(np.where(np.abs(x) < TINY, np.float32(0), x))
+    nan = np.isnan(x)
+    assert np.isnan(y[nan]).all()
+    np.testing.assert_array_equal(_bits(y[~nan]), _bits(want[~nan]))

@@ -242,7 +242,7 @@ OTHER_FORMATS = [
                       v=R.VFormat.FP8, normalization=R.Normalization.MISMATCHED),
     R.AttentionRecipe(qk=R.QKFormat.TOKEN_BLOCK_FP8, converter=R.SchraudolphP(scale_log2=8),
                       p_format=R.PFormat.FP8, v=R.VFormat.TOKEN_BLOCK_FP8),
-    R.AttentionRecipe(qk_global=R.GlobalScale.PER_TOKEN, converter=R.ExactP(),
+    R.AttentionRecipe(qk_global=R.QKGlobalScale.PER_TOKEN, converter=R.ExactP(),
                       exp2=R.Exp2Model(kind=R.Exp2Kind.FA4_POLY), v=R.VFormat.MXFP8_TOKENS,
                       normalization=R.Normalization.MISMATCHED, rescale_threshold=8.0),
 ]
@@ -259,3 +259,28 @@ def test_other_operand_formats_numpy_jit_and_error():
             q, k, v)
         np.testing.assert_array_equal(_bits(got[0]), _bits(want.out))
         np.testing.assert_array_equal(_bits(got[1]), _bits(want.lse))
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=15)
+@given(seed=st.integers(0, 2**31 - 1), shift=st.integers(-20, 20), causal=st.booleans(),
+       sq=st.integers(1, 40), skv=st.integers(1, 100))
+def test_power_of_two_v_scaling_is_exact(seed, shift, causal, sq, skv):
+    # V in MXFP4 along tokens has power-of-two block scales: V·2^s gives exactly O·2^s
+    q, k, v = _qkv((1, sq, 32), skv, seed=seed)
+    a = attention_forward(q, k, v, R.HW_FP4_DIRECT_P, causal=causal)
+    b = attention_forward(q, k, v * np.float32(2.0**shift), R.HW_FP4_DIRECT_P, causal=causal)
+    np.testing.assert_array_equal(_bits(b.out), _bits(a.out * np.float32(2.0**shift)))
+    np.testing.assert_array_equal(_bits(b.lse), _bits(a.lse))
+    assert not np.isnan(a.out).any()
+
+
+def test_infinite_float32_inputs_follow_the_nan_row_policy():
+    q, k, v = _qkv((1, 16, 32), 64, seed=11)
+    q[0, 3, 0] = np.inf  # unquantized route: the scores of row 3 are +-Inf/NaN
+    r = attention_forward(q, k, v, R.EXACT_F32)
+    assert np.isnan(r.out[0, 3]).all() and np.isnan(r.lse[0, 3])
+    assert np.isfinite(np.delete(r.out[0], 3, axis=0)).all()

@@ -60,7 +60,7 @@ def test_properties():
     (dict(normalization=R.Normalization.EXACT), ValueError, "FLOAT32"),
     (dict(converter=R.ExactP(), p_format=R.PFormat.FLOAT32,
           normalization=R.Normalization.MISMATCHED), ValueError, "MISMATCHED"),
-    (dict(qk=R.QKFormat.MXFP8, qk_global=R.GlobalScale.PER_TENSOR), ValueError, "qk_global"),
+    (dict(qk=R.QKFormat.MXFP8, qk_global=R.QKGlobalScale.PER_TENSOR), ValueError, "qk_global"),
     (dict(exp2="fa4"), TypeError, "Exp2Model"),
 ])
 def test_invalid_recipes_name_the_field(changes, exc, words):

@@ -416,3 +416,31 @@ def test_nvfp4_scale_rounding_up():
     # E4M3 scale rounded up (cuDNN's "quantize_round_up"): 2.9/6 -> 0.5, no clipping of the max
     code, y = one_block([2.9], NVFP4_SINGLE, ScaleRule.RCEIL)
     assert code == 0x30 and y[0] == 3.0  # 2.9/0.5 = 5.8 -> E2M1 6 -> 6 * 0.5
+
+
+@pytest.mark.parametrize("elem", [E2M1, E4M3, MXFP8_E5M2.elem, MXFP6_E2M3.elem])
+def test_cheap_scaling_encodes_like_the_exact_value(elem):
+    """quantize scales by integer exponent arithmetic and sends results below 2^-126 to ±2^-149:
+    under every policy that encodes like the exact real x·2^k (float64 here), i.e. the element is
+    rounded once, never through a float32 intermediate."""
+    from fp4sim.formats import codec
+    from fp4sim.formats.spec import NanPolicy, Policy, Rounding
+
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal(4096) * np.exp2(rng.integers(-150, 40, 4096))).astype(np.float32)
+    x[:4] = [0.0, -0.0, 1e-45, -3e-39]
+    k = rng.integers(-127, 128, 4096).astype(np.int32)
+    cheap = B._scale_for_encode(np, x, k)
+    exact = x.astype(np.float64) * np.exp2(k.astype(np.float64))  # exact in float64
+    ok = np.abs(exact) <= 2.0 ** 127  # x·2^k beyond float32 is not a case quantize produces
+    big = ok & (np.abs(exact) >= 2.0 ** -126)
+    assert same_bits(cheap[big], exact[big].astype(np.float32))
+    bits = rng.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
+    for rounding in Rounding:
+        for flush in (False, True):
+            pol = Policy(rounding=rounding, flush_inputs=flush, flush_outputs=flush,
+                         nan=NanPolicy.ZERO)
+            rb = bits[ok] if rounding is Rounding.STOCHASTIC else None
+            a = codec.encode(cheap[ok], elem, pol, random_bits=rb)
+            b = codec.encode(exact[ok], elem, pol, random_bits=rb)
+            assert np.array_equal(a, b), (rounding, flush)

@@ -20,7 +20,7 @@ from fp4sim.formats.presets import (
     OCP_MXFP6_E3M2,
     OCP_MXFP8_E4M3,
     OCP_MXFP8_E5M2,
-    PRESETS,
+    BLOCK_PRESETS,
     TE_NVFP4,
     TORCHAO_MX,
     TORCHAO_NVFP4,
@@ -157,7 +157,7 @@ def test_ocp_reference(fmt):
 
 def test_preset_registry():
     assert preset("torchao_nvfp4") is TORCHAO_NVFP4
-    assert len(PRESETS) == len({f for f in PRESETS.values()})
+    assert len(BLOCK_PRESETS) == len(set(BLOCK_PRESETS.values()))
     with pytest.raises(ValueError, match="preset="):
         preset("nope")
 
