@@ -330,9 +330,10 @@ def experiment_scale_rules(sizes: Sizes) -> dict[str, Any]:
 
 def section_scale_rules(sizes: Sizes) -> Section:
     r = experiment_scale_rules(sizes)
+    said = {"FLOOR": None, "RCEIL": "0 (never clips)", "CEIL": "0 (never clips)", "EVEN": "— (not stated)"}
     rows = tuple((d["format"], d["rule"], _pct(d["clip_rate"]),
-                  _pct(d["seed_predicted"]) if d["rule"] == "FLOOR" else "0 (never clips)",
-                  d["rel_l2"], d["max_elem_rel_err"]) for d in r["rows"])
+                  _pct(d["seed_predicted"]) if d["rule"] == "FLOOR" else said[d["rule"]],
+                  f"{d['rel_l2']:.4f}", f"{d['max_elem_rel_err']:.4f}") for d in r["rows"])
     ex_rows = tuple((d["format"], d["amax"], d["rule"], d["scale"], d["scaled"], d["dequantized"])
                     for d in r["examples"])
     nv_rows = tuple((d["format"], d["scale"], d["dequantized"]) for d in r["nvfp4"])
@@ -349,8 +350,9 @@ def section_scale_rules(sizes: Sizes) -> Section:
                            "rel. L2 error", "mean rel. error of the block max"), rows=rows,
                   seed="§1.3 [C]: OCP's floor rule puts amax/2^s in [2^emax, 2^(emax+1)), so the "
                        "block max clips exactly when amax's mantissa exceeds 1.75 (E4M3) or 1.5 "
-                       "(E2M1); TE/cuDNN's round-up rule never clips. The prediction column counts "
-                       "those mantissas in the same data."),
+                       "(E2M1); TE/cuDNN's round-up rule (and ceil) never clips. The prediction column "
+                       "counts those mantissas in the same data; torchao's EVEN rule (round amax's "
+                       "mantissa first, then floor) is not discussed in the seeds."),
             Table(title="Worked examples (§1.3, §8 item 7)",
                   columns=("format", "amax", "rule", "scale", "amax / scale", "dequantized max"),
                   rows=ex_rows,
@@ -747,7 +749,8 @@ def experiment_leak(sizes: Sizes) -> dict[str, Any]:
     for name, recipe in tqdm(list(LEAK_TABLE.items()), desc="leak probes", leave=False,
                              disable=not _PROGRESS[0], file=sys.stderr):
         rep = leak_probe(recipe, n_tokens=sizes.leak_tokens)
-        rows.append({"name": name, "leak_o": rep.leak_o, "leak_dq": rep.leak_dq,
+        rows.append({"name": name, "leak_o": rep.leak_o, "leak_dq": rep.leak_dq, "target": rep.target,
+                     "gain": rep.gain,
                      "bitwise": bool(rep.bitwise_o and rep.bitwise_dq), "vacuous": bool(rep.vacuous),
                      "class": leak_class_of(max(rep.leak_o, rep.leak_dq))})
     return {"rows": rows}
@@ -755,6 +758,8 @@ def experiment_leak(sizes: Sizes) -> dict[str, Any]:
 
 def section_leak(sizes: Sizes) -> Section:
     r = experiment_leak(sizes)
+    targets = ", ".join(sorted({str(d["target"]) for d in r["rows"]}))
+    gains = ", ".join(sorted({f"{d['gain']:g}" for d in r["rows"]}))
     seed = SEED["leak_table"]
     rows = []
     for i, d in enumerate(r["rows"]):
@@ -764,10 +769,11 @@ def section_leak(sizes: Sizes) -> Section:
     return Section(
         key="leak",
         title="Causal leak through shared scales",
-        intro=f"`leak_probe` (seed_algorithms.md §6.2) on each configuration of `fp4sim.attention.LEAK_TABLE`: "
-              f"N = {sizes.leak_tokens} tokens, d_model 64, head_dim 64, future token j* = 77 scaled by "
-              "g = 4; leak = max relative change of the rows before j* of O and dQ, 0 only when those "
-              "rows are bitwise identical. A probe in which no scale changed is marked VACUOUS.",
+        intro=f"`leak_probe` (seed_algorithms.md §6.2) on each configuration of `fp4sim.attention.LEAK_TABLE` "
+              f"with its defaults: N = {sizes.leak_tokens} tokens, future token j* = {targets} with its "
+              f"input scaled by g = {gains}; "
+              "leak = max relative change of the rows before j* of O and dQ, 0 only when those rows are "
+              "bitwise identical. A probe in which no scale changed is marked VACUOUS.",
         tables=(Table(title="Leak per V / dS configuration",
                       columns=("configuration", "leak_O", "leak_dQ", "class", "seed leak_O [R]",
                                "seed leak_dQ [R]", "seed class", "FLAMIA [B]"), rows=tuple(rows),
@@ -934,12 +940,88 @@ def section_bit_identity(sizes: Sizes) -> Section:
     )
 
 
+# --- where the libraries' quantizers disagree -----------------------------------------------------------
+
+_LIBRARY_COMPARISONS = (  # (reference preset, [presets compared with it])
+    ("TE_MXFP8", ("OCP_MXFP8_E4M3", "TORCHAO_MXFP8_E4M3_FLOOR", "TORCHAO_MXFP8_E4M3_RCEIL",
+                  "TORCHAO_MXFP8_E4M3_EVEN", "JAX_MXFP8")),
+    ("TORCHAO_MXFP4_RCEIL", ("OCP_MXFP4", "TORCHAO_MXFP4_FLOOR", "TORCHAO_MXFP4_EVEN")),
+    ("TE_NVFP4", ("TORCHAO_NVFP4", "JAX_NVFP4")),
+)
+
+
+def library_inputs(sizes: Sizes) -> np.ndarray:
+    """Blocks of 32 where quantizers can disagree: Gaussian values with per-block magnitudes
+    2^U(-20, 20), a quarter of the blocks holding exact E2M1/E4M3 tie midpoints."""
+    rng = np.random.default_rng(sizes.seed + 1)
+    n = max(4, sizes.scale_blocks // 4) * 4
+    x = rng.standard_normal((n, 32)) * np.exp2(rng.integers(-20, 20, (n, 1)))
+    ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 9.0, 11.0, 13.0, 208.0, 232.0, 448.0])
+    k = n // 4
+    x[:k] = rng.choice(ties, (k, 32)) * rng.choice([-1.0, 1.0], (k, 32)) * np.exp2(rng.integers(-8, 8, (k, 1)))
+    return x.astype(np.float32)
+
+
+@functools.cache
+def experiment_libraries(sizes: Sizes) -> dict[str, Any]:
+    """Share of scale codes and element codes on which each library preset differs from a reference."""
+    from fp4sim.formats import blocks, presets
+
+    x = library_inputs(sizes)
+
+    def q(name: str) -> Any:
+        fmt = presets.preset(name)
+        if fmt.global_scale is blocks.GlobalScale.CONSTANT:  # JAX's NVFP4: the caller passes the factor
+            g = blocks.global_decode_scale(np.abs(x).max(), fmt)
+            return blocks.quantize(x, fmt, global_scale=g)
+        return blocks.quantize(x, fmt)
+
+    rows = []
+    for ref_name, others in _LIBRARY_COMPARISONS:
+        ref = q(ref_name)
+        ref_values = np.asarray(blocks.dequantize(ref))
+        for name in others:
+            got = q(name)
+            same_scale = (np.asarray(got.scales) == np.asarray(ref.scales)).all(axis=-1)  # per row of blocks
+            values = np.asarray(blocks.dequantize(got))
+            rows.append({"reference": ref_name, "preset": name,
+                         "scales_differ": float(np.mean(np.asarray(got.scales) != np.asarray(ref.scales))),
+                         "values_differ": float(np.mean(values.view(np.uint32) != ref_values.view(np.uint32))),
+                         "codes_differ_same_scale": float(np.mean(np.asarray(got.codes)[same_scale]
+                                                                  != np.asarray(ref.codes)[same_scale]))
+                         if same_scale.any() else 0.0})
+    return {"rows": rows, "blocks": int(x.shape[0])}
+
+
+def section_libraries(sizes: Sizes) -> Section:
+    r = experiment_libraries(sizes)
+    rows = tuple((d["preset"], d["reference"], _pct(d["scales_differ"]), _pct(d["values_differ"]),
+                  _pct(d["codes_differ_same_scale"])) for d in r["rows"])
+    return Section(
+        key="libraries",
+        title="Where the libraries' quantizers disagree",
+        intro=f"{r['blocks']} blocks of 32 float32 values (Gaussian with per-block magnitudes 2^-20 .. 2^20; a "
+              "quarter of the blocks made of exact E2M1/E4M3 tie midpoints) quantized with the presets of "
+              "`fp4sim.formats.presets`, each of which reproduces one library's quantizer bit for bit "
+              "(checked against stored torchao vectors and the installed JAX in the formats tests).",
+        tables=(Table(title="How often each preset differs from the reference preset",
+                      columns=("preset", "compared with", "scale codes differ", "dequantized values differ",
+                               "element codes differ where the scales agree"),
+                      rows=rows,
+                      seed="§1.3 [C]: OCP (microxcaling) floors the scale exponent and rounds elements to "
+                           "nearest with ties away; TE/cuDNN round the scale up (RCEIL); torchao offers FLOOR, "
+                           "RCEIL, CEIL, EVEN; NVFP4 libraries differ in the order of the FP32 operations."),),
+        numbers={"rows": r["rows"]},
+    )
+
+
 # --- the section registry and the driver ----------------------------------------------------------------
 
 SECTIONS: dict[str, Callable[[Sizes], Section]] = {
     "formats": section_formats,
     "code_match": section_code_match,
     "scale_rules": section_scale_rules,
+    "libraries": section_libraries,
     "exp2": section_exp2,
     "normalization": section_normalization,
     "route_errors": section_route_errors,

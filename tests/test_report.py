@@ -187,3 +187,13 @@ def test_repository_figures_are_present_and_indexed():
         assert f"`fp4sim.figures.{spec.draw.__name__}`" in index
     stray = {p.name for p in DEFAULT_DIR.iterdir()} - {f.filename for f in FIGURES.values()} - {"INDEX.md"}
     assert not stray, f"files in figures/ that no figure function makes: {stray}"
+
+
+def test_library_numbers(quick_run):
+    from fp4sim.formats import blocks, presets
+
+    rows = {(r["preset"], r["reference"]): r for r in _section(quick_run, "libraries")["rows"]}
+    x = report.library_inputs(report.QUICK)
+    ref, ocp = (blocks.quantize(x, presets.preset(n)) for n in ("TE_MXFP8", "OCP_MXFP8_E4M3"))
+    assert rows[("OCP_MXFP8_E4M3", "TE_MXFP8")]["scales_differ"] == np.mean(ocp.scales != ref.scales) > 0
+    assert rows[("TORCHAO_MXFP8_E4M3_RCEIL", "TE_MXFP8")]["values_differ"] == 0.0

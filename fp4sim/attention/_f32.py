@@ -26,19 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from fp4sim._xp import bitcast, is_jax, namespace
+from fp4sim._xp import bitcast, namespace
 
 __all__ = ["TINY", "ftz", "mul", "div", "add", "pow2", "ldexp", "two_sum", "two_prod", "fma",
-           "tree_sum", "f32"]
+           "tree_sum"]
 
 TINY = np.float32(2.0**-126)
 _F32 = np.float32
-
-
-def f32(x: Any, like: Any = None) -> Any:
-    """``x`` as a float32 array of the namespace of ``like`` (or of ``x``)."""
-    xp = namespace(x if like is None else like, x)
-    return xp.asarray(x, dtype=np.float32)
 
 
 def ftz(x: Any) -> Any:
@@ -112,12 +106,21 @@ def pow2(k: Any, like: Any = None) -> Any:
 
 def ldexp(x: Any, k: Any) -> Any:
     """``x·2^k`` for float32 x and integer k in [−300, 300]: exact when the result is normal,
-    0 when it is below 2^-126 (flushed), ±Inf on overflow. Two exact power-of-two steps."""
+    0 when it is below 2^-126 (flushed), ±Inf on overflow (x = ±Inf/NaN pass unchanged).
+
+    Integer arithmetic on the exponent field (inputs below 2^-126 count as zero)."""
     xp = namespace(x, k)
-    k = xp.asarray(k, dtype=np.int32)
-    k1 = xp.clip(k, -126, 127)
-    k2 = xp.clip(k - k1, -126, 127)
-    return mul(mul(x, pow2(k1, like=x)), pow2(k2, like=x))
+    x = xp.asarray(x, dtype=np.float32)
+    k = xp.clip(xp.asarray(k, dtype=np.int32), -300, 300)
+    bits = bitcast(x, np.uint32)
+    field = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32)
+    new = field + k
+    sign = bits & np.uint32(0x80000000)
+    moved = bitcast(bits + (k.astype(np.uint32) << np.uint32(23)), np.float32)
+    inf = bitcast(sign | np.uint32(0x7F800000), np.float32)
+    zero = bitcast(sign & np.uint32(0), np.float32)
+    out = xp.where(new >= 255, inf, xp.where(new <= 0, zero, moved))
+    return xp.where((field == 0) | (field == 255), xp.where(field == 0, zero, x), out)
 
 
 def two_sum(a: Any, b: Any) -> tuple[Any, Any]:
@@ -182,7 +185,3 @@ def tree_sum(x: Any, axis: int = -1) -> Any:
     while x.shape[-1] > 1:
         x = ftz(x[..., 0::2] + x[..., 1::2])
     return x[..., 0]
-
-
-def is_traced(x: Any) -> bool:
-    return is_jax(x)

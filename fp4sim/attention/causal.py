@@ -344,7 +344,7 @@ V_OPTIONS: tuple[OperandScaling, ...] = (
 def qk_scaling(recipe: Any) -> OperandScaling:
     """The :class:`OperandScaling` equivalent to an AttentionRecipe's Q/K format (``qk`` with
     ``qk_global``), as :func:`fp4sim.attention.forward.quantize_qk` applies it."""
-    from fp4sim.attention.recipe import GlobalScale as QKGlobal
+    from fp4sim.attention.recipe import QKGlobalScale as QKGlobal
     from fp4sim.attention.recipe import QKFormat
 
     fmt = recipe.qk

@@ -2,7 +2,8 @@
 
 CPU (default): ``jax.jit`` of :func:`fp4sim.attention.forward.attention_forward` for one recipe
 against a plain float32 ``jnp`` softmax attention of the same shape (one head, non-causal by
-default), both compiled and warmed up, median wall time of ``--repeats`` calls, and the ratio
+default), both compiled and warmed up, median wall time of ``--repeats`` calls made in turn
+(emulator, baseline, emulator, ...: load drifts on a shared machine hit both), and the ratio
 (target for the Direct-P route: at most 2x). ``--device gpu`` runs the same jitted emulator on
 the GPU and compares it with cuDNN's bf16 attention
 (``jax.nn.dot_product_attention(implementation="cudnn")``) and the float32 ``jnp`` attention
@@ -38,14 +39,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
 
 
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up (compiled already)
-    times = []
+def _time_interleaved(fns: dict, repeats: int) -> dict:
+    """Median wall time of each side, the sides called in turn (so load drifts hit all)."""
+    for fn in fns.values():
+        fn()  # warm-up (compiled already)
+    times: dict = {name: [] for name in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,22 +106,19 @@ def run(args: argparse.Namespace) -> int:
     jax.block_until_ready(emu(q, k, v))
     result["compile_s"] = time.perf_counter() - t0
     jax.block_until_ready(plain(q, k, v))
-    result["times_s"]["emulator"] = _time(lambda: jax.block_until_ready(emu(q, k, v)),
-                                          args.repeats)
-    result["times_s"]["float32_jnp"] = _time(lambda: jax.block_until_ready(plain(q, k, v)),
-                                             args.repeats)
-    save()
+    sides = {"emulator": lambda: jax.block_until_ready(emu(q, k, v)),
+             "float32_jnp": lambda: jax.block_until_ready(plain(q, k, v))}
     if platform == "gpu":
         qb, kb, vb = (jnp.swapaxes(a, 0, 1)[None].astype(jnp.bfloat16) for a in (q, k, v))
         cudnn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, is_causal=args.causal, implementation="cudnn"))
         try:
             jax.block_until_ready(cudnn(qb, kb, vb))
-            result["times_s"]["cudnn_bf16"] = _time(
-                lambda: jax.block_until_ready(cudnn(qb, kb, vb)), args.repeats)
+            sides["cudnn_bf16"] = lambda: jax.block_until_ready(cudnn(qb, kb, vb))
         except Exception as e:  # noqa: BLE001 - report, do not hide
             result["cudnn_error"] = f"{type(e).__name__}: {e}"
-        save()
+    result["times_s"] = _time_interleaved(sides, args.repeats)
+    save()
 
     if args.errors:
         ref = attention_reference(qn, kn, vn, causal=args.causal).out

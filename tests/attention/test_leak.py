@@ -17,7 +17,8 @@ from fp4sim.attention import causal
 from fp4sim.attention.autodiff import LEAK_TABLE, TRAINING_PRESETS
 from fp4sim.attention.causal import LeakClass, leak_class
 from fp4sim.attention.leak import leak_metric, leak_probe
-from fp4sim.attention.recipe import GlobalScale, QKFormat
+from fp4sim.attention.recipe import QKFormat
+from fp4sim.attention.recipe import QKGlobalScale as GlobalScale
 
 CLASS_OF_ROW = {
     "V unquantized": LeakClass.NONE,
