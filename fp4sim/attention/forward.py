@@ -321,8 +321,23 @@ def _seq_dot(a: Any, b: Any) -> Any:
     return acc
 
 
+def _key_blocks(k: Operand) -> Any:
+    """K's values as (..., nb, blk, Sk) for the batched block product of :func:`scores`
+    (exact operands only; else None). Computed once per forward, outside the row loop."""
+    if not k.exact:
+        return None
+    xp = namespace(k.values)
+    nb = k.values.shape[-1] // k.block
+    kb = xp.reshape(k.values, k.values.shape[:-1] + (nb, k.block))  # (..., Sk, nb, blk)
+    return xp.moveaxis(kb, -3, -1)
+
+
 def scores(q: Operand, k: Operand) -> Any:
     """Raw float32 scores z (..., Sq, Sk) of quantized operands (module docstring, step 1)."""
+    return _scores(q, k, _key_blocks(k))
+
+
+def _scores(q: Operand, k: Operand, kbt: Any) -> Any:
     xp = namespace(q.values, k.values)
     d = q.values.shape[-1]
     blk = q.block
@@ -331,9 +346,8 @@ def scores(q: Operand, k: Operand) -> Any:
         # all block partials in one batched product; each entry is exact, so the backend's
         # summation order cannot matter; the barrier keeps the ordered block sum separate
         qb = xp.moveaxis(xp.reshape(q.values, q.values.shape[:-1] + (nb, blk)), -2, -3)
-        kb = xp.moveaxis(xp.reshape(k.values, k.values.shape[:-1] + (nb, blk)), -2, -3)
         # no subnormal is possible (multiples of 2^-20), so a plain barrier replaces ftz
-        parts = _materialize(_matmul(xp, qb, xp.swapaxes(kb, -1, -2)))  # (..., nb, Sq, Sk)
+        parts = _materialize(_matmul(xp, qb, kbt))  # (..., nb, Sq, Sk)
         parts = [parts[..., b, :, :] for b in range(nb)]
     else:
         parts = [_seq_dot(q.values[..., b * blk:(b + 1) * blk], k.values[..., b * blk:(b + 1) * blk])
@@ -390,6 +404,8 @@ def _group_partials(xp: Any, p: PTile, v_vals: Any, v_exps: Any, v_block: int, v
         vvals = _f32.ldexp(vvals, xp.repeat(v_exps, vb, axis=-2))
     pr = xp.moveaxis(xp.reshape(pvals, (*lead, sq, nt, ns, sub)), -4, -2)  # (.., nt, ns, Sq, sub)
     vr = xp.reshape(vvals, (*lead, nt, ns, sub, dv))
+    # computed once: otherwise XLA re-fuses the scaling into every broadcast use of the loop
+    pr, vr = _materialize((pr, vr))
     if exact:
         parts = _f32.ftz(_matmul(xp, pr, vr))  # every entry exact
     else:
@@ -398,7 +414,8 @@ def _group_partials(xp: Any, p: PTile, v_vals: Any, v_exps: Any, v_block: int, v
             parts = _f32.add(parts, _f32.mul(pr[..., :, j, None], vr[..., j, None, :]))
     per_group = max(1, pv_group // sub)
     ng = ns // per_group
-    parts = xp.reshape(parts, (*lead, nt, ng, per_group, sq, dv))
+    # a barrier: fused with the group sums below, XLA CPU runs the chain ~7x slower
+    parts = xp.reshape(_materialize(parts), (*lead, nt, ng, per_group, sq, dv))
     g = parts[..., 0, :, :]
     for j in range(1, per_group):
         g = _f32.add(g, parts[..., j, :, :])
@@ -502,11 +519,13 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
     lead = q.shape[:-2]
     skv_pad = n_tiles * tile
 
+    kbt = _materialize(_key_blocks(kop))  # loop-invariant: transposed once, not per row block
+
     def rows_fn(qo: Operand, qs: Any, row_ids: Any) -> tuple:
         """Everything for a set of query rows (rows are independent)."""
         nrows = qo.values.shape[-2]
         # 1-2. scores of all keys, the log2 domain, the masks
-        z = _materialize(scores(qo, kop))  # (..., Sq, Skv_pad)
+        z = _materialize(_scores(qo, kop, kbt))  # (..., Sq, Skv_pad)
         rows = row_ids[:, None]
         cols = xp.arange(skv_pad, dtype=np.int32)[None, :]
         valid = (cols < np.int32(skv)) & (rows < np.int32(sq))
@@ -558,24 +577,8 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
             for j in range(g.shape[-3]):
                 acc = _f32.add(acc, g[..., i, j, :, :])
             den = _f32.add(_f32.mul(den, r[..., i]), lt[..., i])
-
-        unit = converter_unit(recipe)
-        if mism:
-            a_div, lse_unit = vop.div, unit
-        else:
-            pdiv = 6.0 if recipe.p_format is PFormat.MXFP4 else 1.0
-            a_div, lse_unit = pdiv * vop.div, unit / pdiv
-        num = acc if a_div == 1 else _f32.div(acc, np.float32(a_div))
-        pos = den > 0
-        out = xp.where(pos[..., None],
-                       _f32.div(num, xp.where(pos, den, np.float32(1.0))[..., None]),
-                       np.float32(0.0))
-        l2 = log2_f32(den)
-        if lse_unit != 1:
-            l2 = _f32.ftz(l2 - np.float32(math.log2(lse_unit)))
-        lse = xp.where(pos, _f32.mul(_f32.add(m, l2), _LN2), np.float32(-np.inf))
-        out = xp.where(nanf[..., None], np.float32(np.nan), out)
-        lse = xp.where(nanf, np.float32(np.nan), lse)
+        # per-row values computed once (else fused into, and recomputed for, every column)
+        den, m = _materialize((den, m))
 
         unit = converter_unit(recipe)
         if mism:
@@ -595,7 +598,7 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
         out = xp.where(nanf[..., None], np.float32(np.nan), out)
         lse = xp.where(nanf, np.float32(np.nan), lse)
         if not return_intermediates:
-            return out, lse
+            return _materialize((out, lse))
 
         def flat(x: Any) -> Any:  # (..., Sq, nt, w) -> (..., Sq, nt*w)
             return None if x is None else xp.reshape(x, x.shape[:-2] + (-1,))

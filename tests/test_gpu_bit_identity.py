@@ -1,0 +1,79 @@
+"""On a GPU machine: the jitted emulators give the same bits on the GPU as on the CPU backend.
+
+DESIGN.md promises that emulator results do not depend on where they run. XLA's GPU backend
+makes different choices from its CPU backend (fused multiply-add contraction, division
+rewrites, flush-to-zero), so this is checked on the hardware: the same jitted function runs on
+``jax.devices("gpu")[0]`` and ``jax.devices("cpu")[0]`` and every output is compared as bits.
+Skipped without a GPU (the CPU-only legs of the same property, NumPy against jitted JAX on the
+CPU, run everywhere in the per-module tests).
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from fp4sim import formats
+from fp4sim.attention import PRESETS, attention_forward
+
+pytestmark = pytest.mark.gpu
+
+
+def _bits(x):
+    x = np.asarray(x)
+    return x.view(np.dtype(f"u{x.dtype.itemsize}")) if x.dtype.kind == "f" else x
+
+
+def _run_on(device, fn, *args):
+    args = jax.device_put(args, device)
+    out = jax.jit(fn)(*args)
+    return jax.tree_util.tree_map(lambda a: np.asarray(jax.device_get(a)), out)
+
+
+def _assert_same_bits(a, b, what):
+    leaves_a, tree_a = jax.tree_util.tree_flatten(a)
+    leaves_b, tree_b = jax.tree_util.tree_flatten(b)
+    assert tree_a == tree_b, what
+    for i, (x, y) in enumerate(zip(leaves_a, leaves_b)):
+        bad = int(np.count_nonzero(_bits(x) != _bits(y)))
+        assert bad == 0, f"{what}: leaf {i} differs in {bad} of {x.size} elements (GPU vs CPU)"
+
+
+@pytest.mark.parametrize("name", ["E2M1", "E4M3", "E5M2", "UE8M0", "UE4M3"])
+def test_encode_decode_gpu_equals_cpu(name):
+    fmt = formats.format_by_name(name)
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(1 << 16) * np.exp2(rng.integers(-40, 20, 1 << 16))).astype(np.float32)
+    x[:8] = [0.0, -0.0, np.inf, -np.inf, 1e-45, -1e-40, 3e38, 2.0 ** -127]
+    if not fmt.signed:
+        x = np.abs(x)
+    fn = lambda v: formats.decode(formats.encode(v, fmt), fmt)  # noqa: E731
+    _assert_same_bits(_run_on(jax.devices("gpu")[0], fn, x), _run_on(jax.devices("cpu")[0], fn, x), name)
+
+
+@pytest.mark.parametrize("fmt_name", ["MXFP8_E4M3", "MXFP4", "NVFP4"])
+def test_quantize_gpu_equals_cpu(fmt_name):
+    fmt = getattr(formats, fmt_name)
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((64, 256)) * np.exp2(rng.integers(-30, 30, (64, 1)))).astype(np.float32)
+    x[3, :32] = 0.0
+    x[5, 7] = 1e-41
+    fn = lambda v: (lambda q: (q.codes, q.scales, formats.dequantize(q)))(formats.quantize(v, fmt))  # noqa: E731
+    _assert_same_bits(_run_on(jax.devices("gpu")[0], fn, x), _run_on(jax.devices("cpu")[0], fn, x), fmt_name)
+
+
+@pytest.mark.parametrize("preset", ["hw_fp4_direct_p", "hw_fp4_direct_p_mitchell", "hao_log_mxfp8",
+                                    "flamia_mxfp8", "exact_f32"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_forward_gpu_equals_cpu(preset, causal):
+    recipe = PRESETS[preset]
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((2, 256, 128)).astype(np.float32) for _ in range(3))
+    fn = lambda q, k, v: attention_forward(q, k, v, recipe, causal=causal,  # noqa: E731
+                                           return_intermediates=True)
+    gpu = _run_on(jax.devices("gpu")[0], fn, q, k, v)
+    cpu = _run_on(jax.devices("cpu")[0], fn, q, k, v)
+    _assert_same_bits(gpu.out, cpu.out, f"{preset} O")
+    _assert_same_bits(gpu.lse, cpu.lse, f"{preset} LSE")
+    _assert_same_bits(gpu.intermediates.p_codes, cpu.intermediates.p_codes, f"{preset} P codes")
