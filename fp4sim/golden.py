@@ -554,13 +554,15 @@ def _register_block_cases() -> None:
                 "scales": np.asarray(q.scales, dtype=np.uint8)}
 
     preset_names = ("OCP_MXFP4", "OCP_MXFP8_E4M3", "TORCHAO_MXFP4_FLOOR", "TORCHAO_MXFP8_E4M3_RCEIL",
-                    "TORCHAO_NVFP4", "TORCHAO_NVFP4_SINGLE", "TE_MXFP8", "TE_NVFP4", "JAX_MXFP8", "JAX_NVFP4")
+                    "TORCHAO_NVFP4", "TORCHAO_NVFP4_SINGLE", "TE_MXFP8", "TE_NVFP4", "JAX_MXFP8",
+                    "JAX_NVFP4")
     for name in preset_names:
         def preset_case(name=name) -> dict[str, np.ndarray]:
             from fp4sim.formats import blocks, presets
 
             fmt = presets.preset(name)
-            kw = {"global_scale": np.float32(1.0)} if fmt.global_scale is blocks.GlobalScale.CONSTANT else {}
+            constant = fmt.global_scale is blocks.GlobalScale.CONSTANT
+            kw = {"global_scale": np.float32(1.0)} if constant else {}
             x = _block_inputs(_BLOCK_SEED)
             out = {"x": x, **_quantized_arrays(blocks.quantize(x, fmt, **kw))}
             special = _nonfinite_inputs()
@@ -600,8 +602,10 @@ def _exp2_inputs() -> np.ndarray:
 
 
 def _register_attention_cases() -> None:
+    points = int(_exp2_inputs().size)
+
     @register("attention.exp2.rn", description="fp4sim's correctly rounded float32 exp2 with "
-                                              "flush-to-zero below 2^-126 (exp2_rn)", points=2316)
+                                              "flush-to-zero below 2^-126 (exp2_rn)", points=points)
     def exp2_rn_case() -> dict[str, np.ndarray]:
         from fp4sim.attention import exp2_rn
 
@@ -609,7 +613,7 @@ def _register_attention_cases() -> None:
         return {"x": x, "y": np.asarray(exp2_rn(x), dtype=np.float32)}
 
     @register("attention.exp2.fa4", description="FA4's degree-3 polynomial ex2 emulation "
-                                               "(exp2_fa4), bit-exact incl. the FMAs", points=2316)
+                                               "(exp2_fa4), bit-exact incl. the FMAs", points=points)
     def exp2_fa4_case() -> dict[str, np.ndarray]:
         from fp4sim.attention import exp2_fa4
 
@@ -667,7 +671,8 @@ def _register_attention_cases() -> None:
             return out
 
         register(f"attention.{preset}.forward",
-                 description=f"tiled forward of the {preset} recipe on Gaussian q (1,32,32), k/v (1,256,32) (two key tiles), "
+                 description=f"tiled forward of the {preset} recipe on Gaussian q (1,32,32), k/v "
+                             "(1,256,32) (two key tiles), "
                              "non-causal, default softmax scale: O, LSE, tile anchors, P codes/scales, "
                              "numerator and normalizer (bitwise; a kernel's O may differ by its "
                              "accumulation order)",
@@ -757,7 +762,8 @@ def _register_storage_cases() -> None:
 
         register(f"formats.{_case_slug(fmt)}.packing",
                  description=f"{fmt} codes (4 x 64, every code) packed along the last axis: "
-                             f"{'each NibbleOrder (INTERLEAVED = even element in the low nibble)' if fmt is spec.E2M1 else '4 codes in 3 bytes, little-endian bit stream'}",
+                             + ("each NibbleOrder (INTERLEAVED = even element in the low nibble)"
+                                if fmt is spec.E2M1 else "4 codes in 3 bytes, little-endian bit stream"),
                  format=fmt.name, shape=[4, 64])(pack_case)
 
     @register("formats.layouts.scales", description="a 200 x 7 uint8 scale matrix in each ScaleLayout "
@@ -787,7 +793,8 @@ def _register_matmul_cases() -> None:
             b = rng.standard_normal((8, 128)).astype(np.float32)
             fmt = getattr(blocks, fmt_name)
             qa, qb = blocks.quantize(a, fmt), blocks.quantize(b, fmt)
-            out = {"a": a, "b": b, "a_codes": np.asarray(qa.codes, np.uint8), "a_scales": np.asarray(qa.scales, np.uint8),
+            out = {"a": a, "b": b,
+                   "a_codes": np.asarray(qa.codes, np.uint8), "a_scales": np.asarray(qa.scales, np.uint8),
                    "b_codes": np.asarray(qb.codes, np.uint8), "b_scales": np.asarray(qb.scales, np.uint8)}
             for acc in matmul.Accumulation:
                 if acc is matmul.Accumulation.HOPPER_FP8 and fmt.elem.nbits != 8:

@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import datetime as _dt
 import functools
+import importlib.util
 import json
 import math
 import sys
@@ -455,7 +456,8 @@ def experiment_normalization_routes(sizes: Sizes) -> dict[str, Any]:
     q, k, v = gaussian_qkv(s, sizes.head_dim, sizes.seed + s)
     ref = attention_reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64)).out
     out = {}
-    for name, recipe in (("hw_fp4_direct_p", HW_FP4_DIRECT_P), ("hw_fp4_direct_p_mitchell", HW_FP4_DIRECT_P_MITCHELL)):
+    for name, recipe in (("hw_fp4_direct_p", HW_FP4_DIRECT_P),
+                         ("hw_fp4_direct_p_mitchell", HW_FP4_DIRECT_P_MITCHELL)):
         for norm in (Normalization.CONSISTENT, Normalization.MISMATCHED):
             e = error_summary(attention_forward(q, k, v, recipe.replace(normalization=norm)).out, ref)
             out[f"{name}/{norm.name}"] = {"cosine": float(e.cosine), "rel_l2": float(e.rel_l2)}
@@ -578,9 +580,11 @@ def experiment_code_match(sizes: Sizes) -> dict[str, Any]:
         exact = AttentionRecipe(converter=ExactP(), p_format=fmt)
         approx = exact.replace(converter=SchraudolphP())
         # share of equal P codes (code_match_rate covers the Direct-P family only)
-        schraudolph[fmt.name] = {
-            "grid": float(np.mean(np.asarray(convert_tile(approx, tg).codes) == np.asarray(convert_tile(exact, tg).codes))),
-            "attention": float(np.mean(np.asarray(convert_tile(approx, t).codes) == np.asarray(convert_tile(exact, t).codes)))}
+        def same(inputs: np.ndarray) -> float:
+            return float(np.mean(np.asarray(convert_tile(approx, inputs).codes)
+                                 == np.asarray(convert_tile(exact, inputs).codes)))
+
+        schraudolph[fmt.name] = {"grid": same(tg), "attention": same(t)}
 
     table = []
     for xv, exact_v, affine_v in SEED["affine_table"]:
@@ -589,7 +593,8 @@ def experiment_code_match(sizes: Sizes) -> dict[str, Any]:
                       affine_v, float(decode(direct_p_payload(convs["affine"], xs), E2M1)[0])))
     # code maps for the figure: a thinned grid, plus the disagreement intervals at full resolution
     xm = x[:: max(1, x.size // 3000)]
-    maps = {name: np.asarray(decode(direct_p_payload(c, xm), E2M1), dtype=np.float32) for name, c in convs.items()}
+    maps = {name: np.asarray(decode(direct_p_payload(c, xm), E2M1), dtype=np.float32)
+            for name, c in convs.items()}
     exact_codes_grid = np.asarray(direct_p_payload(convs["exact"], x))
     bands = {}
     for name in _CONVERTER_LABELS:
@@ -694,7 +699,8 @@ def section_route_errors(sizes: Sizes) -> Section:
     rows = []
     for name in r["presets"]:
         e = r["by_len"][name][big]
-        rows.append((f"`{name}`", f"{e['cosine']:.4f}", f"{e['rel_l2']:.4f}", SEED["route_errors"].get(name, "—")))
+        rows.append((f"`{name}`", f"{e['cosine']:.4f}", f"{e['rel_l2']:.4f}",
+                     SEED["route_errors"].get(name, "—")))
     len_rows = tuple((f"`{n}`", *[f"{r['by_len'][n][s]['rel_l2']:.4f}" for s in sizes.seq_lens])
                      for n in r["presets"])
     tile_rows = tuple((f"`{n}`", *[f"{r['by_tile'][n][b]['rel_l2']:.4f}" for b in sizes.block_sizes])
@@ -764,7 +770,8 @@ def section_leak(sizes: Sizes) -> Section:
     rows = []
     for i, d in enumerate(r["rows"]):
         s_o, s_dq, s_cls, flamia = seed[i] if i < len(seed) else ("—", "—", "—", "")
-        rows.append((d["name"], d["leak_o"], d["leak_dq"], d["class"] + (" (VACUOUS)" if d["vacuous"] else ""),
+        cls = d["class"] + (" (VACUOUS)" if d["vacuous"] else "")
+        rows.append((d["name"], d["leak_o"], d["leak_dq"], cls,
                      s_o, s_dq, s_cls, flamia or "—"))
     return Section(
         key="leak",
@@ -836,8 +843,9 @@ def experiment_consistency(sizes: Sizes) -> dict[str, Any]:
 
 def section_consistency(sizes: Sizes) -> Section:
     r = experiment_consistency(sizes)
-    two = tuple((name.lower(), [round(float(x), 6) for x in d["p"]], d["o"], [round(float(x), 6) for x in d["ds"]],
-                 d["sum"], SEED["ds_row_sum"][name]) for name, d in r["two_key"].items())
+    two = tuple((name.lower(), [round(float(x), 6) for x in d["p"]], d["o"],
+                 [round(float(x), 6) for x in d["ds"]], d["sum"], SEED["ds_row_sum"][name])
+                for name, d in r["two_key"].items())
     def verdict(c: dict[str, Any]) -> str:
         if c["variant"] == "matched":
             if c["ok"]:
@@ -904,7 +912,8 @@ def experiment_bit_identity(sizes: Sizes) -> dict[str, Any]:
         if not fmt.has_nan:  # NaN input to a format without NaN raises on NumPy (documented policy)
             xs = xs[~np.isnan(xs)]
         got = jax.jit(lambda v, fmt=fmt: encode(v, fmt))(jnp.asarray(xs))
-        rows.append({"what": f"encode {fmt.name}", "n": int(xs.size), "same": _same_bits(encode(xs, fmt), got)})
+        rows.append({"what": f"encode {fmt.name}", "n": int(xs.size),
+                     "same": _same_bits(encode(xs, fmt), got)})
     xb = x.reshape(64, 64)
     for fmt in (blocks.MXFP8_E4M3, blocks.MXFP4, blocks.NVFP4):
         q_np = blocks.quantize(xb, fmt)
@@ -958,7 +967,8 @@ def library_inputs(sizes: Sizes) -> np.ndarray:
     x = rng.standard_normal((n, 32)) * np.exp2(rng.integers(-20, 20, (n, 1)))
     ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 9.0, 11.0, 13.0, 208.0, 232.0, 448.0])
     k = n // 4
-    x[:k] = rng.choice(ties, (k, 32)) * rng.choice([-1.0, 1.0], (k, 32)) * np.exp2(rng.integers(-8, 8, (k, 1)))
+    signs = rng.choice([-1.0, 1.0], (k, 32))
+    x[:k] = rng.choice(ties, (k, 32)) * signs * np.exp2(rng.integers(-8, 8, (k, 1)))
     return x.astype(np.float32)
 
 
@@ -1057,6 +1067,10 @@ def reproduce(out_dir: str | Path | None = None, *, sizes: Sizes = DEFAULT,
     out = Path(out_dir) if out_dir is not None else default_out_dir()
     out.mkdir(parents=True, exist_ok=True)
     fig_dir = out / "figures"
+    if figures and importlib.util.find_spec("matplotlib") is None:
+        print("fp4sim reproduce: matplotlib is not installed (pip install 'fp4sim[plot]'); "
+              "writing the report without figures", file=sys.stderr)
+        figures = False
 
     from tqdm import tqdm
 
@@ -1233,7 +1247,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help="output folder (default: a fresh fp4sim-report-YYYYmmdd-HHMMSS/ here)")
     parser.add_argument("--section", dest="sections", action="append", metavar="NAME",
-                        choices=list(SECTIONS), help=f"only this section (repeatable): {', '.join(SECTIONS)}")
+                        choices=list(SECTIONS),
+                        help=f"only this section (repeatable): {', '.join(SECTIONS)}")
     parser.add_argument("--no-figures", dest="figures", action="store_false", help="skip the figures")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 

@@ -14,7 +14,19 @@ float32 operations as a tile-by-tile kernel. Query rows are processed in blocks 
 are independent, so the bits do not change, while memory stays bounded and the working set fits
 the caches. Under jax, ``lax.optimization_barrier`` marks the scores, the log2 scores, ``t``,
 P and the PV partials so that XLA computes each once instead of re-fusing their long elementwise
-chains into every consumer (this alone made the CPU forward about 2.5x faster).
+chains into every consumer (this alone made the CPU forward about 2.5x faster); also the ordered
+PV sub-block sums before the pv_group adds (fused, XLA CPU ran them ~7x slower), the per-row
+normalizer before the final division (else recomputed per column) and each row block's outputs
+(else the accumulator chain runs unvectorized inside the map's dynamic-update-slice). K's
+block-transposed copy for the score products is made once, outside the row loop.
+
+Causal masking: a row block computes only the key tiles its last row can see. A tile masked for
+every row of the block has ``t = −inf``, so P = +0 (for every converter; :func:`_masked_tile`
+checks this once per recipe, else nothing is skipped), the running max stays (r = 1, or r = 0
+while the accumulators are still 0) and its denominator is +0: processing it changes nothing but
+the accumulator columns where a 0·Inf (or 0·NaN) partial gives NaN, which one add of the skipped
+keys' column sums of fl(0·v) reproduces; its anchors and P codes/scales are filled in. Under jax
+the row blocks are mapped in up to ``_BUCKETS`` groups, each with the tiles its last block needs.
 
 Per key tile of ``block_kv`` keys (seed_algorithms.md §2.0, §4.2):
 
@@ -91,6 +103,7 @@ __all__ = ["Operand", "ForwardResult", "ForwardIntermediates", "quantize_qk", "q
 _LN2 = np.float32(math.log(2.0))
 _ROW_CHUNK = 128  # query rows per chunk under jax (rows are independent)
 _NP_ROW_CHUNK = 512  # query rows per block on NumPy (bounds the memory)
+_BUCKETS = 4  # causal under jax: row-block groups, each computed on the key tiles it sees
 
 
 class Operand(NamedTuple):
@@ -433,6 +446,26 @@ def _materialize(x: Any) -> Any:
     return lax.optimization_barrier(x)
 
 
+def _row(x: Any) -> Any:
+    return None if x is None else np.asarray(x)[0]
+
+
+def _masked_tile(recipe: AttentionRecipe, tile: int, mism: bool) -> PTile | None:
+    """P of a key tile masked for the whole row (``t = −inf``), computed once on NumPy, when
+    skipping such a tile is exact: every MMA value +0 and a +0 denominator (true for every
+    converter; checked here, else None and nothing is skipped). A skipped tile then leaves the
+    running max, the normalizer and the accumulator unchanged (r = 1, or r = 0 while they are
+    still 0), except that its fl(0·v) partials are NaN in a column where V holds Inf/NaN."""
+    with np.errstate(all="ignore"):
+        p = convert_tile(recipe, np.full((1, tile), -np.inf, dtype=np.float32),
+                         need_mismatched=mism)
+        lt = p.mismatched if mism else _consistent_denominator(np, p, tile)
+    if np.asarray(p.values, dtype=np.float32).view(np.uint32).any() or \
+            np.asarray(lt, dtype=np.float32).view(np.uint32).any():
+        return None
+    return p
+
+
 def _consistent_denominator(xp: Any, p: PTile, n: int) -> Any:
     gb = p.block if p.block > 1 else (32 if n % 32 == 0 else n)
     vb = xp.reshape(p.values, (*p.values.shape[:-1], n // gb, gb))
@@ -520,28 +553,46 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
     skv_pad = n_tiles * tile
 
     kbt = _materialize(_key_blocks(kop))  # loop-invariant: transposed once, not per row block
+    # causal: the trailing key tiles that every row of a row block masks are skipped (below)
+    masked = _masked_tile(recipe, tile, mism) if causal else None
 
-    def rows_fn(qo: Operand, qs: Any, row_ids: Any) -> tuple:
-        """Everything for a set of query rows (rows are independent)."""
+    def tiles_needed(r1: int) -> int:
+        """Key tiles the rows before ``r1`` can see (all of them unless causal)."""
+        if masked is None:
+            return n_tiles
+        last = r1 - 1 + skv - sq  # the last key row r1 - 1 sees (end-aligned causal)
+        return max(1, min(n_tiles, last // tile + 1)) if last >= 0 else 1
+
+    def rows_fn(qo: Operand, qs: Any, row_ids: Any, ntu: int) -> tuple:
+        """Everything for a set of query rows (rows are independent), computed on the first
+        ``ntu`` key tiles; the other tiles are masked for all these rows (see _masked_tile)."""
         nrows = qo.values.shape[-2]
+        ku = ntu * tile
+        ko, kb, ks = kop, kbt, kseg
+        if ntu < n_tiles:
+            def cut(x: Any, axis: int) -> Any:
+                return None if x is None else x[(Ellipsis, slice(0, ku)) + (slice(None),) * (-1 - axis)]
+            ko = kop._replace(values=cut(kop.values, -2), exps=cut(kop.exps, -2),
+                              post=cut(kop.post, -1), post_exp=cut(kop.post_exp, -1))
+            kb, ks = cut(kbt, -1), cut(kseg, -1)
         # 1-2. scores of all keys, the log2 domain, the masks
-        z = _materialize(_scores(qo, kop, kbt))  # (..., Sq, Skv_pad)
+        z = _materialize(_scores(qo, ko, kb))  # (..., Sq, ku)
         rows = row_ids[:, None]
-        cols = xp.arange(skv_pad, dtype=np.int32)[None, :]
+        cols = xp.arange(ku, dtype=np.int32)[None, :]
         valid = (cols < np.int32(skv)) & (rows < np.int32(sq))
         if causal:
             valid = valid & (cols <= rows + np.int32(skv - sq))
         if qseg is not None:
-            valid = valid & (qs[..., :, None] == kseg[..., None, :])
+            valid = valid & (qs[..., :, None] == ks[..., None, :])
         u = _materialize(log2_scores(z, c, valid))
         nanf = xp.any(xp.isnan(u) | (u == np.inf), axis=-1)  # NaN or +Inf score: NaN row
-        ut = xp.reshape(u, (*lead, nrows, n_tiles, tile))
+        ut = xp.reshape(u, (*lead, nrows, ntu, tile))
         mt = xp.max(xp.where(xp.isnan(ut) | (ut == np.inf), np.float32(-np.inf), ut), axis=-1)
 
         # the running max (anchor) of every tile and the rescale factors
         m = xp.full(lead + (nrows,), -np.inf, dtype=np.float32)
         anchors, prevs = [], []
-        for i in range(n_tiles):
+        for i in range(ntu):
             if recipe.rescale_threshold == 0:
                 m_new = xp.maximum(m, mt[..., i])
             else:
@@ -563,20 +614,31 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
             (p.codes, p.values, p.exps, p.mismatched)))))
 
         # 4-5. PV partials and tile denominators, then the sequential online-softmax updates
-        v_vals = xp.reshape(vop.values, (*lead, n_tiles, tile, dv))
+        v_vals = xp.reshape(vop.values[..., :ku, :], (*lead, ntu, tile, dv))
         v_exps = None
         if vop.exps is not None:
-            v_exps = xp.reshape(vop.exps, (*lead, n_tiles, tile // vop.block, vop.exps.shape[-1]))
+            v_exps = xp.reshape(vop.exps[..., :ku // vop.block, :],
+                                (*lead, ntu, tile // vop.block, vop.exps.shape[-1]))
         g = _materialize(_group_partials(xp, p, v_vals, v_exps, vop.block, vop.exact,
                                          recipe.pv_group, p_fp4))
         lt = p.mismatched if mism else _consistent_denominator(xp, p, tile)  # (..., Sq, nt)
         acc = xp.zeros(lead + (nrows, dv), dtype=np.float32)
         den = xp.zeros(lead + (nrows,), dtype=np.float32)
-        for i in range(n_tiles):
+        for i in range(ntu):
             acc = _f32.mul(acc, r[..., i, None])
             for j in range(g.shape[-3]):
                 acc = _f32.add(acc, g[..., i, j, :, :])
             den = _f32.add(_f32.mul(den, r[..., i]), lt[..., i])
+        if ntu < n_tiles:
+            # the skipped tiles: r = 1 (or 0 with acc = 0), P = +0 and a zero denominator, so
+            # each would add fl(0·v) partials: +0, or NaN in a column where V (with its block
+            # scales) holds Inf/NaN; one add of their ordered column sums does exactly that
+            vs = vop.values[..., ku:, :]
+            if vop.exps is not None:
+                vs = _f32.ldexp(vs, xp.repeat(vop.exps[..., ku // vop.block:, :], vop.block,
+                                              axis=-2))
+            zs = xp.sum(_f32.mul(np.float32(0.0), vs), axis=-2)  # (..., Dv): +0 or NaN
+            acc = _f32.add(acc, zs[..., None, :])
         # per-row values computed once (else fused into, and recomputed for, every column)
         den, m = _materialize((den, m))
 
@@ -600,10 +662,22 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
         if not return_intermediates:
             return _materialize((out, lse))
 
-        def flat(x: Any) -> Any:  # (..., Sq, nt, w) -> (..., Sq, nt*w)
-            return None if x is None else xp.reshape(x, x.shape[:-2] + (-1,))
+        def flat(x: Any, fill: Any) -> Any:  # (..., Sq, ntu, w) -> (..., Sq, n_tiles*w)
+            if x is None:
+                return None
+            x = xp.reshape(x, x.shape[:-2] + (-1,))
+            if ntu == n_tiles:
+                return x
+            fill = xp.broadcast_to(xp.asarray(np.tile(fill, n_tiles - ntu)),
+                                   x.shape[:-1] + (fill.shape[-1] * (n_tiles - ntu),))
+            return xp.concatenate([x, fill], axis=-1)
 
-        return out, lse, anchors, flat(p.codes), flat(p.scales), flat(p.k), acc, den
+        if ntu < n_tiles:  # a skipped tile's anchor is the running max, unchanged
+            anchors = xp.concatenate(
+                [anchors, xp.broadcast_to(m[..., None], m.shape + (n_tiles - ntu,))], axis=-1)
+        mk = masked if masked is not None else PTile(None, None, None, None, 0, 0, 1.0, None, None)
+        return _materialize((out, lse, anchors, flat(p.codes, _row(mk.codes)),
+                             flat(p.scales, _row(mk.scales)), flat(p.k, _row(mk.k)), acc, den))
 
     chunk = _ROW_CHUNK
     if xp is np:
@@ -617,12 +691,13 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
                                   post=None if qop.post is None else qop.post[..., sl],
                                   post_exp=None if qop.post_exp is None else qop.post_exp[..., sl])
                 outs.append(rows_fn(qo, None if qseg is None else qseg[..., sl],
-                                    np.arange(sl.start, sl.stop, dtype=np.int32)))
+                                    np.arange(sl.start, sl.stop, dtype=np.int32),
+                                    tiles_needed(sl.stop)))
         nl = len(lead)
         res = tuple(None if outs[0][j] is None else
                     np.concatenate([o[j] for o in outs], axis=nl) for j in range(len(outs[0])))
     elif sq <= chunk:
-        res = rows_fn(qop, qseg, xp.arange(sq, dtype=np.int32))
+        res = rows_fn(qop, qseg, xp.arange(sq, dtype=np.int32), tiles_needed(sq))
     else:
         # jax: map over chunks of query rows (same arithmetic per row; bounded memory, cache)
         from jax import lax
@@ -644,11 +719,35 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
                  split(qop.post_exp, -1), split(qseg, -1),
                  xp.reshape(xp.arange(n_chunks * chunk, dtype=np.int32), (n_chunks, chunk)))
 
-        def one(xs):
+        def one(xs, ntu):
             qv, qe, qp, qpe, qs, ids = xs
-            return rows_fn(qop._replace(values=qv, exps=qe, post=qp, post_exp=qpe), qs, ids)
+            return rows_fn(qop._replace(values=qv, exps=qe, post=qp, post_exp=qpe), qs, ids, ntu)
 
-        mapped = lax.map(one, parts)
+        # row blocks in up to _BUCKETS consecutive groups, each mapped with the key tiles its
+        # last block needs (causal: later rows see more tiles; otherwise one group)
+        bounds = sorted({n_chunks * b // _BUCKETS for b in range(1, _BUCKETS)} | {n_chunks})
+        if masked is None:
+            bounds = [n_chunks]
+        groups, c0 = [], 0
+        for c1 in bounds:
+            if c1 > c0:
+                ntu = tiles_needed(min(sq, c1 * chunk))
+                if groups and groups[-1][2] == ntu:
+                    groups[-1] = (groups[-1][0], c1, ntu)
+                else:
+                    groups.append((c0, c1, ntu))
+                c0 = c1
+        outs = []
+        for c0, c1, ntu in groups:
+            sub = tuple(None if x is None else x[c0:c1] for x in parts)
+            if c1 - c0 == 1:
+                y = one(tuple(None if x is None else x[0] for x in sub), ntu)
+                outs.append(tuple(None if a is None else a[None] for a in y))
+            else:
+                outs.append(lax.map(lambda xs, ntu=ntu: one(xs, ntu), sub))
+        mapped = outs[0] if len(outs) == 1 else tuple(
+            None if outs[0][j] is None else xp.concatenate([o[j] for o in outs], axis=0)
+            for j in range(len(outs[0])))
 
         def merge(y: Any) -> Any:  # (n_chunks, ..., chunk, ...) -> (..., Sq, ...)
             y = xp.moveaxis(y, 0, nl)
