@@ -75,7 +75,7 @@ from fp4sim.attention.autodiff import (  # noqa: E402
     training_preset,
 )
 from fp4sim.attention.backward import (  # noqa: E402
-    Accumulation,
+    BackwardAccumulation,
     DeltaSource,
     DsProbabilities,
     Gradients,
@@ -100,8 +100,8 @@ from fp4sim.attention.leak import LeakReport, leak_probe  # noqa: E402
 
 __all__ += [
     "LEAK_TABLE", "TRAINING_PRESETS", "emulated_attention", "rebuild_p", "training_backward",
-    "training_forward", "training_preset", "Accumulation", "DeltaSource", "DsProbabilities",
-    "Gradients", "TrainingRecipe",
+    "training_forward", "training_preset", "BackwardAccumulation", "DeltaSource",
+    "DsProbabilities", "Gradients", "TrainingRecipe",
     "attention_grad_reference", "emulated_backward", "softmax_grad", "LeakClass",
     "OperandScaling", "fake_quantize_segmented", "leak_class", "ConsistencyReport", "Mismatch",
     "check_consistency", "with_mismatch", "LeakReport", "leak_probe",

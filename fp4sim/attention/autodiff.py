@@ -41,7 +41,7 @@ from fp4sim._xp import namespace
 from fp4sim.attention import _f32
 from fp4sim.attention import causal as sc
 from fp4sim.attention.backward import (BackwardTrace, DeltaSource, DsProbabilities, TrainingRecipe,
-                                       emulated_backward)
+                                       emulated_backward, materialize)
 from fp4sim.attention.converters import convert_tile
 from fp4sim.attention.exp2 import exp2_rn
 from fp4sim.attention.forward import Operand, attention_forward, log2_scores, score_scale, scores
@@ -274,47 +274,44 @@ def rebuild_p(saved: SavedForward, recipe: AttentionRecipe, *,
     c = score_scale(d, saved.softmax_scale)
     valid = _mask(xp, sq, skv, skv_pad, saved.causal, saved.segment_ids)
     u = log2_scores(scores(qop, kop), c, valid)
-    anchors = _tile_anchors(xp, u, recipe)
+    u = materialize(u)
+    anchors = xp.stack(_tile_anchors(xp, u, recipe), axis=-1)  # (..., Sq, n_tiles)
     mism = recipe.normalization is Normalization.MISMATCHED
     m_fin = saved.m
     fin = m_fin > -np.inf
     pos = saved.l > 0
-    l_safe = xp.where(pos, saved.l, np.float32(1.0))[..., None]
-    ps, codes, scales, ks, anc = [], [], [], [], []
-    for i, m in enumerate(anchors):
-        ut = u[..., i * tile:(i + 1) * tile]
-        finite = m > -np.inf
-        t = xp.where(finite[..., None], ut - xp.where(finite, m, np.float32(0.0))[..., None],
-                     np.float32(-np.inf))
-        pt = convert_tile(recipe, t)
-        w = pt.values
-        if pt.exps is not None or pt.factor_exp:
-            e = xp.zeros(w.shape, np.int32) if pt.exps is None else \
-                _per_key(xp, pt.exps, pt.block)
-            w = _f32.ldexp(w, e + np.int32(pt.factor_exp))
-        if not mism and pt.pdiv != 1:
-            w = _f32.div(w, np.float32(pt.pdiv))
-        r = xp.where(finite & fin, exp2_rn(xp.where(finite & fin, m - m_fin, np.float32(0.0))),
-                     np.float32(0.0))
-        p = xp.where(pos[..., None], _f32.div(_f32.mul(w, r[..., None]), l_safe),
-                     np.float32(0.0))
-        ps.append(p)
-        codes.append(pt.codes)
-        scales.append(pt.scales)
-        ks.append(pt.k)
-        anc.append(xp.broadcast_to(m[..., None], m.shape + (tile,)))
+    l_safe = xp.where(pos, saved.l, np.float32(1.0))[..., None, None]
+    # every tile at once: t (..., Sq, n_tiles, tile), one converter call (it works per tile)
+    ut = xp.reshape(u, u.shape[:-1] + (n_tiles, tile))
+    finite = anchors > -np.inf
+    t = xp.where(finite[..., None], ut - xp.where(finite, anchors, np.float32(0.0))[..., None],
+                 np.float32(-np.inf))
+    pt = convert_tile(recipe, materialize(t))
+    w = pt.values
+    if pt.exps is not None or pt.factor_exp:
+        e = xp.zeros(w.shape, np.int32) if pt.exps is None else _per_key(xp, pt.exps, pt.block)
+        w = _f32.ldexp(w, e + np.int32(pt.factor_exp))
+    if not mism and pt.pdiv != 1:
+        w = _f32.div(w, np.float32(pt.pdiv))
+    live = finite & fin[..., None]
+    r = xp.where(live, exp2_rn(xp.where(live, anchors - m_fin[..., None], np.float32(0.0))),
+                 np.float32(0.0))
+    p = xp.where(pos[..., None, None], _f32.div(_f32.mul(w, r[..., None]), l_safe),
+                 np.float32(0.0))
 
-    def cat(parts):
-        return None if parts[0] is None else xp.concatenate(parts, axis=-1)
+    def flat(a):  # (..., Sq, n_tiles, w) -> (..., Sq, n_tiles * w)
+        return None if a is None else xp.reshape(a, a.shape[:-2] + (a.shape[-2] * a.shape[-1],))
 
-    p = cat(ps)[..., :skv]
+    p = materialize(flat(p)[..., :skv])
+    anc = flat(xp.broadcast_to(anchors[..., None], anchors.shape + (tile,)))
+    codes, scales, ks = flat(pt.codes), flat(pt.scales), flat(pt.k)
     p_hp = None
     if high_precision:
         lse2 = _f32.mul(saved.lse, np.float32(math.log2(math.e)))
         ok = xp.isfinite(lse2)[..., None]
         p_hp = xp.where(ok, exp2_rn(xp.where(ok, u[..., :skv] - lse2[..., None],
                                              np.float32(-np.inf))), np.float32(0.0))
-    return RebuiltP(p, cat(codes), cat(scales), cat(ks), cat(anc), p_hp)
+    return RebuiltP(p, codes, scales, ks, anc, p_hp)
 
 
 def forward_p(saved: SavedForward, recipe: TrainingRecipe) -> RebuiltP:

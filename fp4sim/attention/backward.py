@@ -27,8 +27,9 @@ This module owns the gradient of softmax attention ``O = softmax(c_e·Q Kᵀ + m
   dimension a kernel would need a second copy scaled along tokens for dQ/dK — not modelled.
   Products are float32 matrix products of dequantized operands: every operand is exactly its
   low-precision value, the accumulation is float32 term by term in contraction order
-  (:class:`Accumulation` ``SEQUENTIAL``: the same bits on NumPy and under jit; the tensor
-  core's own accumulation is modelled in :mod:`fp4sim.formats.matmul`, not here) or, for speed,
+  (:class:`BackwardAccumulation` ``SEQUENTIAL``: the same bits on NumPy and under jit; the
+  tensor core's own accumulation is modelled in :mod:`fp4sim.formats.matmul`, not here) or,
+  for speed,
   the backend's matmul (``BACKEND``). ``D`` is a fixed pairwise-tree sum, ``dS`` is formed
   elementwise; every float32 step flushes results below 2^-126 (``.ftz`` arithmetic).
 
@@ -60,7 +61,7 @@ __all__ = [
     "softmax_grad",
     "DeltaSource",
     "DsProbabilities",
-    "Accumulation",
+    "BackwardAccumulation",
     "BackwardTrace",
     "emulated_backward",
     "TrainingRecipe",
@@ -130,7 +131,7 @@ class DsProbabilities(enum.Enum):
     HIGH_PRECISION = "high_precision"  # p = 2^(u − LSE₂), unquantized (Attn-QAT)
 
 
-class Accumulation(enum.Enum):
+class BackwardAccumulation(enum.Enum):
     """How the backward's float32 matrix products accumulate."""
 
     SEQUENTIAL = "sequential"  # fl(fl(a·b) + acc) term by term in contraction order, flushed:
@@ -138,7 +139,8 @@ class Accumulation(enum.Enum):
     BACKEND = "backend"  # the backend's matmul (BLAS / XLA dot): fast, last bits backend-dependent
 
 
-def _matmul(a: Any, b: Any, accumulation: Accumulation = Accumulation.SEQUENTIAL) -> Any:
+def _matmul(a: Any, b: Any,
+            accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL) -> Any:
     """float32 ``a @ b`` of dequantized operands (a (..., I, K), b (..., K, J)).
 
     ``SEQUENTIAL``: ``acc_0 = fl(a_0 b_0)``, ``acc_k = fl(acc_{k−1} + fl(a_k b_k))`` with every
@@ -147,7 +149,7 @@ def _matmul(a: Any, b: Any, accumulation: Accumulation = Accumulation.SEQUENTIAL
     xp = _xp.namespace(a, b)
     a = xp.asarray(a, dtype=np.float32)
     b = xp.asarray(b, dtype=np.float32)
-    if accumulation is Accumulation.BACKEND:
+    if accumulation is BackwardAccumulation.BACKEND:
         if xp is np:
             return np.matmul(a, b)
         import jax
@@ -172,6 +174,16 @@ def _matmul(a: Any, b: Any, accumulation: Accumulation = Accumulation.SEQUENTIAL
     from jax import lax
 
     return lax.fori_loop(1, n, lambda k, acc: _f32.add(acc, term(k)), acc)
+
+
+def materialize(x: Any) -> Any:
+    """Under jax, an optimization barrier (XLA computes ``x`` once instead of re-fusing its
+    elementwise chain into every consumer); a performance hint with no effect on bits."""
+    if not _xp.is_jax(x):
+        return x
+    from jax import lax
+
+    return lax.optimization_barrier(x)
 
 
 def _swap(x: Any) -> Any:
@@ -200,7 +212,7 @@ class BackwardTrace(NamedTuple):
 def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_out: Any, *,
                       softmax_scale: float, d_out_scaling: Any, p_scaling: Any, ds_scaling: Any,
                       delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT,
-                      accumulation: Accumulation = Accumulation.SEQUENTIAL,
+                      accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL,
                       p_ds: Any = None, out_delta: Any = None, dq_scaling: Any = None,
                       quantize: Any = None) -> BackwardTrace:
     """The backward of one attention call from the forward's saved state (module docstring).
@@ -215,25 +227,25 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     ``p_ds`` is the P of dS (default ``p``), ``out_delta`` the O of D (default ``out``);
     ``dq_scaling`` quantizes the dQ output (default: float32).
     """
-    if not isinstance(accumulation, Accumulation):
-        raise TypeError(f"accumulation={accumulation!r} must be an Accumulation; allowed: "
-                        f"{[m.name for m in Accumulation]}")
+    if not isinstance(accumulation, BackwardAccumulation):
+        raise TypeError(f"accumulation={accumulation!r} must be a BackwardAccumulation; allowed: "
+                        f"{[m.name for m in BackwardAccumulation]}")
     if not isinstance(delta, DeltaSource):
         raise TypeError(f"delta={delta!r} must be a DeltaSource; allowed: "
                         f"{[m.name for m in DeltaSource]}")
     fq = causal.fake_quantize if quantize is None else quantize
     xp = _xp.namespace(p, q_hat, k_hat, v_hat, out, d_out)
     d_out = xp.asarray(d_out, dtype=np.float32)
-    d_out_q = fq(d_out, d_out_scaling)
+    d_out_q = materialize(fq(d_out, d_out_scaling))
     d_out_delta = d_out if delta is DeltaSource.FLOAT_D_OUT else d_out_q
-    p_dv = fq(p, p_scaling)
+    p_dv = materialize(fq(p, p_scaling))
     dv = _matmul(_swap(p_dv), d_out_q, accumulation)
-    dp = _matmul(d_out_q, _swap(v_hat), accumulation)
+    dp = materialize(_matmul(d_out_q, _swap(v_hat), accumulation))
     p_ds = p if p_ds is None else p_ds
     o_d = xp.asarray(out if out_delta is None else out_delta, dtype=np.float32)
     dlt = _f32.tree_sum(_f32.mul(d_out_delta, o_d), axis=-1)
-    ds = _f32.mul(p_ds, _f32.ftz(dp - dlt[..., None]))
-    ds_q = fq(ds, ds_scaling)
+    ds = materialize(_f32.mul(p_ds, _f32.ftz(dp - dlt[..., None])))
+    ds_q = materialize(fq(ds, ds_scaling))
     c = np.float32(softmax_scale)
     dq = _f32.mul(c, _matmul(ds_q, k_hat, accumulation))
     if dq_scaling is not None:
@@ -264,8 +276,8 @@ class TrainingRecipe:
     ``delta`` chooses the dO and O in ``D = rowsum(dO ∘ O)``, ``ds_probabilities`` the P in
     ``dS = P ∘ (dP − D)`` (:class:`DsProbabilities`; Attn-QAT uses unquantized p there and
     ``D`` from the high-precision output); ``accumulation`` the float32 order of the
-    backward's products (:class:`Accumulation`). ``dq`` (optional) quantizes the dQ output
-    (e.g. for communication); under a causal mask its scale must be per query row
+    backward's products (:class:`BackwardAccumulation`). ``dq`` (optional) quantizes the dQ
+    output (e.g. for communication); under a causal mask its scale must be per query row
     (:func:`fp4sim.attention.causal.leak_class`). ``rebuild`` is the recipe the backward
     rebuilds P with: ``None`` means the forward's own (bit-identical P, the matched case);
     anything else is a deliberate mismatch (:mod:`fp4sim.attention.consistency`); it must keep
@@ -283,7 +295,7 @@ class TrainingRecipe:
     delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT
     rebuild: Any = None
     segment_aligned: bool = True
-    accumulation: Accumulation = Accumulation.SEQUENTIAL
+    accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL
     ds_probabilities: DsProbabilities = DsProbabilities.REPRESENTED
     dq: Any = None
 
@@ -323,9 +335,10 @@ class TrainingRecipe:
         if not isinstance(self.ds_probabilities, DsProbabilities):
             raise TypeError(f"{own}.ds_probabilities={self.ds_probabilities!r} must be a "
                             f"DsProbabilities; allowed: {[m.name for m in DsProbabilities]}")
-        if not isinstance(self.accumulation, Accumulation):
-            raise TypeError(f"{own}.accumulation={self.accumulation!r} must be an Accumulation; "
-                            f"allowed: {[m.name for m in Accumulation]}")
+        if not isinstance(self.accumulation, BackwardAccumulation):
+            raise TypeError(f"{own}.accumulation={self.accumulation!r} must be a "
+                            f"BackwardAccumulation; "
+                            f"allowed: {[m.name for m in BackwardAccumulation]}")
 
     @property
     def rebuild_recipe(self) -> Any:

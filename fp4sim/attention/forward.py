@@ -570,8 +570,10 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
         ku = ntu * tile
         ko, kb, ks = kop, kbt, kseg
         if ntu < n_tiles:
-            def cut(x: Any, axis: int) -> Any:
-                return None if x is None else x[(Ellipsis, slice(0, ku)) + (slice(None),) * (-1 - axis)]
+            def cut(x: Any, axis: int) -> Any:  # the first ku keys along axis -1 or -2
+                if x is None:
+                    return None
+                return x[(Ellipsis, slice(0, ku)) + (slice(None),) * (-1 - axis)]
             ko = kop._replace(values=cut(kop.values, -2), exps=cut(kop.exps, -2),
                               post=cut(kop.post, -1), post_exp=cut(kop.post_exp, -1))
             kb, ks = cut(kbt, -1), cut(kseg, -1)

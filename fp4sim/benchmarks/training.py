@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from fp4sim.attention.autodiff import emulated_attention, training_forward, training_preset
-    from fp4sim.attention.backward import Accumulation, attention_grad_reference
+    from fp4sim.attention.backward import BackwardAccumulation, attention_grad_reference
 
     for name in ("seq", "head_dim", "heads", "repeats"):
         if getattr(args, name) < 1:
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         return jax.jit(jax.grad(lambda q, k, v: jnp.sum(out_fn(q, k, v) * do),
                                 argnums=(0, 1, 2)))
 
-    fast = recipe.replace(accumulation=Accumulation.BACKEND)
+    fast = recipe.replace(accumulation=BackwardAccumulation.BACKEND)
     sides = {
         "jnp_f32_fwd_bwd": grad_of(ref_out),
         "emulated_fwd_bwd": grad_of(emu_out(recipe)),

@@ -200,11 +200,11 @@ def test_emulated_backward_numpy_and_jit_agree():
 
 
 def test_backend_accumulation_agrees_to_float32_rounding():
-    from fp4sim.attention.backward import Accumulation
+    from fp4sim.attention.backward import BackwardAccumulation
 
     q, k, v, do = _f32_inputs(9, n=64, d=32)
     recipe = TRAINING_PRESETS["direct_p_fp4_forward"]
-    fast = recipe.replace(accumulation=Accumulation.BACKEND)
+    fast = recipe.replace(accumulation=BackwardAccumulation.BACKEND)
     _, saved = training_forward(q, k, v, recipe, causal=True)
     exact = training_backward(saved, do, recipe)
     other = training_backward(saved, do, fast)
