@@ -12,9 +12,8 @@ The emulator's arithmetic is therefore defined as **float32 round-to-nearest-eve
 flush-to-zero**: every result below 2^-126 in magnitude becomes zero (what ``.ftz`` SIMT
 instructions do). :func:`ftz` applies that flush explicitly, on the bit pattern (an integer
 AND), so it is also a barrier no compiler can contract a multiply through. :func:`mul` and
-:func:`div` use it; :func:`div` also hides the divisor behind ``lax.optimization_barrier`` and,
-under jax, corrects a quotient that is one ulp off to the IEEE result (exact residual check),
-so a backend with a merely faithful division agrees too. Exact
+:func:`div` use it; under jax :func:`div` divides with integer operations, so neither XLA's
+reciprocal rewrite nor a GPU's float division can change its bits. Exact
 error-free transformations (:func:`two_sum`, :func:`two_prod` with a bit-mask split) and an
 exactly emulated :func:`fma` (Boldo-Melquiond round-to-odd) build the correctly rounded exp2 of
 :mod:`fp4sim.attention.exp2` and FA4's polynomial.
@@ -61,41 +60,99 @@ def add(a: Any, b: Any) -> Any:
 
 
 def div(a: Any, b: Any) -> Any:
-    """float32 ``a / b`` correctly rounded, flushed (XLA's reciprocal rewrite is blocked).
+    """float32 ``a / b`` correctly rounded (IEEE round-to-nearest-even), then flushed.
 
-    Under jax the hardware quotient is checked against the exact residual ``a − q·b``
-    (:func:`two_prod`) and moved by one ulp when it is not the nearest (ties to even), so a
-    backend whose division is only faithful (within one ulp) still gives IEEE's result."""
+    NumPy divides natively (IEEE). Under jax the quotient is computed with **integer**
+    arithmetic (:func:`_div_rn_bits`), because XLA's float division is not the same operation
+    everywhere: XLA CPU rewrites ``a / broadcast(b)`` as ``a * (1/b)``, and on the H200 the
+    jitted float32 division differed from NumPy's in the last bit (measured 2026-11-29: 11 of
+    16,384 outputs of the exact-f32 attention recipe, whose numerator and normalizer were
+    bit-identical). Integer division is exact on every backend, so the result cannot depend on
+    where it runs. NaN results follow one rule on both paths (:func:`_nan_quotient_bits`)."""
     xp = namespace(a, b)
     if xp is np:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return ftz(np.asarray(a, dtype=_F32) / np.asarray(b, dtype=_F32))
-    from jax import lax
-
+        a, b = np.broadcast_arrays(np.asarray(a, dtype=_F32), np.asarray(b, dtype=_F32))
+        with np.errstate(all="ignore"):  # overflow, underflow, 0/0 are defined results here
+            q = a / b
+        nan_bits = _nan_quotient_bits(np, a.view(np.uint32), b.view(np.uint32))
+        return ftz(np.where(np.isnan(q), nan_bits.view(np.float32), q))
     shape = np.broadcast_shapes(np.shape(a), np.shape(b))
     a = xp.broadcast_to(xp.asarray(a, dtype=_F32), shape)
-    bb = lax.optimization_barrier(xp.broadcast_to(xp.asarray(b, dtype=_F32), shape))
-    return _correct_quotient(xp, a, bb, ftz(a / bb))
+    b = xp.broadcast_to(xp.asarray(b, dtype=_F32), shape)
+    return ftz(_div_rn_bits(xp, a, b))
 
 
-def _correct_quotient(xp: Any, a: Any, b: Any, q: Any) -> Any:
-    qb = bitcast(q, np.uint32)
-    qe = ((qb >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32)
-    plain = (qe > 1) & (qe < 254) & xp.isfinite(a) & xp.isfinite(b)
-    p, e = two_prod(q, b)
-    r = ftz(ftz(a - p) - e)  # the residual a - q*b (exact when q is within an ulp)
-    d = xp.where(b > 0, r, -r)  # > 0: the true quotient lies above q
-    half_ulp_b = ftz(xp.abs(b) * pow2(xp.clip(qe - 127 - 24, -126, 127), like=q))
-    pow2_q = (qb & np.uint32(0x7FFFFF)) == 0
-    away = xp.where(q > 0, d > 0, d < 0)  # the neighbour farther from zero is closer
-    # moving toward zero from a power of two crosses into the binade below (half the ulp)
-    thresh = xp.where(pow2_q & ~away, half_ulp_b * np.float32(0.5), half_ulp_b)
-    ar = xp.abs(r)
-    odd = (qb & np.uint32(1)) == np.uint32(1)
-    move = (ar > thresh) | ((ar == thresh) & odd & (ar > 0))
-    step = xp.where(away, np.uint32(1), np.uint32(0xFFFFFFFF))
-    fixed = bitcast(qb + step, np.float32)
-    return xp.where(plain & move & (q != 0), fixed, q)
+def _div_rn_bits(xp: Any, a: Any, b: Any) -> Any:
+    """IEEE float32 ``a / b`` (round to nearest even, subnormal results kept) from integer ops.
+
+    Significands (subnormal operands normalized with a count of leading zeros) are divided by
+    long division in 6-bit steps, which keeps every partial remainder below 2^31, giving 25
+    quotient bits (24 + the round bit) and a sticky bit; the result is then rounded like any
+    IEEE division, including gradual underflow (the caller flushes)."""
+    from jax import lax
+
+    u = np.uint32
+    ab, bb = bitcast(a, u), bitcast(b, u)
+    sign = (ab ^ bb) & u(0x80000000)
+    ea = ((ab >> u(23)) & u(0xFF)).astype(np.int32)
+    eb = ((bb >> u(23)) & u(0xFF)).astype(np.int32)
+    fa, fb = ab & u(0x7FFFFF), bb & u(0x7FFFFF)
+    zero_a, zero_b = (ab & u(0x7FFFFFFF)) == 0, (bb & u(0x7FFFFFFF)) == 0
+    inf_a, inf_b = (ea == 255) & (fa == 0), (eb == 255) & (fb == 0)
+    nan_a, nan_b = (ea == 255) & (fa != 0), (eb == 255) & (fb != 0)
+
+    def significand(e: Any, f: Any) -> tuple[Any, Any]:
+        m = xp.where(e == 0, f, f | u(1 << 23))
+        exp = xp.where(e == 0, 1, e) - 127
+        shift = xp.maximum(lax.clz(m.astype(np.int32)) - 8, 0)  # normalize into [2^23, 2^24)
+        return m << shift.astype(u), exp - shift
+
+    ma, xa = significand(ea, fa)
+    mb, xb = significand(eb, fb)
+    mb = xp.where(zero_b | (eb == 255), u(1 << 23), mb)  # keep the division defined
+    ma = xp.where(zero_a | (ea == 255), u(1 << 23), ma)
+    lower = ma < mb  # quotient below 1: take one more dividend bit
+    num = xp.where(lower, ma << u(1), ma)  # now num / mb in [1, 2)
+    e = xa - xb - lower.astype(np.int32)  # unbiased exponent of the quotient
+    quo = num // mb  # = 1
+    rem = num - quo * mb
+    for _ in range(4):  # 4 x 6 bits: quo becomes floor(num * 2^24 / mb), 25 bits
+        rem = rem << u(6)
+        digit = rem // mb
+        rem = rem - digit * mb
+        quo = (quo << u(6)) | digit
+    sticky = (rem != 0).astype(u)
+    biased = e + 127
+    # gradual underflow: shift the 25-bit quotient right by s extra places (s = 0 when normal)
+    s = xp.clip(1 - biased, 0, 26).astype(u)
+    sticky = sticky | ((quo & ((u(1) << s) - u(1))) != 0).astype(u)
+    quo = quo >> s
+    mant = quo >> u(1)
+    rnd = quo & u(1)
+    mant = mant + (rnd & (sticky | (mant & u(1))))  # ties to even; a carry moves up a binade
+    # assemble: normal results carry the exponent field (biased - 1) + the hidden bit in mant;
+    # subnormal ones (biased < 1) have field 0 and their mant already shifted
+    field = xp.where(biased >= 1, biased - 1, 0).astype(u)
+    out = sign | ((field << u(23)) + mant)
+    overflow = (biased >= 1) & (biased - 1 + (mant >> u(23)).astype(np.int32) >= 255)
+    out = xp.where(overflow, sign | u(0x7F800000), out)
+    out = xp.where(inf_a | zero_b, sign | u(0x7F800000), out)
+    out = xp.where(zero_a | inf_b, sign, out)
+    special_nan = nan_a | nan_b | (zero_a & zero_b) | (inf_a & inf_b)
+    # No float division anywhere in this graph: with one present, XLA CPU returned the float
+    # quotient (flushed operands) in lanes where the select chose the integer result.
+    return bitcast(xp.where(special_nan, _nan_quotient_bits(xp, ab, bb), out), np.float32)
+
+
+def _nan_quotient_bits(xp: Any, ab: Any, bb: Any) -> Any:
+    """The NaN that a NaN-producing division returns, as bits, by one rule on every platform
+    (x86 SSE's): a NaN ``a`` quieted, else a NaN ``b`` quieted, else the default NaN 0xFFC00000
+    (0/0, Inf/Inf)."""
+    u = np.uint32
+    quiet = u(0x00400000)
+    nan_a = (ab & u(0x7FFFFFFF)) > u(0x7F800000)
+    nan_b = (bb & u(0x7FFFFFFF)) > u(0x7F800000)
+    return xp.where(nan_a, ab | quiet, xp.where(nan_b, bb | quiet, u(0xFFC00000)))
 
 
 def pow2(k: Any, like: Any = None) -> Any:
