@@ -24,7 +24,8 @@ def test_the_notebook_set_is_complete():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_is_a_percent_format_notebook(path):
-    jupytext = pytest.importorskip("jupytext", reason="jupytext (a dev dependency) reads the notebooks")
+    import jupytext  # a dev dependency (make test installs it)
+
     nb = jupytext.read(path)
     kinds = [c.cell_type for c in nb.cells]
     assert kinds.count("markdown") >= 2 and kinds.count("code") >= 2

@@ -8,14 +8,13 @@ quantizers (which would be zero almost everywhere).
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
-import jax.numpy as jnp  # noqa: E402
-
-from fp4sim.attention.autodiff import (TRAINING_PRESETS, emulated_attention,  # noqa: E402
-                                       training_backward, training_forward)
+from fp4sim.attention.autodiff import (TRAINING_PRESETS, emulated_attention, training_backward,
+                                       training_forward)
 
 RECIPE = TRAINING_PRESETS["direct_p_fp8_training"]
 N, DM, DH, HEADS = 64, 32, 32, 2
