@@ -86,7 +86,7 @@ def _div_rn_bits(xp: Any, a: Any, b: Any) -> Any:
     """IEEE float32 ``a / b`` (round to nearest even, subnormal results kept) from integer ops.
 
     Significands (subnormal operands normalized with a count of leading zeros) are divided by
-    long division in 6-bit steps, which keeps every partial remainder below 2^31, giving 25
+    long division in 8-bit steps, which keeps every partial remainder below 2^32, giving 25
     quotient bits (24 + the round bit) and a sticky bit; the result is then rounded like any
     IEEE division, including gradual underflow (the caller flushes)."""
     from jax import lax
@@ -116,11 +116,11 @@ def _div_rn_bits(xp: Any, a: Any, b: Any) -> Any:
     e = xa - xb - lower.astype(np.int32)  # unbiased exponent of the quotient
     quo = num // mb  # = 1
     rem = num - quo * mb
-    for _ in range(4):  # 4 x 6 bits: quo becomes floor(num * 2^24 / mb), 25 bits
-        rem = rem << u(6)
+    for _ in range(3):  # 3 x 8 bits (rem < 2^24, so rem·2^8 fits uint32): quo = ⌊num·2^24/mb⌋
+        rem = rem << u(8)
         digit = rem // mb
         rem = rem - digit * mb
-        quo = (quo << u(6)) | digit
+        quo = (quo << u(8)) | digit
     sticky = (rem != 0).astype(u)
     biased = e + 127
     # gradual underflow: shift the 25-bit quotient right by s extra places (s = 0 when normal)
