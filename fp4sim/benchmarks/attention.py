@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
+
+from fp4sim.benchmarks import time_interleaved
 
 __all__ = ["add_arguments", "run"]
 
@@ -37,19 +38,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also measure every preset's error against the float64 reference")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
-
-
-def _time_interleaved(fns: dict, repeats: int) -> dict:
-    """Median wall time of each side, the sides called in turn (so load drifts hit all)."""
-    for fn in fns.values():
-        fn()  # warm-up (compiled already)
-    times: dict = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             sides["cudnn_bf16"] = lambda: jax.block_until_ready(cudnn(qb, kb, vb))
         except Exception as e:  # noqa: BLE001 - report, do not hide
             result["cudnn_error"] = f"{type(e).__name__}: {e}"
-    result["times_s"] = _time_interleaved(sides, args.repeats)
+    result["times_s"] = time_interleaved(sides, args.repeats)
     save()
 
     if args.errors:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
+
+from fp4sim.benchmarks import time_interleaved
 
 __all__ = ["add_arguments", "run"]
 
@@ -30,16 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per side (default 5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
-
-
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up (compiled already)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,12 +80,13 @@ def run(args: argparse.Namespace) -> int:
         "emulated_fwd": jax.jit(jax.vmap(lambda a, b, c: training_forward(
             a, b, c, recipe, softmax_scale=scale, causal=True)[0])),
     }
-    times, compile_s, results = {}, {}, {}
+    compile_s, results = {}, {}
     for key, fn in sides.items():
         t0 = time.perf_counter()
         results[key] = jax.block_until_ready(fn(*args_j))
         compile_s[key] = time.perf_counter() - t0
-        times[key] = _time(lambda fn=fn: jax.block_until_ready(fn(*args_j)), args.repeats)
+    times = time_interleaved({key: (lambda fn=fn: jax.block_until_ready(fn(*args_j)))
+                              for key, fn in sides.items()}, args.repeats)
 
     exact = attention_grad_reference(q, k, v, do, softmax_scale=scale, causal=True)
 
