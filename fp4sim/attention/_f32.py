@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from fp4sim._xp import bitcast, namespace
+from fp4sim.formats.blocks import div_f32
 
 __all__ = ["TINY", "ftz", "mul", "div", "add", "pow2", "ldexp", "two_sum", "two_prod", "fma",
            "tree_sum"]
@@ -62,97 +63,12 @@ def add(a: Any, b: Any) -> Any:
 def div(a: Any, b: Any) -> Any:
     """float32 ``a / b`` correctly rounded (IEEE round-to-nearest-even), then flushed.
 
-    NumPy divides natively (IEEE). Under jax the quotient is computed with **integer**
-    arithmetic (:func:`_div_rn_bits`), because XLA's float division is not the same operation
-    everywhere: XLA CPU rewrites ``a / broadcast(b)`` as ``a * (1/b)``, and on the H200 the
-    jitted float32 division differed from NumPy's in the last bit (measured 2026-11-29: 11 of
-    16,384 outputs of the exact-f32 attention recipe, whose numerator and normalizer were
-    bit-identical). Integer division is exact on every backend, so the result cannot depend on
-    where it runs. NaN results follow one rule on both paths (:func:`_nan_quotient_bits`)."""
-    xp = namespace(a, b)
-    if xp is np:
-        a, b = np.broadcast_arrays(np.asarray(a, dtype=_F32), np.asarray(b, dtype=_F32))
-        with np.errstate(all="ignore"):  # overflow, underflow, 0/0 are defined results here
-            q = a / b
-        nan_bits = _nan_quotient_bits(np, a.view(np.uint32), b.view(np.uint32))
-        return ftz(np.where(np.isnan(q), nan_bits.view(np.float32), q))
-    shape = np.broadcast_shapes(np.shape(a), np.shape(b))
-    a = xp.broadcast_to(xp.asarray(a, dtype=_F32), shape)
-    b = xp.broadcast_to(xp.asarray(b, dtype=_F32), shape)
-    return ftz(_div_rn_bits(xp, a, b))
-
-
-def _div_rn_bits(xp: Any, a: Any, b: Any) -> Any:
-    """IEEE float32 ``a / b`` (round to nearest even, subnormal results kept) from integer ops.
-
-    Significands (subnormal operands normalized with a count of leading zeros) are divided by
-    long division in 8-bit steps, which keeps every partial remainder below 2^32, giving 25
-    quotient bits (24 + the round bit) and a sticky bit; the result is then rounded like any
-    IEEE division, including gradual underflow (the caller flushes)."""
-    from jax import lax
-
-    u = np.uint32
-    ab, bb = bitcast(a, u), bitcast(b, u)
-    sign = (ab ^ bb) & u(0x80000000)
-    ea = ((ab >> u(23)) & u(0xFF)).astype(np.int32)
-    eb = ((bb >> u(23)) & u(0xFF)).astype(np.int32)
-    fa, fb = ab & u(0x7FFFFF), bb & u(0x7FFFFF)
-    zero_a, zero_b = (ab & u(0x7FFFFFFF)) == 0, (bb & u(0x7FFFFFFF)) == 0
-    inf_a, inf_b = (ea == 255) & (fa == 0), (eb == 255) & (fb == 0)
-    nan_a, nan_b = (ea == 255) & (fa != 0), (eb == 255) & (fb != 0)
-
-    def significand(e: Any, f: Any) -> tuple[Any, Any]:
-        m = xp.where(e == 0, f, f | u(1 << 23))
-        exp = xp.where(e == 0, 1, e) - 127
-        shift = xp.maximum(lax.clz(m.astype(np.int32)) - 8, 0)  # normalize into [2^23, 2^24)
-        return m << shift.astype(u), exp - shift
-
-    ma, xa = significand(ea, fa)
-    mb, xb = significand(eb, fb)
-    mb = xp.where(zero_b | (eb == 255), u(1 << 23), mb)  # keep the division defined
-    ma = xp.where(zero_a | (ea == 255), u(1 << 23), ma)
-    lower = ma < mb  # quotient below 1: take one more dividend bit
-    num = xp.where(lower, ma << u(1), ma)  # now num / mb in [1, 2)
-    e = xa - xb - lower.astype(np.int32)  # unbiased exponent of the quotient
-    quo = num // mb  # = 1
-    rem = num - quo * mb
-    for _ in range(3):  # 3 x 8 bits (rem < 2^24, so rem·2^8 fits uint32): quo = ⌊num·2^24/mb⌋
-        rem = rem << u(8)
-        digit = rem // mb
-        rem = rem - digit * mb
-        quo = (quo << u(8)) | digit
-    sticky = (rem != 0).astype(u)
-    biased = e + 127
-    # gradual underflow: shift the 25-bit quotient right by s extra places (s = 0 when normal)
-    s = xp.clip(1 - biased, 0, 26).astype(u)
-    sticky = sticky | ((quo & ((u(1) << s) - u(1))) != 0).astype(u)
-    quo = quo >> s
-    mant = quo >> u(1)
-    rnd = quo & u(1)
-    mant = mant + (rnd & (sticky | (mant & u(1))))  # ties to even; a carry moves up a binade
-    # assemble: normal results carry the exponent field (biased - 1) + the hidden bit in mant;
-    # subnormal ones (biased < 1) have field 0 and their mant already shifted
-    field = xp.where(biased >= 1, biased - 1, 0).astype(u)
-    out = sign | ((field << u(23)) + mant)
-    overflow = (biased >= 1) & (biased - 1 + (mant >> u(23)).astype(np.int32) >= 255)
-    out = xp.where(overflow, sign | u(0x7F800000), out)
-    out = xp.where(inf_a | zero_b, sign | u(0x7F800000), out)
-    out = xp.where(zero_a | inf_b, sign, out)
-    special_nan = nan_a | nan_b | (zero_a & zero_b) | (inf_a & inf_b)
-    # No float division anywhere in this graph: with one present, XLA CPU returned the float
-    # quotient (flushed operands) in lanes where the select chose the integer result.
-    return bitcast(xp.where(special_nan, _nan_quotient_bits(xp, ab, bb), out), np.float32)
-
-
-def _nan_quotient_bits(xp: Any, ab: Any, bb: Any) -> Any:
-    """The NaN that a NaN-producing division returns, as bits, by one rule on every platform
-    (x86 SSE's): a NaN ``a`` quieted, else a NaN ``b`` quieted, else the default NaN 0xFFC00000
-    (0/0, Inf/Inf)."""
-    u = np.uint32
-    quiet = u(0x00400000)
-    nan_a = (ab & u(0x7FFFFFFF)) > u(0x7F800000)
-    nan_b = (bb & u(0x7FFFFFFF)) > u(0x7F800000)
-    return xp.where(nan_a, ab | quiet, xp.where(nan_b, bb | quiet, u(0xFFC00000)))
+    The quotient is :func:`fp4sim.formats.blocks.div_f32`, computed with integer operations on
+    NumPy and under jax alike: on the H200 XLA's jitted float32 division differed from NumPy's in
+    the last bit (measured 2026-11-29: 11 of 16,384 outputs of the exact-f32 attention recipe,
+    whose numerator and normalizer were bit-identical), and XLA CPU rewrites ``a / broadcast(b)``
+    as ``a * (1/b)``. Integer division is exact everywhere."""
+    return ftz(div_f32(a, b))
 
 
 def pow2(k: Any, like: Any = None) -> Any:

@@ -81,11 +81,12 @@ CPU's flush-to-zero). Power-of-two scales are applied by integer exponent arithm
 ``dequantize`` with a correctly rounded (RNE) result even in the float32 subnormal range
 (``ldexp_f32``); ``quantize`` with a cheaper variant that is exact wherever the element encoder
 can tell the difference (results below 2^-126 become ±2^-149; see ``_scale_for_encode``).
-The float32 multiplies/divides of the UE4M3 (NVFP4) path go through ``mul_f32``/``div_f32``: the significands
-are multiplied natively in [1, 4) and the exponent is applied with integers, which equals IEEE
-float32 arithmetic whenever the result is normal, on every platform, FTZ or not (a result below
-2^-126 may be rounded twice: the one documented deviation from IEEE, reached only by blocks whose
-scales or values sit near 2^-126; NumPy and jax still agree bit for bit).
+The float32 multiplies of the UE4M3 (NVFP4) path go through ``mul_f32``: the significands are
+multiplied natively in [1, 4) and the exponent is applied with integers, which equals IEEE float32
+arithmetic whenever the result is normal, on every platform, FTZ or not (a product below 2^-126
+may be rounded twice: the one documented deviation from IEEE; NumPy and jax still agree bit for
+bit). Its divisions go through ``div_f32``, an IEEE division done entirely with integer
+operations (long division of the significands), exact on every backend.
 Dequantization of NVFP4 (``code · s_e4m3 · g``) is correctly rounded with integer arithmetic.
 
 Partial trailing blocks are rejected (``ValueError`` naming ``x``); pad the input yourself.
@@ -408,7 +409,7 @@ def _normalize(xp: Any, bits: Any) -> tuple[Any, Any]:
     return bitcast(m_bits, np.float32), e
 
 
-def _arith_f32(xp: Any, a: Any, b: Any, divide: bool) -> Any:
+def _mul_f32(xp: Any, a: Any, b: Any) -> Any:
     a = xp.asarray(a, dtype=np.float32)
     b = xp.asarray(b, dtype=np.float32)
     a, b = xp.broadcast_arrays(a, b)
@@ -416,10 +417,7 @@ def _arith_f32(xp: Any, a: Any, b: Any, divide: bool) -> Any:
     ma, ea = _normalize(xp, ab)
     mb, eb = _normalize(xp, bb)
     with np.errstate(all="ignore"):  # lanes holding zeros/Inf/NaN are replaced below
-        if divide:  # the barrier keeps XLA from rewriting a/b into a*(1/b) for broadcast b
-            p, e = ma / _stage(mb), ea - eb
-        else:
-            p, e = ma * mb, ea + eb
+        p, e = ma * mb, ea + eb
     pb = bitcast(p, np.uint32)  # p is a normal float32 in [0.5, 4)
     sign = (ab ^ bb) >> _U(31)
     res = bitcast(_compose(xp, sign, ((pb & _U(0x7FFFFF)) | _U(0x800000)),
@@ -435,18 +433,98 @@ def _arith_f32(xp: Any, a: Any, b: Any, divide: bool) -> Any:
     pa, plain_a = proxy(a, ab)
     pb_, plain_b = proxy(b, bb)
     with np.errstate(all="ignore"):  # 0/0, Inf*0 are the IEEE special cases we want
-        special = pa / pb_ if divide else pa * pb_
+        special = pa * pb_
     return _stage(xp.where(plain_a & plain_b, res, special))
 
 
 def mul_f32(a: Any, b: Any) -> Any:
     """IEEE float32 ``a·b`` (RNE), also for subnormal operands on FTZ backends (see module doc)."""
-    return _arith_f32(namespace(a, b), a, b, divide=False)
+    return _mul_f32(namespace(a, b), a, b)
 
 
 def div_f32(a: Any, b: Any) -> Any:
-    """IEEE float32 ``a/b`` (RNE), also for subnormal operands on FTZ backends (see module doc)."""
-    return _arith_f32(namespace(a, b), a, b, divide=True)
+    """IEEE float32 ``a/b`` (RNE, gradual underflow), from integer operations on both paths.
+
+    No float division is involved, so the result cannot depend on the backend: XLA CPU rewrites
+    ``a / broadcast(b)`` into ``a * (1/b)`` and flushes subnormals, and on the H200 the jitted
+    float32 division differed from IEEE in the last bit (measured 2026-11-29). NaN results follow
+    one rule (:func:`_nan_quotient_bits`)."""
+    xp = namespace(a, b)
+    a = xp.asarray(a, dtype=np.float32)
+    b = xp.asarray(b, dtype=np.float32)
+    a, b = xp.broadcast_arrays(a, b)
+    return _div_rn_bits(xp, a, b)
+
+
+def _div_rn_bits(xp: Any, a: Any, b: Any) -> Any:
+    """IEEE float32 ``a / b`` (round to nearest even, subnormal results kept) from integer ops.
+
+    Significands (subnormal operands normalized with a count of leading zeros) are divided by
+    long division in 8-bit steps, which keeps every partial remainder below 2^32, giving 25
+    quotient bits (24 + the round bit) and a sticky bit; the result is then rounded like any
+    IEEE division, including gradual underflow (the caller flushes)."""
+    u = np.uint32
+    ab, bb = bitcast(a, u), bitcast(b, u)
+    sign = (ab ^ bb) & u(0x80000000)
+    ea = ((ab >> u(23)) & u(0xFF)).astype(np.int32)
+    eb = ((bb >> u(23)) & u(0xFF)).astype(np.int32)
+    fa, fb = ab & u(0x7FFFFF), bb & u(0x7FFFFF)
+    zero_a, zero_b = (ab & u(0x7FFFFFFF)) == 0, (bb & u(0x7FFFFFFF)) == 0
+    inf_a, inf_b = (ea == 255) & (fa == 0), (eb == 255) & (fb == 0)
+    nan_a, nan_b = (ea == 255) & (fa != 0), (eb == 255) & (fb != 0)
+
+    def significand(e: Any, f: Any) -> tuple[Any, Any]:
+        m = xp.where(e == 0, f, f | u(1 << 23))
+        exp = xp.where(e == 0, 1, e) - 127
+        shift = xp.maximum(24 - _bitlen(xp, m), 0)  # normalize into [2^23, 2^24)
+        return m << shift.astype(u), exp - shift
+
+    ma, xa = significand(ea, fa)
+    mb, xb = significand(eb, fb)
+    mb = xp.where(zero_b | (eb == 255), u(1 << 23), mb)  # keep the division defined
+    ma = xp.where(zero_a | (ea == 255), u(1 << 23), ma)
+    lower = ma < mb  # quotient below 1: take one more dividend bit
+    num = xp.where(lower, ma << u(1), ma)  # now num / mb in [1, 2)
+    e = xa - xb - lower.astype(np.int32)  # unbiased exponent of the quotient
+    quo = num // mb  # = 1
+    rem = num - quo * mb
+    for _ in range(3):  # 3 x 8 bits (rem < 2^24, so rem·2^8 fits uint32): quo = ⌊num·2^24/mb⌋
+        rem = rem << u(8)
+        digit = rem // mb
+        rem = rem - digit * mb
+        quo = (quo << u(8)) | digit
+    sticky = (rem != 0).astype(u)
+    biased = e + 127
+    # gradual underflow: shift the 25-bit quotient right by s extra places (s = 0 when normal)
+    s = xp.clip(1 - biased, 0, 26).astype(u)
+    sticky = sticky | ((quo & ((u(1) << s) - u(1))) != 0).astype(u)
+    quo = quo >> s
+    mant = quo >> u(1)
+    rnd = quo & u(1)
+    mant = mant + (rnd & (sticky | (mant & u(1))))  # ties to even; a carry moves up a binade
+    # assemble: normal results carry the exponent field (biased - 1) + the hidden bit in mant;
+    # subnormal ones (biased < 1) have field 0 and their mant already shifted
+    field = xp.where(biased >= 1, biased - 1, 0).astype(u)
+    out = sign | ((field << u(23)) + mant)
+    overflow = (biased >= 1) & (biased - 1 + (mant >> u(23)).astype(np.int32) >= 255)
+    out = xp.where(overflow, sign | u(0x7F800000), out)
+    out = xp.where(inf_a | zero_b, sign | u(0x7F800000), out)
+    out = xp.where(zero_a | inf_b, sign, out)
+    special_nan = nan_a | nan_b | (zero_a & zero_b) | (inf_a & inf_b)
+    # No float division anywhere in this graph: with one present, XLA CPU returned the float
+    # quotient (flushed operands) in lanes where the select chose the integer result.
+    return bitcast(xp.where(special_nan, _nan_quotient_bits(xp, ab, bb), out), np.float32)
+
+
+def _nan_quotient_bits(xp: Any, ab: Any, bb: Any) -> Any:
+    """The NaN that a NaN-producing division returns, as bits, by one rule on every platform
+    (x86 SSE's): a NaN ``a`` quieted, else a NaN ``b`` quieted, else the default NaN 0xFFC00000
+    (0/0, Inf/Inf)."""
+    u = np.uint32
+    quiet = u(0x00400000)
+    nan_a = (ab & u(0x7FFFFFFF)) > u(0x7F800000)
+    nan_b = (bb & u(0x7FFFFFFF)) > u(0x7F800000)
+    return xp.where(nan_a, ab | quiet, xp.where(nan_b, bb | quiet, u(0xFFC00000)))
 
 
 # --- geometry ---------------------------------------------------------------------------------
