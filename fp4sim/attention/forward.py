@@ -82,6 +82,7 @@ from fp4sim.attention import _f32
 from fp4sim.attention.converters import PTile, convert_tile
 from fp4sim.attention.exp2 import exp2_rn, log2_f32
 from fp4sim.attention.normalization import block_denominator
+from fp4sim.attention.reference import check_qkv_shapes
 from fp4sim.attention.recipe import (
     AttentionRecipe,
     QKGlobalScale,
@@ -499,15 +500,7 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
     q = _as_f32(xp, q, "q")
     k = _as_f32(xp, k, "k")
     v = _as_f32(xp, v, "v")
-    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ValueError(f"q, k, v must have the same rank >= 2; got shapes {q.shape}, "
-                         f"{k.shape}, {v.shape}")
-    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
-        raise ValueError(f"leading dims differ: q {q.shape}, k {k.shape}, v {v.shape}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q head dim {q.shape[-1]} != k head dim {k.shape[-1]}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k has {k.shape[-2]} keys but v has {v.shape[-2]}")
+    check_qkv_shapes(q, k, v)
     sq, d = q.shape[-2:]
     skv, dv = v.shape[-2:]
     if sq == 0 or skv == 0 or d == 0 or dv == 0:

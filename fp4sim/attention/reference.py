@@ -51,6 +51,20 @@ def attention_mask(n_q: int, n_kv: int, *, causal: bool = False, q_segment_ids: 
     return mask & (qs[..., :, None] == ks[..., None, :])
 
 
+def check_qkv_shapes(q: Any, k: Any, v: Any) -> None:
+    """Raise ``ValueError`` unless q (..., Sq, D), k (..., Skv, D), v (..., Skv, Dv) agree (shared
+    by the reference and the emulated forward)."""
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(f"q, k, v must have the same rank >= 2; got shapes {q.shape}, "
+                         f"{k.shape}, {v.shape}")
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(f"leading dims differ: q {q.shape}, k {k.shape}, v {v.shape}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q head dim {q.shape[-1]} != k head dim {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k has {k.shape[-2]} keys but v has {v.shape[-2]}")
+
+
 def attention_reference(q: Any, k: Any, v: Any, *, causal: bool = False,
                         q_segment_ids: Any = None, kv_segment_ids: Any = None,
                         softmax_scale: float | None = None) -> ReferenceResult:
@@ -62,15 +76,7 @@ def attention_reference(q: Any, k: Any, v: Any, *, causal: bool = False,
         if a.dtype.kind != "f" and "bfloat16" not in str(a.dtype):
             raise TypeError(f"{name} has dtype {a.dtype}; allowed: floating-point arrays")
     q, k, v = (a.astype(np.float64) for a in (q, k, v))
-    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ValueError(f"q, k, v must have the same rank >= 2; got shapes {q.shape}, "
-                         f"{k.shape}, {v.shape}")
-    if q.shape[:-2] != k.shape[:-2] or k.shape[:-2] != v.shape[:-2]:
-        raise ValueError(f"leading dims differ: q {q.shape}, k {k.shape}, v {v.shape}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q head dim {q.shape[-1]} != k head dim {k.shape[-1]}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k has {k.shape[-2]} keys but v has {v.shape[-2]}")
+    check_qkv_shapes(q, k, v)
     d = q.shape[-1]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)

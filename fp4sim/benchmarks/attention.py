@@ -20,7 +20,7 @@ import json
 import sys
 import time
 
-from fp4sim.benchmarks import time_interleaved
+from fp4sim.benchmarks import options_positive, time_interleaved
 
 __all__ = ["add_arguments", "run"]
 
@@ -50,10 +50,8 @@ def run(args: argparse.Namespace) -> int:
     from fp4sim.attention.recipe import PRESETS, preset_by_name
     from fp4sim.attention.reference import attention_reference
 
-    for name in ("seq", "head_dim", "heads", "repeats"):
-        if getattr(args, name) < 1:
-            print(f"error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
-            return 2
+    if not options_positive(args, ("seq", "head_dim", "heads", "repeats")):
+        return 2
     try:
         recipe = preset_by_name(args.recipe)
     except ValueError as e:

@@ -17,7 +17,7 @@ import json
 import sys
 import time
 
-from fp4sim.benchmarks import time_interleaved
+from fp4sim.benchmarks import options_positive, time_interleaved
 
 __all__ = ["add_arguments", "run"]
 
@@ -41,10 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from fp4sim.attention.autodiff import emulated_attention, training_forward, training_preset
     from fp4sim.attention.backward import BackwardAccumulation, attention_grad_reference
 
-    for name in ("seq", "head_dim", "heads", "repeats"):
-        if getattr(args, name) < 1:
-            print(f"error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
-            return 2
+    if not options_positive(args, ("seq", "head_dim", "heads", "repeats")):
+        return 2
     try:
         recipe = training_preset(args.recipe)
     except ValueError as e:
