@@ -428,8 +428,10 @@ def _group_partials(xp: Any, p: PTile, v_vals: Any, v_exps: Any, v_block: int, v
             parts = _f32.add(parts, _f32.mul(pr[..., :, j, None], vr[..., j, None, :]))
     per_group = max(1, pv_group // sub)
     ng = ns // per_group
-    # a barrier: fused with the group sums below, XLA CPU runs the chain ~7x slower
-    parts = xp.reshape(_materialize(parts), (*lead, nt, ng, per_group, sq, dv))
+    if not exact:
+        # a barrier: fused with the group sums below, XLA CPU runs the chain ~7x slower
+        parts = _materialize(parts)
+    parts = xp.reshape(parts, (*lead, nt, ng, per_group, sq, dv))
     g = parts[..., 0, :, :]
     for j in range(1, per_group):
         g = _f32.add(g, parts[..., j, :, :])
