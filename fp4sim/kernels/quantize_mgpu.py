@@ -12,17 +12,28 @@ The input is read as 32-bit *words*, never as floats: a bfloat16/float16 tensor 
 (free, in XLA) as uint32 words holding an (even, odd) element pair, a float32 tensor as one
 element per word. The tensor is then seen as a matrix whose rows are scale blocks
 (``BLOCK`` geometry: ``block_size`` consecutive elements of the last axis form one row of
-``block_size/2`` pair words), and each CTA of a 1-D grid loops over ``tiles_per_cta`` tiles of ``block_rows`` such rows
-(default 2, through a two-slot ring so the TMA load of the next tile overlaps this one):
+``block_size/2`` pair words). A 1-D grid of CTAs takes ``tiles_per_cta`` tiles of
+``block_rows`` rows each. Per tile:
 
-1. copies the tile's rows to SMEM with TMA,
-2. loads them into registers in the WGMMA layout and reduces each row to the block max-abs as
-   an *integer* max over ``bits & 0x7FFFFFFF`` (exact, NaN-aware, immune to flush-to-zero),
-3. derives the scale code per row with the emulator's rule,
-4. converts both elements of every word and packs the two codes into one uint16 (FP8) or one
-   byte (FP4, even element in the low nibble),
-5. writes codes and scales back through SMEM with TMA (FP4 output rows of 8 or 16 bytes are
-   regrouped into ``tma_row_bytes``-wide TMA rows).
+1. the rows are loaded into registers in a *row layout* (:func:`_row_layout`): ``lanes``
+   consecutive threads share one row, each holding consecutive words as 16-byte vectors, so
+   consecutive lanes read consecutive memory. ``Transfer.DIRECT`` (the default) loads straight
+   from GMEM with vector loads and no SMEM, barriers or TMA; the many resident CTAs keep the
+   loads in flight (with ``tiles_per_cta > 1`` the next tile's loads are issued before this
+   tile is converted). ``Transfer.TMA`` copies tiles into a ring of ``stages`` SMEM slots first;
+2. each row is reduced to its block max-abs: inside a thread when ``lanes == 1`` (plus one or
+   two shuffles otherwise); on the hardware FLOAT path as ``max.NaN.f32`` over ``|x|``, on the
+   INTEGER path as an integer max over ``bits & 0x7FFFFFFF`` (both exact and NaN-aware);
+3. the scale code is derived per row with the emulator's rule;
+4. both elements of every word are converted and the two codes packed into one uint16 (FP8)
+   or one byte (FP4, even element in the low nibble);
+5. codes and scales are stored (DIRECT: straight to GMEM; TMA: through SMEM with TMA stores,
+   FP4 output rows of 8 or 16 bytes regrouped into ``tma_row_bytes``-wide TMA rows).
+
+The defaults (:func:`_default_tiling`) are the fastest measured on the H200: FP8 from 16-bit
+input uses ``lanes=4`` and 128-row tiles (fully coalesced 16-byte loads), the FP4 formats
+``lanes=1`` and 256-row tiles (a thread owns whole blocks, so the per-block scale arithmetic
+runs once per block instead of once per sharing thread).
 
 ``TOKEN_BLOCK`` geometry (32 tokens x the whole head dimension share one power-of-two scale)
 uses a second body: each CTA takes ``token_blocks`` such (32, D) blocks, reduces each with a
@@ -34,15 +45,25 @@ Mosaic GPU's in-register float ops are IEEE on the GPU, while GPU interpret mode
 XLA:CPU, which flushes subnormals (FTZ/DAZ). Scale codes therefore only use float arithmetic
 whose operands and results are normal: the normalised significand of the block max
 (subnormals normalised by an exact int->float conversion) times the normalised ``fl(1/M)``
-(or the NVFP4 factor), exponents handled as integers. Element codes have two implementations
+(or the NVFP4 factor), exponents handled as integers (on the hardware FLOAT path the NVFP4
+product ``amax·k`` is one IEEE multiply). Element codes have two implementations
 (:class:`ElementPath`): ``INTEGER`` scales by exponent arithmetic on the bits, decides FP4 codes
 against per-block thresholds ``t·2^k`` (the E2M1 round-to-nearest-even decision points) and
 never lets a float op see a subnormal, so it is exact in interpret mode too; ``FLOAT`` (the
-hardware default, 2x faster) multiplies once in float32 and converts with
-``cvt.rn.satfinite`` (FP8) or a round-to-nearest-even bit trick (FP4), exact only where float
-ops do not flush, i.e. on the GPU. Interpret mode uses ``INTEGER``; both are checked bitwise
-against the emulator (interpret mode here, both paths at 8192x8192 on the H200). NaN codes are
+hardware default) multiplies once in float32 and converts with ``cvt.rn.satfinite`` (FP8) or
+:func:`e2m1_magnitude_float` (FP4: ``fl(a + M) - M`` with ``M = 2^22·max(2^floor(log2 a), 1)``
+rounds to E2M1's spacing, ties to even, and ``·2^-126`` turns the value into its code), exact
+only where float ops keep subnormals, i.e. on the GPU and in NumPy, where the tests check it
+over every bfloat16 pattern. Interpret mode uses ``INTEGER``; both paths are checked bitwise
+against the emulator (interpret mode here, both at 8192x8192 on the H200). NaN codes are
 patched in by integer selects (the hardware's NaN is canonical, the emulator keeps the sign).
+
+No float division runs in a kernel: Mosaic lowers ``1/x`` to the approximate
+``rcp.approx.f32``. NVFP4's per-block encode factor ``fl(1/fl(s·g))`` is instead
+``R[j]·2^-e`` for the scale ``s = s_j·2^e`` (``s_j`` one of UE4M3's eight significands), with
+the eight ``R[j] = fl(1/fl(s_j·g))`` divided exactly by the emulator's own division outside the
+kernel (:data:`NUM_PARAMS` kernel scalars) -- exact whenever every product is a normal float32
+(the ``g >= 2^-117`` condition below).
 
 Supported configurations (anything else raises ``ValueError`` before a kernel is built)
 =====================================================================================
@@ -66,17 +87,23 @@ model.
 Public names
 ============
 ``QuantKernelConfig``  frozen, hashable: ``fmt``, ``geometry``, ``in_dtype``, ``block_rows``
-                       (scale blocks per tile), ``tiles_per_cta``, ``tma_row_bytes``,
-                       ``token_blocks``/``head_dim`` (TOKEN_BLOCK), ``element_path``, ``variant``.
+                       (scale blocks per tile), ``tiles_per_cta``, ``lanes``, ``transfer``,
+                       ``stages``, ``tma_row_bytes``, ``token_blocks``/``head_dim``
+                       (TOKEN_BLOCK), ``element_path``, ``variant``. Tiling fields left None
+                       get the measured defaults.
 ``ElementPath``        INTEGER / FLOAT (see above); ``Variant``: FULL / MOVE_ONLY (a timing
-                       diagnostic: loads, reduction and stores without the conversion math).
+                       diagnostic: loads, reduction and stores without the conversion math);
+                       ``Transfer``: DIRECT / TMA.
 ``gpu_quantize(x, fmt, *, axis=-1, geometry=Geometry.BLOCK, global_scale=None,
-               global_encode_scale=None, pack=None, block_rows=256, token_blocks=2,
-               element_path=None, variant=Variant.FULL, tiles_per_cta=2, tma_row_bytes=512)
+               global_encode_scale=None, pack=None, block_rows=None, token_blocks=2,
+               element_path=None, variant=Variant.FULL, tiles_per_cta=None, tma_row_bytes=512,
+               lanes=None, transfer=None, stages=2)
                -> QuantizedArray``  (``pack`` defaults to True for FP4, False otherwise)
+``e2m1_magnitude_float(y)``  the FLOAT path's E2M1 rounding (any array namespace).
 ``check_supported(fmt, geometry, dtype)``  the validation ``gpu_quantize`` does first.
 ``build_kernel(config, num_rows)``  the kernel callable ``(words, params) -> (codes, scales)``
-                       on uint32 words, for cross-lowering and timing without the XLA wrapper.
+                       on uint32 words and ``NUM_PARAMS`` uint32 scalars, for cross-lowering
+                       and timing without the XLA wrapper.
 ``shipped_configs()``  every configuration the benchmarks run (cross-lowered in CI).
 ``swizzled_scales(q, layout=ScaleLayout.SWIZZLED_128X4)``  the scales in an MMA layout, by the
                        emulator's :func:`fp4sim.formats.layouts.to_layout` (an XLA gather over the
@@ -116,12 +143,15 @@ __all__ = [
     "QuantKernelConfig",
     "ElementPath",
     "Variant",
+    "Transfer",
     "gpu_quantize",
     "check_supported",
     "build_kernel",
     "shipped_configs",
     "swizzled_scales",
     "INPUT_DTYPES",
+    "NUM_PARAMS",
+    "e2m1_magnitude_float",
 ]
 
 INPUT_DTYPES = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32))
@@ -152,6 +182,17 @@ class ElementPath(enum.Enum):
 
     INTEGER = "integer"
     FLOAT = "float"
+
+
+class Transfer(enum.Enum):
+    """How a BLOCK kernel moves data. ``TMA``: tiles are copied GMEM -> SMEM by the tensor memory
+    accelerator through a ring of ``stages`` slots, loaded into registers, and the codes go back
+    through SMEM with TMA stores. ``DIRECT``: every thread loads its rows from GMEM into registers
+    with 16-byte vector loads and stores its codes straight to GMEM (no SMEM, no barriers; the
+    many resident CTAs keep the loads in flight)."""
+
+    TMA = "tma"
+    DIRECT = "direct"
 
 
 class Variant(enum.Enum):
@@ -218,6 +259,22 @@ def check_supported(fmt: Any, geometry: Any = Geometry.BLOCK, dtype: Any = np.fl
                              f"TOKEN_BLOCK")
 
 
+def _default_tiling(cfg: Any) -> dict[str, Any]:
+    """The tiling a BLOCK kernel gets unless told otherwise: the fastest measured on the H200
+    at 8192 x 8192 (see ``fp4sim/benchmarks/gpu_quant.py``). Direct GMEM <-> register
+    transfers, one CTA per tile; FP8 from 16-bit input lets four threads share a 64-byte block
+    row (fully coalesced 16-byte loads) in tiles of 128 rows (256 from float32 input); the FP4
+    formats give each thread whole blocks (their per-block arithmetic then runs once per block,
+    not once per thread sharing it)."""
+    mx8 = _fmt_key(cfg.fmt) == "mx8"
+    mx8_16 = mx8 and np.dtype(cfg.in_dtype).itemsize == 2
+    transfer = cfg.transfer if cfg.transfer is not None else Transfer.DIRECT
+    return {"transfer": transfer,
+            "lanes": 4 if mx8 else 1,
+            "block_rows": 128 if mx8_16 else 256,
+            "tiles_per_cta": 1 if transfer is Transfer.DIRECT else 2}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QuantKernelConfig:
     """One compiled quantization kernel: what it converts and how it tiles the work."""
@@ -225,14 +282,17 @@ class QuantKernelConfig:
     fmt: BlockFormat
     geometry: Geometry = Geometry.BLOCK
     in_dtype: np.dtype = np.dtype(ml_dtypes.bfloat16)
-    block_rows: int = 256  # scale blocks (rows of the block view) per CTA, BLOCK geometry
+    block_rows: int | None = None  # BLOCK: scale blocks (rows of the block view) per tile
     token_blocks: int = 2  # (32 x D) token blocks per CTA, TOKEN_BLOCK geometry
     head_dim: int = 128  # D, TOKEN_BLOCK geometry only
     element_path: ElementPath | None = None  # None: FLOAT on hardware, INTEGER interpreted
     variant: Variant = Variant.FULL
-    tiles_per_cta: int = 2  # BLOCK: tiles a CTA loops over (> 1: double-buffered TMA ring)
-    tma_row_bytes: int = 512  # BLOCK: TMA stores move rows of at least this many bytes (output
-    #                           block rows are regrouped; 16 = minimal). Hardware only.
+    tiles_per_cta: int | None = None  # BLOCK: tiles a CTA loops over
+    tma_row_bytes: int = 512  # BLOCK, TMA: output TMA rows of at least this many bytes (block
+    #                           rows are regrouped; 16 = minimal). Hardware only.
+    lanes: int | None = None  # BLOCK: threads sharing one scale block (1: whole blocks)
+    transfer: Transfer | None = None  # BLOCK: DIRECT (GMEM <-> registers) or TMA (SMEM ring)
+    stages: int = 2  # BLOCK, TMA: depth of the SMEM ring (tiles in flight per CTA)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "in_dtype", np.dtype(self.in_dtype))
@@ -244,6 +304,16 @@ class QuantKernelConfig:
             raise TypeError(f"QuantKernelConfig.variant={self.variant!r} must be a Variant")
         if self.variant is Variant.MOVE_ONLY and self.geometry is not Geometry.BLOCK:
             raise ValueError("Variant.MOVE_ONLY exists for BLOCK geometry only")
+        for name, value in _default_tiling(self).items():  # None: the measured best
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        if not isinstance(self.transfer, Transfer):
+            raise TypeError(f"QuantKernelConfig.transfer={self.transfer!r} must be a Transfer")
+        if self.lanes not in (1, 2, 4):
+            raise ValueError(f"QuantKernelConfig.lanes={self.lanes!r}; allowed: 1, 2, 4")
+        if not isinstance(self.stages, int) or isinstance(self.stages, bool) or \
+                not 1 <= self.stages <= 8:
+            raise ValueError(f"QuantKernelConfig.stages={self.stages!r}; allowed: 1 to 8")
         if self.tma_row_bytes not in (16, 64, 128, 256, 512):
             raise ValueError(f"QuantKernelConfig.tma_row_bytes={self.tma_row_bytes!r}; allowed: "
                              f"16, 64, 128, 256, 512")
@@ -253,7 +323,7 @@ class QuantKernelConfig:
                 raise ValueError(f"QuantKernelConfig.{name}={v!r} must be a positive int")
         if self.block_rows not in (64, 128, 256, 512, 1024):
             raise ValueError(f"QuantKernelConfig.block_rows={self.block_rows}; allowed: 64, 128, "
-                             f"256, 512, 1024 (multiples of the 64-row WGMMA tile)")
+                             f"256, 512, 1024")
         if self.geometry is Geometry.TOKEN_BLOCK and (self.head_dim % 16 or
                                                       not 16 <= self.head_dim <= 256):
             raise ValueError(f"QuantKernelConfig.head_dim={self.head_dim} must be a multiple of "
@@ -286,6 +356,9 @@ def shipped_configs() -> tuple[QuantKernelConfig, ...]:
         for dt in INPUT_DTYPES:
             out.append(QuantKernelConfig(fmt=fmt, in_dtype=dt))
     out.append(QuantKernelConfig(fmt=NVFP4_SINGLE, in_dtype=bf16))
+    for fmt in (MXFP8_E4M3, NVFP4, MXFP4):  # the TMA-ring variant the benchmark compares
+        out.append(QuantKernelConfig(fmt=fmt, in_dtype=bf16, transfer=Transfer.TMA, lanes=1,
+                                     block_rows=256))
     out.append(QuantKernelConfig(fmt=MXFP8_E4M3, geometry=Geometry.TOKEN_BLOCK, in_dtype=bf16,
                                  head_dim=128))
     out.append(QuantKernelConfig(fmt=MXFP4, geometry=Geometry.TOKEN_BLOCK, in_dtype=bf16,
@@ -486,43 +559,46 @@ def _fp8_codes_float(b: Any, s: Any, fmt: BlockFormat) -> Any:
     return jnp.where(y != y, _U(nan_code) | ((b >> _U(24)) & _U(0x80)), code)
 
 
-def _e2m1_codes_float(b: Any, s: Any) -> Any:
-    """FLOAT path: E2M1 codes of fl(x·s), s > 0 (or NaN). Magnitudes >= 1 round to nearest even
-    on the bits (keep exponent + 1 mantissa bit, carry into the exponent), smaller ones by the
-    two decision points 0.25 (tie down) and 0.75 (tie up); saturate at 6; NaN -> +0."""
-    import jax.numpy as jnp
-
-    a = _bits(_f32(b) * s) & _U(0x7FFFFFFF)
-    r = (a + _U(0x1FFFFF) + ((a >> _U(22)) & _U(1))) >> _U(22)
-    big = jnp.minimum(r, _U(259)) - _U(252)
-    small = (a > _U(0x3E800000)).astype(jnp.uint32) + (a >= _U(0x3F400000)).astype(jnp.uint32)
-    mag = jnp.where(a >= _U(0x3F800000), big, small)
-    return jnp.where(a > _U(_F32_INF), _U(0), mag | ((b >> _U(28)) & _U(8)))
-
-
-def _nv_block(amax: Any, params: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
+def _nv_block(amax: Any, params: dict[str, Any], *, ieee: bool = False
+              ) -> tuple[Any, Any, Any, Any, Any]:
     """Per block: (UE4M3 scale code, enc significand, enc exponent, NaN-block mask, enc), the
     emulator's TransformerEngine order: s = E4M3(clip(amax·k, 0, 448)),
-    enc = min(fl(1/fl(s·g)), max_f32)."""
+    enc = min(fl(1/fl(s·g)), max_f32). ``ieee``: float32 operations keep subnormals (the GPU),
+    so ``amax·k`` is one multiply; otherwise it is formed from normalised significands (a
+    product below 2^-126 becomes 0, which encodes to the same UE4M3 code 0)."""
     import jax.numpy as jnp
 
-    m, e = _normalize(amax)
-    p = _bits(m * params["k_m"])
-    f = (p >> _U(23)).astype(jnp.int32) + e + params["k_e"]
-    s_bits = (p & _U(0x7FFFFF)) | (jnp.clip(f, 1, 254).astype(jnp.uint32) << _U(23))
-    s_bits = jnp.where(f < 1, _U(0), s_bits)
-    s_bits = jnp.minimum(jnp.where(f >= 255, _U(_F32_INF), s_bits), _U(0x43E00000))  # <= 448
-    s_bits = jnp.where(amax == 0, _U(0), s_bits)
     nan = (amax > _U(_F32_INF)) | params["nan"]
-    s8 = _f32(s_bits).astype(jnp.float8_e4m3fn)
+    if ieee:
+        k = params["k_m"] * _f32(((params["k_e"] + _I(127)) << _I(23)).astype(jnp.uint32))
+        s8 = jnp.minimum(_f32(amax) * k, np.float32(448.0)).astype(jnp.float8_e4m3fn)
+    else:
+        m, e = _normalize(amax)
+        p = _bits(m * params["k_m"])
+        f = (p >> _U(23)).astype(jnp.int32) + e + params["k_e"]
+        s_bits = (p & _U(0x7FFFFF)) | (jnp.clip(f, 1, 254).astype(jnp.uint32) << _U(23))
+        s_bits = jnp.where(f < 1, _U(0), s_bits)
+        s_bits = jnp.minimum(jnp.where(f >= 255, _U(_F32_INF), s_bits), _U(0x43E00000))
+        s_bits = jnp.where(amax == 0, _U(0), s_bits)  # (<= 448 above)
+        s8 = _f32(s_bits).astype(jnp.float8_e4m3fn)
     s_code = jnp.where(nan, _U(0x7F), _bits_u8(s8).astype(jnp.uint32))
-    s = s8.astype(jnp.float32)
-    denom = s * params["g"]  # normal (or 0) for g >= 2^-117: IEEE on every backend
-    enc = jnp.minimum(np.float32(1.0) / denom, np.float32(np.finfo(np.float32).max))
-    enc_m, enc_e = _normalize(_bits(enc))
-    # NaN blocks: enc must be NaN for the FLOAT path (the GPU's min may drop a NaN operand)
-    enc = jnp.where(nan, np.float32(np.nan), enc)
-    return s_code, enc_m, enc_e, nan, enc
+    # enc = fl(1/fl(s·g)) with s = s_j·2^e: for g >= 2^-117 every product and quotient here is
+    # a normal float, so fl(s·g) = fl(s_j·g)·2^e and fl(1/fl(s·g)) = R[j]·2^-e exactly, with
+    # R[j] = fl(1/fl(s_j·g)) divided exactly outside the kernel (a float division inside would
+    # be lowered to the approximate rcp.approx.f32). s = 0 (a block too small for UE4M3's
+    # smallest step) gives 1/0 = Inf, capped to max_f32 as in the emulator.
+    sb = _bits(s8.astype(jnp.float32))  # a normal float32 (UE4M3 >= 2^-9) or 0
+    j = sb >> _U(20)
+    r = params["recip"]
+    pick = lambda bit, hi, lo: jnp.where((j & _U(bit)) != 0, hi, lo)  # noqa: E731
+    r = [pick(1, r[i + 1], r[i]) for i in range(0, 8, 2)]
+    r = [pick(2, r[i + 1], r[i]) for i in range(0, 4, 2)]
+    r = pick(4, r[1], r[0])
+    inv_pow2 = _f32(_U(254 << 23) - (sb & _U(0x7F800000)))  # 2^-e
+    f32max = np.float32(np.finfo(np.float32).max)
+    enc = jnp.where(sb == 0, f32max, jnp.minimum(r * inv_pow2, f32max))
+    enc_m, enc_e = _normalize(_bits(enc))  # (INTEGER path only; dead code on the FLOAT path)
+    return s_code, enc_m, enc_e, nan, enc  # NaN blocks: callers write +0 codes by the mask
 
 
 # --- kernel bodies ------------------------------------------------------------------------------
@@ -549,6 +625,77 @@ def _widen_amax(w: Any, cfg: QuantKernelConfig) -> tuple[tuple[Any, ...], Any]:
     return xs, amax
 
 
+def _block_amax(xs: tuple[Any, ...], cfg: QuantKernelConfig) -> tuple[Any, Any]:
+    """Block max-abs as float32 bits (NaN-aware) of a ``(rows, words)`` tile, reduced along the
+    row. INTEGER path: an integer max over magnitude bits (immune to FTZ/DAZ). FLOAT path on
+    hardware: ``max.NaN.f32`` over ``|x|`` (IEEE, subnormals kept; one float op per element
+    instead of three integer ops; a NaN block gives the canonical NaN, and only "is NaN" is
+    used downstream). Returns (block max bits, the float32 magnitudes |x| or None)."""
+    import jax.numpy as jnp
+
+    if _path(cfg) is ElementPath.FLOAT and not interpreting():
+        mags = tuple(jnp.abs(_f32(x)) for x in xs)
+        mag = mags[0]
+        for m in mags[1:]:
+            mag = jnp.maximum(mag, m)
+        return _bits(jnp.max(mag, axis=1)), mags
+    mag = xs[0] & _U(0x7FFFFFFF)
+    for x in xs[1:]:
+        mag = jnp.maximum(mag, x & _U(0x7FFFFFFF))
+    return jnp.max(mag, axis=1), None
+
+
+def e2m1_magnitude_float(y: Any, *, nonnegative: bool = False) -> Any:
+    """E2M1 magnitude codes (uint32, 0..7) of float32 ``y``, round to nearest even, saturating
+    at 6 (NaN: unspecified; callers mask NaN blocks), by IEEE float32 steps without integer
+    rounding logic:
+
+    1. ``a = min(|y|, 6)``;
+    2. ``M = 2^22·max(2^floor(log2 a), 1)``: then ``fl(a + M)`` lies in M's binade, whose
+       spacing is exactly E2M1's spacing around ``a`` (0.5 below 2, then 1, then 2), so
+       ``r = fl(a + M) - M`` is ``a`` rounded to E2M1 with ties to the even code;
+    3. ``r·2^-126`` puts E2M1's values 0, 0.5, 1, 1.5, 2, 3, 4, 6 at float32 bit patterns whose
+       bits 22 and up are the codes 0..7 (0.5·2^-126 is the subnormal 0x00400000).
+
+    Exact where float32 operations keep subnormals (NumPy; the GPU), not under XLA:CPU's
+    FTZ/DAZ; written against the array namespace so NumPy tests check it. The multiplies by
+    powers of two are exact, so a compiler that fuses them with the additions into FMAs (the
+    NVPTX backend does) cannot change a result. ``nonnegative``: ``y >= 0`` is known (skips
+    the ``abs``)."""
+    from fp4sim._xp import bitcast, namespace
+
+    xp = namespace(y)
+    a = xp.minimum(y if nonnegative else xp.abs(y), np.float32(6.0))
+    p2 = bitcast(bitcast(a, np.uint32) & _U(0x7F800000), np.float32)  # 2^floor(log2 a), or 0
+    m = xp.maximum(p2, np.float32(1.0)) * np.float32(2.0 ** 22)  # float ops: the FP pipe
+    r = (a + m) - m
+    return bitcast(r * np.float32(2.0 ** -126), np.uint32) >> _U(22)
+
+
+def _fp4_codes_float(xs: tuple[Any, ...], s: Any, *, block_nan: Any = None,
+                     absx: Any = None) -> Any:
+    """FLOAT path, MXFP4 and NVFP4: E2M1 codes of fl(x·s), s > 0 per block, by
+    :func:`e2m1_magnitude_float`, packed into one byte per pair of elements for 16-bit input.
+    NaN elements give +0: NVFP4 passes ``block_nan`` (a NaN makes its block a NaN block, all
+    +0, so no per-element test is needed); MXFP4 tests each element. ``absx``: the float32
+    ``|x|`` already formed for the block max (fl(|x|·s) = |fl(x·s)| for s > 0). Written
+    against the array namespace: NumPy runs it with IEEE subnormals, as the GPU does."""
+    from fp4sim._xp import bitcast, namespace
+
+    xp = namespace(*xs)
+    if absx is None:
+        absx = [xp.abs(bitcast(x, np.float32)) for x in xs]
+    ys = [a * s for a in absx]
+    codes = [e2m1_magnitude_float(y, nonnegative=True) | ((x >> _U(28)) & _U(0x08))
+             for x, y in zip(xs, ys)]
+    if block_nan is None:
+        codes = [xp.where(y != y, _U(0), c) for y, c in zip(ys, codes)]
+    code = codes[0] | (codes[1] << _U(4)) if len(codes) == 2 else codes[0]
+    if block_nan is not None:
+        code = xp.where(block_nan, _U(0), code)
+    return code.astype(np.uint8)
+
+
 def _path(cfg: QuantKernelConfig) -> ElementPath:
     if cfg.element_path is not None:
         return cfg.element_path
@@ -556,7 +703,7 @@ def _path(cfg: QuantKernelConfig) -> ElementPath:
 
 
 def _codes_from(xs: tuple[Any, ...], cfg: QuantKernelConfig, per_block: dict[str, Any],
-                bc: Any) -> Any:
+                bc: Any, absx: Any = None) -> Any:
     import jax.numpy as jnp
 
     fmt = cfg.fmt
@@ -572,9 +719,9 @@ def _codes_from(xs: tuple[Any, ...], cfg: QuantKernelConfig, per_block: dict[str
             return (codes[0] | (codes[1] << _U(8))).astype(jnp.uint16)
         return codes[0].astype(jnp.uint8)
     if flt:
-        s = bc(per_block["s"])
-        codes = [_e2m1_codes_float(x, s) for x in xs]
-    elif cfg.kind == "mx4":
+        nan = bc(per_block["nan"]) if cfg.kind == "nv" else None
+        return _fp4_codes_float(xs, bc(per_block["s"]), block_nan=nan, absx=absx)
+    if cfg.kind == "mx4":
         points = [bc(t) for t in per_block["points"]]
         codes = [_mx4_codes(x, points) for x in xs]
     else:
@@ -599,9 +746,10 @@ def _per_block(amax: Any, cfg: QuantKernelConfig, params: dict[str, Any]) -> tup
 
     flt = _path(cfg) is ElementPath.FLOAT
     if cfg.kind == "nv":
-        s_code, enc_m, enc_e, nan, enc = _nv_block(amax, params)
+        s_code, enc_m, enc_e, nan, enc = _nv_block(amax, params,
+                                                   ieee=flt and not interpreting())
         if flt:
-            return s_code, {"s": enc}
+            return s_code, {"s": enc, "nan": nan}
         return s_code, {"enc_m": enc_m, "enc_e": enc_e, "nan": nan}
     code = _mx_scale_code(amax, cfg.fmt)
     k = jnp.where(code == 255, _I(0), code - _I(127))
@@ -612,21 +760,30 @@ def _per_block(amax: Any, cfg: QuantKernelConfig, params: dict[str, Any]) -> tup
     return code.astype(jnp.uint32), {"points": _e2m1_thresholds(k)}
 
 
-def _load_params(p_smem: Any, shape: tuple[int, ...]) -> dict[str, Any]:
-    """NVFP4 scalars from SMEM, [k_m (f32 bits), k_e, g (f32 bits), nan flag], as splat arrays
-    of ``shape`` (Mosaic GPU reinterprets bits of arrays, not of scalars)."""
+NUM_PARAMS = 12  # the NVFP4 kernel scalars (see _load_params)
+
+
+def _load_params(p_ref: Any, shape: tuple[int, ...]) -> dict[str, Any]:
+    """NVFP4 scalars from SMEM or GMEM, [k_m (f32 bits), k_e, g (f32 bits), nan flag, R[0..7]
+    (f32 bits of fl(1/fl(s_j·g)))], as splat arrays of ``shape`` (Mosaic GPU reinterprets
+    bits of arrays, not of scalars)."""
     from jax import lax
 
-    v = [lax.broadcast_in_dim(p_smem[i], shape, ()) for i in range(4)]
+    v = [lax.broadcast_in_dim(p_ref[i], shape, ()) for i in range(NUM_PARAMS)]
+    return params_dict(v)
+
+
+def params_dict(v: Any) -> dict[str, Any]:
+    """The named NVFP4 scalars from the ``NUM_PARAMS`` uint32 values ``v`` (arrays)."""
     return {"k_m": _f32(v[0]), "k_e": v[1].astype(np.int32), "g": _f32(v[2]),
-            "nan": v[3] != _U(0)}
+            "nan": v[3] != _U(0), "recip": [_f32(r) for r in v[4:12]]}
 
 
 def build_kernel(cfg: QuantKernelConfig, num_rows: int) -> Any:
     """The Pallas kernel ``(words, params) -> (codes, scales)`` for ``num_rows`` scale blocks.
 
     ``words``: uint32 ``(num_rows, words_per_block)`` (BLOCK) or ``(num_rows, 32, words)``
-    (TOKEN_BLOCK); ``params``: uint32 ``(4,)`` NVFP4 scalars (ignored by MX kernels).
+    (TOKEN_BLOCK); ``params``: uint32 ``(NUM_PARAMS,)`` NVFP4 scalars (ignored by MX kernels).
     """
     if not isinstance(cfg, QuantKernelConfig):
         raise TypeError(f"cfg={cfg!r} must be a QuantKernelConfig")
@@ -635,102 +792,161 @@ def build_kernel(cfg: QuantKernelConfig, num_rows: int) -> Any:
     return _build_block(cfg, num_rows)
 
 
+def _row_layout(ww: int, lanes: int) -> Any:
+    """The register layout of a ``(rows, ww)`` word tile in which ``lanes`` consecutive threads
+    share one row (one scale block), each holding ``ww/lanes`` consecutive words as 16-byte
+    vectors (8 bytes when a thread holds only two words). Consecutive lanes read consecutive
+    memory, so loads are coalesced and SMEM reads conflict at most ``4/lanes``-way; with
+    ``lanes == 1`` the block max and the per-block scale arithmetic stay inside one thread
+    (no shuffles, no replicated scale math)."""
+    from jax.experimental.mosaic.gpu import fragmented_array as fa
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    vec = min(4, ww // lanes)
+    tiling = fa.Tiling(((128 // lanes, ww), (32 // lanes, ww), (1, ww // lanes), (1, vec)))
+    lay = fa.TiledLayout(tiling, warp_dims=(-8,), lane_dims=(-6, -5), vector_dim=-1,
+                         _check_canonical=False).canonicalize()
+    return plgpu.Layout.TILED(lay.tiling, warp_dims=lay.warp_dims, lane_dims=lay.lane_dims,
+                              vector_dim=lay.vector_dim)
+
+
+def _block_geometry(cfg: QuantKernelConfig, num_rows: int) -> tuple[int, int, int]:
+    """(rows per tile, tiles per CTA, lanes per block) for ``num_rows`` scale blocks."""
+    if num_rows % 64:
+        raise ValueError(f"the input has {num_rows} scale blocks; the {cfg.fmt.name} kernel "
+                         f"needs a multiple of 64 (pad the leading dimensions)")
+    tr = math.gcd(cfg.block_rows, num_rows)  # a power of two >= 64
+    lanes = cfg.lanes
+    while tr % (128 // lanes):  # the layout's base tile is 128/lanes rows
+        lanes *= 2
+    tiles = cfg.tiles_per_cta
+    while (num_rows // tr) % tiles:
+        tiles -= 1
+    return tr, tiles, lanes
+
+
 def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
     import jax
     import jax.numpy as jnp
     from jax import lax
+    from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    tr = cfg.block_rows
-    if num_rows % 64:
-        raise ValueError(f"the input has {num_rows} scale blocks; the {cfg.fmt.name} kernel "
-                         f"needs a multiple of 64 (pad the leading dimensions)")
-    tr = math.gcd(tr, num_rows)  # a power of two >= 64
-    tiles = cfg.tiles_per_cta
-    while (num_rows // tr) % tiles:
-        tiles -= 1
-    slots = 2 if tiles > 1 else 1  # double-buffer the input and output when a CTA loops
+    tr, tiles, lanes = _block_geometry(cfg, num_rows)
     ww = cfg.words_per_block
     ow, odt = _out_words(cfg), _out_word_dtype(cfg)
+    lay = _row_layout(ww, lanes)
+    u8 = jnp.uint8
+
+    def compute(w: Any, params: dict) -> tuple[Any, Any]:
+        if cfg.variant is Variant.MOVE_ONLY:
+            return w.astype(odt), jnp.max(w, axis=1).astype(u8)
+        xs = _widen(w, cfg)
+        amax, absx = _block_amax(xs, cfg)
+        scales, per_block = _per_block(amax, cfg, params)
+        bc = lambda v: plgpu.layout_cast(lax.broadcast_in_dim(v, (tr, ww), [0]), lay)  # noqa: E731
+        return _codes_from(xs, cfg, per_block, bc, absx), scales.astype(u8)
+
+    out_scales = jax.ShapeDtypeStruct((num_rows,), u8)
+    grid = (num_rows // (tr * tiles),)
+
+    if cfg.transfer is Transfer.DIRECT:
+        def direct_body(x_g, p_g, o_g, s_g):
+            i = lax.axis_index("tiles")
+            params = _load_params(p_g, (tr,)) if cfg.kind == "nv" else {}
+
+            def rows(t):
+                return _ds((i * tiles + t) * tr, tr)
+
+            def load(t):
+                return plgpu.load(x_g.at[rows(t)], layout=lay, optimized=False)
+
+            def finish(t, w):
+                codes, scales = compute(w, params)
+                o_g.at[rows(t)][...] = codes
+                s_g.at[rows(t)][...] = scales
+
+            def step(t, w):  # the loads of tile t + 1 are in flight while tile t is converted
+                w_next = load(t + 1)
+                finish(t, w)
+                return w_next
+
+            finish(tiles - 1, lax.fori_loop(0, tiles - 1, step, load(0)))
+
+        # No automatic barriers around loads and stores: each thread reads only its own input
+        # rows and writes only its own outputs, and nothing goes through SMEM.
+        return plgpu.kernel(direct_body, grid=grid, grid_names=("tiles",),
+                            out_type=(jax.ShapeDtypeStruct((num_rows, ow), odt), out_scales),
+                            compiler_params=plgpu.CompilerParams(unsafe_no_auto_barriers=True))
+
+    slots = min(cfg.stages, tiles)
     chunk = min(tr, 256)  # TMA boxes are at most 256 rows
     n = tr // chunk
-    # TMA copies move GMEM rows of >= 16 bytes (and are faster with wide rows): regroup
-    # `wi` input block rows and `fold` output block rows into one TMA row; SMEM refs are
-    # reshaped back for the register loads/stores. The interpreter cannot reshape SMEM refs
-    # and has no such limits: it keeps one block row per TMA row.
-    if interpreting():
-        wi = fold = 1
-    else:
-        wi = 1  # (Mosaic's layout inference cannot load a WGMMA tile from a reshaped ref)
-        row_bytes = ow * np.dtype(odt).itemsize
-        # (Regrouped stores of rows >= 32 bytes do not pass Mosaic's layout inference.)
-        fold = max(1, min(cfg.tma_row_bytes // row_bytes, chunk)) if row_bytes < 32 else 1
+    # TMA copies move GMEM rows of >= 16 bytes (and are faster with wide rows): `fold` output
+    # block rows of 8 or 16 bytes form one TMA row; the SMEM ref is reshaped back for the
+    # register stores (Mosaic's layout inference rejects that reshape for rows of >= 32 bytes).
+    # The interpreter cannot reshape SMEM refs and has no such limits: it keeps one block row.
+    row_bytes = ow * np.dtype(odt).itemsize
+    fold = 1 if interpreting() or row_bytes >= 32 else \
+        max(1, min(cfg.tma_row_bytes // row_bytes, chunk))
     oc = chunk // fold
-    ic = chunk // wi
 
     def body(x_g, p_g, o_g, s_g, x_s, p_s, o_s, s_s, bar):
         i = lax.axis_index("tiles")
 
-        def load(t, slot):
+        def fetch(t, slot):
             row0 = (i * tiles + t) * tr
             for c in range(n):
-                plgpu.copy_gmem_to_smem(x_g.at[_ds((row0 + c * chunk) // wi, ic)],
-                                        x_s.at[slot, _ds(c * ic, ic)],
+                plgpu.copy_gmem_to_smem(x_g.at[_ds(row0 + c * chunk, chunk)],
+                                        x_s.at[slot, _ds(c * chunk, chunk)],
                                         bar.at[slot * n + c])
 
         plgpu.copy_gmem_to_smem(p_g, p_s, bar.at[slots * n])
-        load(0, 0)
+        for t in range(slots):
+            fetch(t, t)
         plgpu.barrier_wait(bar.at[slots * n])
         params = _load_params(p_s, (tr,)) if cfg.kind == "nv" else {}
-        for t in range(tiles):
-            slot = t % slots
-            if t + 1 < tiles:
-                load(t + 1, (t + 1) % slots)
+
+        @pl.loop(0, tiles)
+        def _(t):
+            slot = lax.rem(t, slots)
             for c in range(n):
                 plgpu.barrier_wait(bar.at[slot * n + c])
-            xv = x_s.at[slot] if wi == 1 else x_s.at[slot].reshape(tr, ww)
-            w = plgpu.load(xv, layout=plgpu.Layout.WGMMA)
-            if cfg.variant is Variant.MOVE_ONLY:
-                scales = jnp.max(w, axis=1)
-                codes = w.astype(odt)
-            else:
-                xs, mag = _widen_amax(w, cfg)
-                amax = jnp.max(mag, axis=1)
-                scales, per_block = _per_block(amax, cfg, params)
-                bc = lambda v: lax.broadcast_in_dim(v, (tr, ww), [0])  # noqa: E731
-                codes = _codes_from(xs, cfg, per_block, bc)
-            if t >= slots:  # the stores of tile t - slots must have read this slot
-                plgpu.wait_smem_to_gmem(2 * n * (slots - 1), wait_read_only=True)
+            codes, scales = compute(plgpu.load(x_s.at[slot], layout=lay), params)
+            # the TMA stores that last read this slot (tile t - slots) must be done reading
+            plgpu.wait_smem_to_gmem(slots - 1, wait_read_only=True)
             if fold == 1:
                 o_s.at[slot][...] = codes
             else:
                 o_s.at[slot].reshape(tr, ow)[...] = codes
-            s_s.at[slot][...] = scales.astype(jnp.uint8)
-            plgpu.commit_smem()
+            s_s.at[slot][...] = scales
+            plgpu.commit_smem()  # also a warpgroup barrier: every thread has read x_s[slot]
             row0 = (i * tiles + t) * tr
             for c in range(n):
                 plgpu.copy_smem_to_gmem(o_s.at[slot, _ds(c * oc, oc)],
-                                        o_g.at[_ds((row0 + c * chunk) // fold, oc)])
+                                        o_g.at[_ds((row0 + c * chunk) // fold, oc)],
+                                        commit_group=False)
                 plgpu.copy_smem_to_gmem(s_s.at[slot, _ds(c * chunk, chunk)],
-                                        s_g.at[_ds(row0 + c * chunk, chunk)])
+                                        s_g.at[_ds(row0 + c * chunk, chunk)],
+                                        commit_group=False)
+            plgpu.commit_smem_to_gmem_group()
+
+            @pl.when(t + slots < tiles)
+            def _():
+                fetch(t + slots, slot)
+
         plgpu.wait_smem_to_gmem(0)
 
-    kern = plgpu.kernel(
+    return plgpu.kernel(
         body,
-        out_type=(jax.ShapeDtypeStruct((num_rows // fold, ow * fold), odt),
-                  jax.ShapeDtypeStruct((num_rows,), jnp.uint8)),
-        grid=(num_rows // (tr * tiles),), grid_names=("tiles",),
-        scratch_types=[plgpu.SMEM((slots, tr // wi, ww * wi), jnp.uint32),
-                       plgpu.SMEM((4,), jnp.uint32),
+        out_type=(jax.ShapeDtypeStruct((num_rows // fold, ow * fold), odt), out_scales),
+        grid=grid, grid_names=("tiles",),
+        scratch_types=[plgpu.SMEM((slots, tr, ww), jnp.uint32),
+                       plgpu.SMEM((NUM_PARAMS,), jnp.uint32),
                        plgpu.SMEM((slots, tr // fold, ow * fold), odt),
-                       plgpu.SMEM((slots, tr), jnp.uint8),
+                       plgpu.SMEM((slots, tr), u8),
                        plgpu.Barrier(num_barriers=slots * n + 1)],
     )
-
-    def run(words: Any, params: Any) -> Any:  # the regrouping is a free reshape in XLA
-        return kern(words.reshape(num_rows // wi, ww * wi), params)
-
-    return run
 
 
 def _build_token_block(cfg: QuantKernelConfig, num_blocks: int) -> Any:
@@ -816,8 +1032,13 @@ def _nv_params(amax_bits: Any, fmt: BlockFormat, global_scale: Any, global_encod
     k_m = (kb & _U(0x7FFFFF)) | _U(0x3F800000)
     k_e = field - 127
     nan = (kb & _U(0x7FFFFFFF)) > _U(_F32_INF)
-    params = jnp.stack([k_m, k_e.astype(jnp.uint32), _bits(jnp.asarray(g, jnp.float32)),
-                        nan.astype(jnp.uint32)])
+    # fl(1/fl(s_j·g)) for the eight UE4M3 significands s_j = 1 + j/8, by the emulator's exact
+    # division: the kernel's per-block 1/fl(s·g) is R[j(s)]·2^-e(s), exactly (see _nv_block).
+    sig = jnp.asarray(1.0 + np.arange(8, dtype=np.float32) / np.float32(8.0), jnp.float32)
+    recip = blocks.div_f32(one, sig if g_dec is None else blocks.mul_f32(sig, g_dec))
+    params = jnp.concatenate([
+        jnp.stack([k_m, k_e.astype(jnp.uint32), _bits(jnp.asarray(g, jnp.float32)),
+                   nan.astype(jnp.uint32)]), _bits(recip)])
     return params, g_dec
 
 
@@ -836,10 +1057,11 @@ def _words(x: Any, cfg: QuantKernelConfig) -> Any:
 def gpu_quantize(x: Any, fmt: BlockFormat, *, axis: int = -1,
                   geometry: Geometry = Geometry.BLOCK, global_scale: Any = None,
                   global_encode_scale: Any = None, pack: bool | None = None,
-                  block_rows: int = 256, token_blocks: int = 2,
+                  block_rows: int | None = None, token_blocks: int = 2,
                   element_path: ElementPath | None = None,
-                  variant: Variant = Variant.FULL, tiles_per_cta: int = 2,
-                  tma_row_bytes: int = 512) -> QuantizedArray:
+                  variant: Variant = Variant.FULL, tiles_per_cta: int | None = None,
+                  tma_row_bytes: int = 512, lanes: int | None = None,
+                  transfer: Transfer | None = None, stages: int = 2) -> QuantizedArray:
     """Quantize ``x`` on the GPU (or in interpret mode); same result as ``blocks.quantize``.
 
     ``axis`` must be -1 for ``BLOCK`` and -2 for ``TOKEN_BLOCK`` (transpose first otherwise).
@@ -873,7 +1095,8 @@ def gpu_quantize(x: Any, fmt: BlockFormat, *, axis: int = -1,
     if geometry is Geometry.BLOCK:
         cfg = QuantKernelConfig(fmt=fmt, geometry=geometry, in_dtype=bf, block_rows=block_rows,
                                 element_path=element_path, variant=variant,
-                                tiles_per_cta=tiles_per_cta, tma_row_bytes=tma_row_bytes)
+                                tiles_per_cta=tiles_per_cta, tma_row_bytes=tma_row_bytes,
+                                lanes=lanes, transfer=transfer, stages=stages)
     else:
         cfg = QuantKernelConfig(fmt=fmt, geometry=geometry, in_dtype=bf,
                                 token_blocks=token_blocks, head_dim=shape[-1],
@@ -902,7 +1125,7 @@ def _quantize_jit(x: Any, global_scale: Any, global_encode_scale: Any, *,
             amax_bits = jnp.max(words & _U(0x7FFFFFFF))
         params, g_dec = _nv_params(amax_bits, fmt, global_scale, global_encode_scale)
     else:
-        params = jnp.zeros((4,), jnp.uint32)
+        params = jnp.zeros((NUM_PARAMS,), jnp.uint32)
     if cfg.geometry is Geometry.BLOCK:
         rows = x.size // fmt.block_size
         codes, scales = build_kernel(cfg, rows)(words.reshape(rows, cfg.words_per_block), params)

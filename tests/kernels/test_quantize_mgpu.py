@@ -132,18 +132,51 @@ def test_e2m1_threshold_codes_every_bf16_pattern_and_scale():
         np.testing.assert_array_equal(got, want, err_msg=f"k={k}")
 
 
-def test_float_path_e2m1_bit_trick_every_normal_bf16_pattern():
-    """The FLOAT path's E2M1 rounding (exact on the GPU). On XLA:CPU only inputs that are not
-    float32 subnormals can be checked (DAZ), which covers every rounding decision."""
+def test_float_path_mxfp4_codes_every_bf16_pattern_numpy():
+    """The FLOAT path's MXFP4 element codes (magic-add rounding, sign, NaN -> +0, Inf
+    saturating), run on NumPy (IEEE, subnormals kept, as on the GPU) for every bfloat16 pattern
+    (even/odd pairs packed into bytes, as from 16-bit input) and power-of-two factors."""
     x = all_bf16_as_f32()
-    x = x[(np.abs(x) >= 2.0 ** -126) | (x == 0) | ~np.isfinite(x)]
     pol = Policy(nan=NanPolicy.ZERO)
-    f = _j(lambda b, s: Q._e2m1_codes_float(b, s))
-    for k in (-100, -3, 0, 1, 5, 100):
+    b = _bits(x)
+    for k in (-127, -100, -3, 0, 1, 5, 100, 127):
         want = codec.encode(B.ldexp_f32(x, np.int32(-k)), E2M1, pol)
-        s = jnp.full(x.shape, np.float32(2.0 ** -k))
-        np.testing.assert_array_equal(np.asarray(f(jnp.asarray(_bits(x)), s)), want,
-                                      err_msg=f"k={k}")
+        s = np.float32(2.0 ** -k) if k < 127 else np.float32(2.0 ** -127)
+        with np.errstate(all="ignore"):
+            got = Q._fp4_codes_float((b[0::2], b[1::2]), s)
+        np.testing.assert_array_equal(got & 0xF, want[0::2], err_msg=f"k={k}")
+        np.testing.assert_array_equal(got >> 4, want[1::2], err_msg=f"k={k}")
+
+
+def test_float_path_e2m1_magnitude_by_magic_add_every_bf16_pattern_numpy():
+    """The NVFP4 FLOAT path's E2M1 rounding (fl(a + M) - M, then ·2^-126), run on NumPy (IEEE,
+    subnormals kept, as on the GPU) for every non-NaN bfloat16 pattern times power-of-two and
+    NVFP4-like encode factors, against the emulator's product and encoder."""
+    x = all_bf16_as_f32()
+    x = x[~np.isnan(x)]
+    pol = Policy(nan=NanPolicy.ZERO)
+    rng = np.random.default_rng(11)
+    factors = [1.0, 2.0 ** -3, 3.0e-3, 1.0 / 2688, 7.1e5, 2.0 ** 100, 2.0 ** -100,
+               np.finfo(np.float32).max]
+    factors += list(rng.uniform(0.5, 2.0, 6) * 2.0 ** rng.integers(-60, 60, 6))
+    with np.errstate(all="ignore"):
+        for s in factors:
+            s = np.float32(s)
+            want = codec.encode(B.mul_f32(x, s), E2M1, pol).astype(np.uint32) & U(7)
+            got = Q.e2m1_magnitude_float(x * s)
+            np.testing.assert_array_equal(got, want, err_msg=f"s={s}")
+
+
+def test_float_path_e2m1_magnitude_float32_ties_and_neighbours_numpy():
+    vals = codec.decode(np.arange(8, dtype=np.uint8), E2M1).astype(np.float32)
+    mids = ((vals[1:].astype(np.float64) + vals[:-1]) / 2).astype(np.float32)
+    pts = np.concatenate([vals, mids, np.float32([6.5, 7.0, 8.0, 1e30, np.inf, 2.0 ** -149, 0.0])])
+    b = pts.view(np.uint32).astype(np.int64)
+    near = np.concatenate([b + d for d in range(-4, 5)])
+    near = near[(near >= 0) & (near < 0x7F800001)].astype(np.uint32).view(np.float32)
+    want = codec.encode(near, E2M1, Policy(nan=NanPolicy.ZERO)).astype(np.uint32) & U(7)
+    np.testing.assert_array_equal(Q.e2m1_magnitude_float(near), want)
+    np.testing.assert_array_equal(Q.e2m1_magnitude_float(-near), want)
 
 
 def test_float_path_fp8_within_range_on_cpu():
@@ -170,9 +203,7 @@ def test_nvfp4_block_and_element_arithmetic(g):
     def f(bits):
         amax = jnp.max(bits & U(0x7FFFFFFF), axis=1)
         params, _ = Q._nv_params(amax.max(), NV_CONST, jnp.float32(g), None)
-        p = {"k_m": jax.lax.bitcast_convert_type(params[0], jnp.float32),
-             "k_e": params[1].astype(jnp.int32),
-             "g": jax.lax.bitcast_convert_type(params[2], jnp.float32), "nan": params[3] != 0}
+        p = Q.params_dict(list(params))
         s_code, enc_m, enc_e, nan, _ = Q._nv_block(amax, p)
         codes = Q._nv_codes(bits, enc_m[:, None], enc_e[:, None], nan[:, None])
         return s_code, codes
@@ -180,6 +211,27 @@ def test_nvfp4_block_and_element_arithmetic(g):
     s_code, codes = _j(f)(jnp.asarray(_bits(x)))
     np.testing.assert_array_equal(np.asarray(s_code), want.scales[:, 0])
     np.testing.assert_array_equal(np.asarray(codes), want.codes)
+
+    # The FLOAT path as the GPU runs it (one multiply for amax·k, the magic-add E2M1 rounding,
+    # the NaN-block mask), checked on XLA:CPU where its FTZ/DAZ cannot matter: blocks whose
+    # elements are all normal, zero, Inf or NaN.
+    def f_float(bits):
+        amax = jnp.max(bits & U(0x7FFFFFFF), axis=1)
+        params, _ = Q._nv_params(amax.max(), NV_CONST, jnp.float32(g), None)
+        p = Q.params_dict(list(params))
+        s_code, _, _, nan, enc = Q._nv_block(amax, p, ieee=True)
+        return s_code, nan, enc
+
+    a = np.abs(x)
+    ok = np.all((a >= 2.0 ** -126) | (a == 0) | ~np.isfinite(a), axis=1)
+    s_f, nan, enc = (np.asarray(v) for v in _j(f_float)(jnp.asarray(_bits(x))))
+    b = _bits(x).reshape(-1, 8, 2)  # (even, odd) elements of each byte
+    with np.errstate(all="ignore"):  # the element step on NumPy: IEEE, as on the GPU
+        y = Q._fp4_codes_float((b[..., 0], b[..., 1]), enc[:, None], block_nan=nan[:, None])
+    unpacked = np.stack([y & 0xF, y >> 4], axis=-1).reshape(-1, 16)
+    np.testing.assert_array_equal(np.asarray(s_f)[ok], want.scales[ok, 0])
+    np.testing.assert_array_equal(unpacked[ok], want.codes[ok])
+    assert ok.sum() > 3000
 
 
 # --- layer 2: whole kernels in GPU interpret mode --------------------------------------------
@@ -257,6 +309,18 @@ def test_double_buffered_ctas_race_free_and_exact(tiles):
            emu_quantize(x, B.NVFP4_SINGLE, pack=True))
 
 
+@pytest.mark.parametrize("transfer,lanes,stages,tiles", [
+    (Q.Transfer.TMA, 1, 3, 6), (Q.Transfer.TMA, 4, 2, 3), (Q.Transfer.DIRECT, 1, 2, 3),
+    (Q.Transfer.DIRECT, 2, 2, 2), (Q.Transfer.DIRECT, 4, 2, 1)])
+def test_transfers_lanes_and_ring_depths_race_free_and_exact(transfer, lanes, stages, tiles):
+    """Every data path (TMA ring of 2-3 slots around a CTA loop, direct GMEM loads), each with
+    1, 2 or 4 threads per scale block (race detector on)."""
+    x = special_tensor((192, 64), BF16, seed=9)  # 3 tiles of 128 MX blocks, 6 of NVFP4 blocks
+    kw = dict(block_rows=128, transfer=transfer, lanes=lanes, stages=stages, tiles_per_cta=tiles)
+    _check(_run(x, B.MXFP8_E4M3, **kw), emu_quantize(x, B.MXFP8_E4M3))
+    _check(_run(x, B.NVFP4_SINGLE, **kw), emu_quantize(x, B.NVFP4_SINGLE, pack=True))
+
+
 @pytest.mark.parametrize("fmt", [B.MXFP8_E4M3, B.MXFP4], ids=lambda f: f.name)
 @pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)], ids=str)
 def test_token_block_kernel_interpret_matches_emulator(fmt, dtype):
@@ -300,11 +364,14 @@ def test_swizzled_scales_use_the_emulator_layout():
 
 # --- layer 3: cross-lowering ----------------------------------------------------------------
 @pytest.mark.parametrize("cfg", Q.shipped_configs() + tuple(
-    Q.QuantKernelConfig(fmt=f, element_path=Q.ElementPath.INTEGER, tiles_per_cta=t,
-                        tma_row_bytes=rb)
-    for f in (B.MXFP8_E4M3, B.MXFP4, B.NVFP4) for t, rb in ((1, 16), (4, 512))),
+    Q.QuantKernelConfig(fmt=f, element_path=Q.ElementPath.INTEGER, transfer=tr, lanes=ln,
+                        tiles_per_cta=t, stages=st, tma_row_bytes=rb)
+    for f in (B.MXFP8_E4M3, B.MXFP4, B.NVFP4)
+    for tr, ln, t, st, rb in ((Q.Transfer.TMA, 1, 1, 2, 16), (Q.Transfer.TMA, 4, 8, 3, 512),
+                              (Q.Transfer.DIRECT, 2, 4, 2, 512))),
     ids=lambda c: (f"{c.fmt.name}-{c.in_dtype}-{c.geometry.name}-{c.element_path}-"
-                   f"{c.tiles_per_cta}-{c.tma_row_bytes}"))
+                   f"{c.transfer.name}-L{c.lanes}-t{c.tiles_per_cta}-s{c.stages}-"
+                   f"{c.tma_row_bytes}"))
 def test_every_shipped_config_cross_lowers_for_sm90a(cfg):
     rows = 1024
     if cfg.geometry is B.Geometry.BLOCK:
@@ -312,7 +379,7 @@ def test_every_shipped_config_cross_lowers_for_sm90a(cfg):
     else:
         words = jax.ShapeDtypeStruct((rows, 32, cfg.words_per_block), jnp.uint32)
     text = cross_lower(Q.build_kernel(cfg, rows), words,
-                       jax.ShapeDtypeStruct((4,), jnp.uint32), arch=Arch.SM90A)
+                       jax.ShapeDtypeStruct((Q.NUM_PARAMS,), jnp.uint32), arch=Arch.SM90A)
     assert "mosaic_gpu" in text
 
 
@@ -347,15 +414,33 @@ def test_bad_configurations_raise_naming_the_argument():
         Q.QuantKernelConfig(fmt=B.MXFP8, block_rows=100)
     with pytest.raises(TypeError, match="fmt"):
         Q.gpu_quantize(x, "MXFP8")
+    with pytest.raises(ValueError, match="lanes"):
+        Q.QuantKernelConfig(fmt=B.MXFP8, lanes=3)
+    with pytest.raises(ValueError, match="stages"):
+        Q.QuantKernelConfig(fmt=B.MXFP8, stages=0)
+    with pytest.raises(TypeError, match="transfer"):
+        Q.QuantKernelConfig(fmt=B.MXFP8, transfer="tma")
+
+
+def test_default_tiling_is_the_measured_best_and_explicit_fields_win():
+    bf8 = Q.QuantKernelConfig(fmt=B.MXFP8_E4M3)
+    assert (bf8.transfer, bf8.lanes, bf8.block_rows, bf8.tiles_per_cta) == \
+        (Q.Transfer.DIRECT, 4, 128, 1)
+    f32 = Q.QuantKernelConfig(fmt=B.MXFP8_E4M3, in_dtype=np.float32)
+    assert (f32.lanes, f32.block_rows) == (4, 256)
+    nv = Q.QuantKernelConfig(fmt=B.NVFP4)
+    assert (nv.transfer, nv.lanes, nv.block_rows) == (Q.Transfer.DIRECT, 1, 256)
+    tma = Q.QuantKernelConfig(fmt=B.NVFP4, transfer=Q.Transfer.TMA, lanes=2)
+    assert (tma.lanes, tma.tiles_per_cta) == (2, 2)
+    assert hash(bf8) == hash(Q.QuantKernelConfig(fmt=B.MXFP8_E4M3, lanes=4))
 
 
 # --- on the H200 ------------------------------------------------------------------------------
-def _gpu_case(fmt, x, element_path=None, tiles_per_cta=2, **kw):
+def _gpu_case(fmt, x, element_path=None, tiling=None, **kw):
     from fp4sim.formats import blocks
 
     q = jax.block_until_ready(jax.jit(functools.partial(
-        Q.gpu_quantize, fmt=fmt, element_path=element_path, tiles_per_cta=tiles_per_cta,
-        **kw))(x))
+        Q.gpu_quantize, fmt=fmt, element_path=element_path, **(tiling or {}), **kw))(x))
     emu = jax.jit(functools.partial(blocks.quantize, fmt=fmt, pack=q.packed, **kw))
     _check(q, jax.block_until_ready(emu(x)))
 
@@ -376,7 +461,9 @@ def test_gpu_8192_integer_path_and_ring(fmt):
 
     kw = {"global_scale": jnp.float32(2.0 ** -7)} if fmt is NV_CONST else {}
     _gpu_case(fmt, test_tensor(8192, BF16), element_path=Q.ElementPath.INTEGER, **kw)
-    _gpu_case(fmt, test_tensor(8192, BF16), tiles_per_cta=1, **kw)
+    _gpu_case(fmt, test_tensor(8192, BF16), **kw,
+              tiling=dict(transfer=Q.Transfer.TMA, lanes=1, block_rows=256, tiles_per_cta=4,
+                          stages=3))
 
 
 @pytest.mark.gpu
@@ -385,6 +472,16 @@ def test_gpu_8192_nvfp4():
 
     _gpu_case(B.NVFP4, test_tensor(8192, BF16, finite=True))
     _gpu_case(NV_CONST, test_tensor(8192, BF16), global_scale=jnp.float32(2.0 ** -7))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("g", [3.0e-3, 7.1e5, 1.0 / 2688, 2.0 ** -117, 1.0])
+def test_gpu_nvfp4_encode_factor_exact_for_any_decode_factor(g):
+    """The per-block 1/fl(s·g) comes from the exactly divided table R[j]·2^-e: arbitrary
+    significands of g, every UE4M3 scale (blocks spanning 2^±40), NaN/Inf/zero blocks."""
+    x = jnp.asarray(special_tensor((512, 256), BF16, seed=12))
+    _gpu_case(NV_CONST, x, global_scale=jnp.float32(g))
+    _gpu_case(NV_CONST, x, global_scale=jnp.float32(g), element_path=Q.ElementPath.INTEGER)
 
 
 @pytest.mark.gpu
