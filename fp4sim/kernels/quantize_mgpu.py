@@ -16,11 +16,13 @@ element per word. The tensor is then seen as a matrix whose rows are scale block
 ``block_rows`` rows each. Per tile:
 
 1. the rows are loaded into registers in a *row layout* (:func:`_row_layout`): ``lanes``
-   consecutive threads share one row, each holding consecutive words as 16-byte vectors, so
-   consecutive lanes read consecutive memory. ``Transfer.DIRECT`` (the default) loads straight
-   from GMEM with vector loads and no SMEM, barriers or TMA; the many resident CTAs keep the
-   loads in flight (with ``tiles_per_cta > 1`` the next tile's loads are issued before this
-   tile is converted). ``Transfer.TMA`` copies tiles into a ring of ``stages`` SMEM slots first;
+   consecutive threads share one row, each holding consecutive words as vectors of
+   ``vector_words`` words (16 or 32 bytes), so consecutive lanes read consecutive memory; with
+   ``lanes == 1`` a thread may own ``rows_per_thread`` consecutive rows. ``Transfer.DIRECT``
+   (the default) loads straight from GMEM with vector loads and no SMEM, barriers or TMA; the
+   many resident CTAs keep the loads in flight (with ``tiles_per_cta > 1`` the next tile's
+   loads are issued before this tile is converted). ``Transfer.TMA`` copies tiles into a ring
+   of ``stages`` SMEM slots first;
 2. each row is reduced to its block max-abs: inside a thread when ``lanes == 1`` (plus one or
    two shuffles otherwise); on the hardware FLOAT path as ``max.NaN.f32`` over ``|x|``, on the
    INTEGER path as an integer max over ``bits & 0x7FFFFFFF`` (both exact and NaN-aware);
@@ -33,7 +35,9 @@ element per word. The tensor is then seen as a matrix whose rows are scale block
 The defaults (:func:`_default_tiling`) are the fastest measured on the H200: FP8 from 16-bit
 input uses ``lanes=4`` and 128-row tiles (fully coalesced 16-byte loads), the FP4 formats
 ``lanes=1`` and 256-row tiles (a thread owns whole blocks, so the per-block scale arithmetic
-runs once per block instead of once per sharing thread).
+runs once per block instead of once per sharing thread); NVFP4 from bfloat16 additionally
+``vector_words=8, rows_per_thread=2`` (a thread owns two consecutive blocks as 32-byte
+vectors: 16 contiguous code bytes, written as two 8-byte stores).
 
 ``TOKEN_BLOCK`` geometry (32 tokens x the whole head dimension share one power-of-two scale)
 uses a second body: each CTA takes ``token_blocks`` such (32, D) blocks, reduces each with a
@@ -88,7 +92,8 @@ Public names
 ============
 ``QuantKernelConfig``  frozen, hashable: ``fmt``, ``geometry``, ``in_dtype``, ``block_rows``
                        (scale blocks per tile), ``tiles_per_cta``, ``lanes``, ``transfer``,
-                       ``stages``, ``tma_row_bytes``, ``token_blocks``/``head_dim``
+                       ``stages``, ``tma_row_bytes``, ``vector_words``,
+                       ``rows_per_thread``, ``token_blocks``/``head_dim``
                        (TOKEN_BLOCK), ``element_path``, ``variant``. Tiling fields left None
                        get the measured defaults.
 ``ElementPath``        INTEGER / FLOAT (see above); ``Variant``: FULL / MOVE_ONLY (a timing
@@ -97,8 +102,9 @@ Public names
 ``gpu_quantize(x, fmt, *, axis=-1, geometry=Geometry.BLOCK, global_scale=None,
                global_encode_scale=None, pack=None, block_rows=None, token_blocks=2,
                element_path=None, variant=Variant.FULL, tiles_per_cta=None, tma_row_bytes=512,
-               lanes=None, transfer=None, stages=2)
-               -> QuantizedArray``  (``pack`` defaults to True for FP4, False otherwise)
+               lanes=None, transfer=None, stages=2, vector_words=None,
+               rows_per_thread=None) -> QuantizedArray``
+                       (``pack`` defaults to True for FP4, False otherwise)
 ``e2m1_magnitude_float(y)``  the FLOAT path's E2M1 rounding (any array namespace).
 ``check_supported(fmt, geometry, dtype)``  the validation ``gpu_quantize`` does first.
 ``build_kernel(config, num_rows)``  the kernel callable ``(words, params) -> (codes, scales)``
@@ -265,14 +271,25 @@ def _default_tiling(cfg: Any) -> dict[str, Any]:
     transfers, one CTA per tile; FP8 from 16-bit input lets four threads share a 64-byte block
     row (fully coalesced 16-byte loads) in tiles of 128 rows (256 from float32 input); the FP4
     formats give each thread whole blocks (their per-block arithmetic then runs once per block,
-    not once per thread sharing it)."""
-    mx8 = _fmt_key(cfg.fmt) == "mx8"
-    mx8_16 = mx8 and np.dtype(cfg.in_dtype).itemsize == 2
+    not once per thread sharing it). NVFP4 from bfloat16 input (DIRECT, one lane per block)
+    also gives each thread two consecutive blocks held as 32-byte vectors (16 contiguous code
+    bytes per thread, 8-byte stores): 1.5-4 % faster than 16-byte vectors and one block per
+    thread in the side-by-side H200 run (faster in 7-9 of 10 interleaved rounds in every NVFP4
+    case); the same change made MXFP4 5 % slower, so it keeps the one-block tiling (float16
+    and float32 input were not timed with it and keep it too)."""
+    kind = _fmt_key(cfg.fmt)
+    mx8 = kind == "mx8"
+    paired = np.dtype(cfg.in_dtype).itemsize == 2
     transfer = cfg.transfer if cfg.transfer is not None else Transfer.DIRECT
+    lanes = cfg.lanes if cfg.lanes is not None else (4 if mx8 else 1)
+    wide = (kind == "nv" and np.dtype(cfg.in_dtype) == np.dtype(ml_dtypes.bfloat16)
+            and transfer is Transfer.DIRECT and lanes == 1)
     return {"transfer": transfer,
-            "lanes": 4 if mx8 else 1,
-            "block_rows": 128 if mx8_16 else 256,
-            "tiles_per_cta": 1 if transfer is Transfer.DIRECT else 2}
+            "lanes": lanes,
+            "block_rows": 128 if mx8 and paired else 256,
+            "tiles_per_cta": 1 if transfer is Transfer.DIRECT else 2,
+            "vector_words": 8 if wide else 4,
+            "rows_per_thread": 2 if wide else 1}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -293,6 +310,9 @@ class QuantKernelConfig:
     lanes: int | None = None  # BLOCK: threads sharing one scale block (1: whole blocks)
     transfer: Transfer | None = None  # BLOCK: DIRECT (GMEM <-> registers) or TMA (SMEM ring)
     stages: int = 2  # BLOCK, TMA: depth of the SMEM ring (tiles in flight per CTA)
+    vector_words: int | None = None  # BLOCK: input words per register vector (4: 16-byte
+    #                                  loads; 8: 32-byte vectors, i.e. 8-byte FP4 code stores)
+    rows_per_thread: int | None = None  # BLOCK, lanes == 1: consecutive rows one thread owns
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "in_dtype", np.dtype(self.in_dtype))
@@ -311,6 +331,15 @@ class QuantKernelConfig:
             raise TypeError(f"QuantKernelConfig.transfer={self.transfer!r} must be a Transfer")
         if self.lanes not in (1, 2, 4):
             raise ValueError(f"QuantKernelConfig.lanes={self.lanes!r}; allowed: 1, 2, 4")
+        if self.vector_words not in (4, 8):
+            raise ValueError(f"QuantKernelConfig.vector_words={self.vector_words!r}; allowed: "
+                             f"4, 8")
+        if self.rows_per_thread not in (1, 2, 4):
+            raise ValueError(f"QuantKernelConfig.rows_per_thread={self.rows_per_thread!r}; "
+                             f"allowed: 1, 2, 4")
+        if self.rows_per_thread > 1 and self.lanes != 1:
+            raise ValueError(f"QuantKernelConfig.rows_per_thread={self.rows_per_thread} needs "
+                             f"lanes=1 (got lanes={self.lanes})")
         if not isinstance(self.stages, int) or isinstance(self.stages, bool) or \
                 not 1 <= self.stages <= 8:
             raise ValueError(f"QuantKernelConfig.stages={self.stages!r}; allowed: 1 to 8")
@@ -792,37 +821,45 @@ def build_kernel(cfg: QuantKernelConfig, num_rows: int) -> Any:
     return _build_block(cfg, num_rows)
 
 
-def _row_layout(ww: int, lanes: int) -> Any:
+def _row_layout(ww: int, lanes: int, vector_words: int = 4, rows_per_thread: int = 1) -> Any:
     """The register layout of a ``(rows, ww)`` word tile in which ``lanes`` consecutive threads
-    share one row (one scale block), each holding ``ww/lanes`` consecutive words as 16-byte
-    vectors (8 bytes when a thread holds only two words). Consecutive lanes read consecutive
-    memory, so loads are coalesced and SMEM reads conflict at most ``4/lanes``-way; with
-    ``lanes == 1`` the block max and the per-block scale arithmetic stay inside one thread
-    (no shuffles, no replicated scale math)."""
+    share one row (one scale block), each holding ``ww/lanes`` consecutive words as vectors of
+    ``vector_words`` words (fewer when a thread holds fewer). Consecutive lanes read
+    consecutive memory, so loads are coalesced and SMEM reads conflict at most
+    ``4/lanes``-way; with ``lanes == 1`` the block max and the per-block scale arithmetic stay
+    inside one thread (no shuffles, no replicated scale math), and a thread may own
+    ``rows_per_thread`` consecutive rows (its codes and scales then are contiguous bytes).
+    Vectors of 8 words (32 bytes) become two 16-byte loads and, for packed FP4, one 8-byte
+    code store per row."""
     from jax.experimental.mosaic.gpu import fragmented_array as fa
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    vec = min(4, ww // lanes)
-    tiling = fa.Tiling(((128 // lanes, ww), (32 // lanes, ww), (1, ww // lanes), (1, vec)))
+    vec = min(vector_words, ww // lanes)
+    r = rows_per_thread
+    tiling = fa.Tiling(((128 * r // lanes, ww), (32 * r // lanes, ww), (r, ww // lanes),
+                        (1, vec)))
     lay = fa.TiledLayout(tiling, warp_dims=(-8,), lane_dims=(-6, -5), vector_dim=-1,
                          _check_canonical=False).canonicalize()
     return plgpu.Layout.TILED(lay.tiling, warp_dims=lay.warp_dims, lane_dims=lay.lane_dims,
                               vector_dim=lay.vector_dim)
 
 
-def _block_geometry(cfg: QuantKernelConfig, num_rows: int) -> tuple[int, int, int]:
-    """(rows per tile, tiles per CTA, lanes per block) for ``num_rows`` scale blocks."""
+def _block_geometry(cfg: QuantKernelConfig, num_rows: int) -> tuple[int, int, int, int]:
+    """(rows per tile, tiles per CTA, lanes per block, rows per thread) for ``num_rows``
+    scale blocks."""
     if num_rows % 64:
         raise ValueError(f"the input has {num_rows} scale blocks; the {cfg.fmt.name} kernel "
                          f"needs a multiple of 64 (pad the leading dimensions)")
     tr = math.gcd(cfg.block_rows, num_rows)  # a power of two >= 64
-    lanes = cfg.lanes
+    lanes, rpt = cfg.lanes, cfg.rows_per_thread
+    while rpt > 1 and tr % (128 * rpt):  # base tile: 128·rows_per_thread rows (lanes = 1)
+        rpt //= 2
     while tr % (128 // lanes):  # the layout's base tile is 128/lanes rows
         lanes *= 2
     tiles = cfg.tiles_per_cta
     while (num_rows // tr) % tiles:
         tiles -= 1
-    return tr, tiles, lanes
+    return tr, tiles, lanes, rpt
 
 
 def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
@@ -832,10 +869,10 @@ def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    tr, tiles, lanes = _block_geometry(cfg, num_rows)
+    tr, tiles, lanes, rpt = _block_geometry(cfg, num_rows)
     ww = cfg.words_per_block
     ow, odt = _out_words(cfg), _out_word_dtype(cfg)
-    lay = _row_layout(ww, lanes)
+    lay = _row_layout(ww, lanes, cfg.vector_words, rpt)
     u8 = jnp.uint8
 
     def compute(w: Any, params: dict) -> tuple[Any, Any]:
@@ -1061,7 +1098,9 @@ def gpu_quantize(x: Any, fmt: BlockFormat, *, axis: int = -1,
                   element_path: ElementPath | None = None,
                   variant: Variant = Variant.FULL, tiles_per_cta: int | None = None,
                   tma_row_bytes: int = 512, lanes: int | None = None,
-                  transfer: Transfer | None = None, stages: int = 2) -> QuantizedArray:
+                  transfer: Transfer | None = None, stages: int = 2,
+                  vector_words: int | None = None,
+                  rows_per_thread: int | None = None) -> QuantizedArray:
     """Quantize ``x`` on the GPU (or in interpret mode); same result as ``blocks.quantize``.
 
     ``axis`` must be -1 for ``BLOCK`` and -2 for ``TOKEN_BLOCK`` (transpose first otherwise).
@@ -1096,7 +1135,8 @@ def gpu_quantize(x: Any, fmt: BlockFormat, *, axis: int = -1,
         cfg = QuantKernelConfig(fmt=fmt, geometry=geometry, in_dtype=bf, block_rows=block_rows,
                                 element_path=element_path, variant=variant,
                                 tiles_per_cta=tiles_per_cta, tma_row_bytes=tma_row_bytes,
-                                lanes=lanes, transfer=transfer, stages=stages)
+                                lanes=lanes, transfer=transfer, stages=stages,
+                                vector_words=vector_words, rows_per_thread=rows_per_thread)
     else:
         cfg = QuantKernelConfig(fmt=fmt, geometry=geometry, in_dtype=bf,
                                 token_blocks=token_blocks, head_dim=shape[-1],

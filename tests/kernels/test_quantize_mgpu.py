@@ -420,6 +420,14 @@ def test_bad_configurations_raise_naming_the_argument():
         Q.QuantKernelConfig(fmt=B.MXFP8, stages=0)
     with pytest.raises(TypeError, match="transfer"):
         Q.QuantKernelConfig(fmt=B.MXFP8, transfer="tma")
+    with pytest.raises(ValueError, match="vector_words=16"):
+        Q.QuantKernelConfig(fmt=B.NVFP4, vector_words=16)
+    with pytest.raises(ValueError, match="rows_per_thread=3"):
+        Q.QuantKernelConfig(fmt=B.NVFP4, rows_per_thread=3)
+    with pytest.raises(ValueError, match="rows_per_thread=2 needs lanes=1"):
+        Q.QuantKernelConfig(fmt=B.NVFP4, rows_per_thread=2, lanes=2)
+    with pytest.raises(ValueError, match="vector_words"):
+        Q.gpu_quantize(x, B.MXFP4, vector_words=2)
 
 
 def test_default_tiling_is_the_measured_best_and_explicit_fields_win():
@@ -430,9 +438,84 @@ def test_default_tiling_is_the_measured_best_and_explicit_fields_win():
     assert (f32.lanes, f32.block_rows) == (4, 256)
     nv = Q.QuantKernelConfig(fmt=B.NVFP4)
     assert (nv.transfer, nv.lanes, nv.block_rows) == (Q.Transfer.DIRECT, 1, 256)
+    # NVFP4 from bfloat16: two blocks per thread as 32-byte vectors (measured faster); MXFP4,
+    # other input dtypes, shared blocks and the TMA ring keep one block in 16-byte vectors
+    assert (nv.vector_words, nv.rows_per_thread) == (8, 2)
+    for cfg in (Q.QuantKernelConfig(fmt=B.MXFP4), Q.QuantKernelConfig(fmt=B.NVFP4, lanes=2),
+                Q.QuantKernelConfig(fmt=B.NVFP4, in_dtype=np.float32),
+                Q.QuantKernelConfig(fmt=B.NVFP4, in_dtype=np.float16),
+                Q.QuantKernelConfig(fmt=B.NVFP4, transfer=Q.Transfer.TMA)):
+        assert (cfg.vector_words, cfg.rows_per_thread) == (4, 1), cfg
+    assert Q.QuantKernelConfig(fmt=B.NVFP4, rows_per_thread=1).vector_words == 8
     tma = Q.QuantKernelConfig(fmt=B.NVFP4, transfer=Q.Transfer.TMA, lanes=2)
     assert (tma.lanes, tma.tiles_per_cta) == (2, 2)
     assert hash(bf8) == hash(Q.QuantKernelConfig(fmt=B.MXFP8_E4M3, lanes=4))
+
+
+@pytest.mark.parametrize("num_rows,want", [(64, (64, 1, 2, 1)), (128, (128, 1, 1, 1)),
+                                           (256, (256, 1, 1, 2)), (1 << 20, (256, 1, 1, 2))])
+def test_rows_per_thread_falls_back_on_small_tiles(num_rows, want):
+    """(rows per tile, tiles per CTA, lanes, rows per thread): a tile smaller than 128 rows per
+    thread-row falls back to one row per thread, then to blocks shared by two lanes."""
+    assert Q._block_geometry(Q.QuantKernelConfig(fmt=B.NVFP4), num_rows) == want
+
+
+@pytest.mark.parametrize("fmt,dtype,tiling", [
+    (B.NVFP4, BF16, dict(vector_words=8, rows_per_thread=4, block_rows=1024)),
+    (NV_CONST, np.dtype(np.float32), dict(vector_words=8, rows_per_thread=2)),
+    (B.MXFP4, BF16, dict(vector_words=8, rows_per_thread=2))],
+    ids=lambda v: getattr(v, "name", str(v)))
+def test_wide_vector_tilings_interpret_match_emulator(fmt, dtype, tiling):
+    x = special_tensor((128, 256), dtype, finite=fmt is B.NVFP4, seed=9)
+    kw = {"global_scale": np.float32(2.0 ** -3)} if fmt is NV_CONST else {}
+    _check(_run(x, fmt, **kw, **tiling), emu_quantize(x, fmt, pack=True, **kw))
+
+
+def _mosaic_ops(stablehlo_text):
+    """The Mosaic GPU module inside a cross-lowered custom call, as MLIR text."""
+    import re
+
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+
+    blob = re.search(r'module = "((?:[^"\\]|\\.)*)"', stablehlo_text).group(1)
+    out, i = bytearray(), 0
+    while i < len(blob):  # undo the printer's escapes (\\, \", \XX hex)
+        if blob[i] == "\\":
+            if blob[i + 1] in '\\"':
+                out.append(ord(blob[i + 1]))
+                i += 2
+            else:
+                out.append(int(blob[i + 1:i + 3], 16))
+                i += 3
+        else:
+            out += blob[i].encode()
+            i += 1
+    ctx = mlir.make_ir_context()
+    ctx.allow_unregistered_dialects = True
+    with ctx:
+        return str(ir.Module.parse(bytes(out)))
+
+
+@pytest.mark.parametrize("tiling,loads,stores", [
+    (dict(vector_words=4, rows_per_thread=1), "vector<4xi32>", "vector<4xi8>"),
+    ({}, "vector<8xi32>", "vector<8xi8>"),  # the NVFP4 bf16 default
+    (dict(vector_words=8, rows_per_thread=4, block_rows=1024), "vector<8xi32>", "vector<8xi8>")],
+    ids=["16B", "default", "r4"])
+def test_nvfp4_tilings_cross_lower_to_the_intended_vector_accesses(tiling, loads, stores):
+    """Cross-lowered for sm_90a, every global load of the NVFP4 kernel moves ``loads`` and
+    every packed-code store ``stores`` (one byte per scale)."""
+    import re
+
+    cfg = Q.QuantKernelConfig(fmt=NV_CONST, **tiling)
+    rows = 4096
+    text = _mosaic_ops(cross_lower(Q.build_kernel(cfg, rows),
+                                   jax.ShapeDtypeStruct((rows, cfg.words_per_block), jnp.uint32),
+                                   jax.ShapeDtypeStruct((Q.NUM_PARAMS,), jnp.uint32)))
+    vec_loads = set(re.findall(r"llvm\.load.*-> (vector<\w+>)", text))
+    vec_stores = set(re.findall(r"llvm\.store\"\(\S+ \S+\) .*: \((vector<\w+>)", text))
+    assert vec_loads == {loads}
+    assert vec_stores == {stores, "vector<1xi8>"}
 
 
 # --- on the H200 ------------------------------------------------------------------------------
@@ -472,6 +555,10 @@ def test_gpu_8192_nvfp4():
 
     _gpu_case(B.NVFP4, test_tensor(8192, BF16, finite=True))
     _gpu_case(NV_CONST, test_tensor(8192, BF16), global_scale=jnp.float32(2.0 ** -7))
+    for tiling in (dict(vector_words=4, rows_per_thread=1),  # the previous default
+                   dict(vector_words=8, rows_per_thread=4, block_rows=1024)):
+        _gpu_case(NV_CONST, test_tensor(8192, BF16), global_scale=jnp.float32(2.0 ** -7),
+                  tiling=tiling)
 
 
 @pytest.mark.gpu
