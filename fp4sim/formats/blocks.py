@@ -79,8 +79,9 @@ Exactness and platforms
 Block amax is a max over the *integer* bit patterns of ``|x|`` (exact, NaN-aware, immune to XLA
 CPU's flush-to-zero). Power-of-two scales are applied by integer exponent arithmetic:
 ``dequantize`` with a correctly rounded (RNE) result even in the float32 subnormal range
-(``ldexp_f32``); ``quantize`` with a cheaper variant that is exact wherever the element encoder
-can tell the difference (results below 2^-126 become ±2^-149; see ``_scale_for_encode``).
+(``ldexp_f32``); ``quantize`` hands each block's exponent to the element encoder
+(``codec.encode(..., exp_shift=-e)``), which rounds the exact ``x·2^-e`` once, straight from the
+bits of ``x`` (no scaled float32 intermediate).
 The float32 multiplies of the UE4M3 (NVFP4) path go through ``mul_f32``: the significands are
 multiplied natively in [1, 4) and the exponent is applied with integers, which equals IEEE float32
 arithmetic whenever the result is normal, on every platform, FTZ or not (a product below 2^-126
@@ -372,69 +373,43 @@ def ldexp_f32(x: Any, k: Any) -> Any:
     return bitcast(xp.where(special, bits, out), np.float32)
 
 
-def _scale_for_encode(xp: Any, x: Any, k: Any) -> Any:
-    """``x · 2^k`` as the element encoder needs it, with integer operations only.
-
-    Exact wherever the result is a normal float32 (or zero, Inf, NaN, overflow to Inf). A result
-    below 2^-126 is replaced by ±2^-149 with the same sign: every element format's smallest step
-    is at least 2^-17, so under every :class:`~fp4sim.formats.spec.Policy` (nearest, directed,
-    stochastic with 32 random bits, flushing) such a value encodes exactly like the exact real
-    ``x · 2^k`` (±0, or the smallest subnormal when rounding away from zero). No rounding happens
-    here, so each element is rounded once, from its exact scaled value (a float32 intermediate
-    could round a tiny nonzero value to 0 and change a directed or stochastic rounding).
-    """
-    bits = _f32_bits(xp, x)
-    k = xp.asarray(k, dtype=np.int32)
-    sign = bits & _U(0x80000000)
-    field = ((bits >> _U(23)) & _U(0xFF)).astype(np.int32)
-    mant = bits & _U(0x7FFFFF)
-    n = _bitlen(xp, mant)  # subnormal inputs: normalize their mantissa
-    sub_e = n - 150 + k  # unbiased exponent of the result for a subnormal input
-    sub_bits = ((xp.clip(sub_e + 127, 1, 254).astype(np.uint32) << _U(23))
-                | ((mant << xp.clip(24 - n, 0, 23).astype(np.uint32)) & _U(0x7FFFFF)))
-    new = xp.where(field == 0, sub_e + 127, field + k)  # biased result exponent
-    nrm_bits = (xp.clip(new, 1, 254).astype(np.uint32) << _U(23)) | mant
-    out = xp.where(field == 0, sub_bits, nrm_bits)
-    out = xp.where(new >= 255, _U(0x7F800000), xp.where(new <= 0, _U(1), out))
-    out = xp.where((field == 255) | ((bits & _U(0x7FFFFFFF)) == 0), bits, sign | out)
-    return bitcast(out, np.float32)
-
-
-def _normalize(xp: Any, bits: Any) -> tuple[Any, Any]:
-    """(m, e) with |x| = m · 2^e, m a float32 in [1, 2) (finite nonzero x; garbage otherwise)."""
-    _, sig, exp = _split(xp, bits)
-    n = _bitlen(xp, sig)
-    e = exp + n - 1
-    shift = xp.clip(24 - n, 0, 31).astype(np.uint32)
-    m_bits = _U(127 << 23) | ((sig << shift) & _U(0x7FFFFF))
-    return bitcast(m_bits, np.float32), e
+def _mul_operand(xp: Any, x: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """``(m, e, proxy, plain, bits)`` of float32 ``x``: ``|x| = m·2^e`` with ``m`` a float32 in
+    [1, 2) when ``x`` is finite and nonzero (``plain``; garbage otherwise), ``proxy`` = ±1 there
+    and ``x`` itself for zeros, Inf and NaN. A subnormal is normalized through the exact, normal
+    float32 of its integer significand (no flush-to-zero can touch it)."""
+    u, i = np.uint32, np.int32
+    bits = bitcast(x, u)
+    mag = bits & u(0x7FFFFFFF)
+    sub = bitcast(mag.astype(i).astype(np.float32), u) - u(149 << 23)  # exponent may wrap < 0
+    mag = xp.where(mag <= u(0x7FFFFF), sub, mag)
+    e = (bitcast(mag, i) >> 23) - 127
+    m = bitcast(u(0x3F800000) | (mag & u(0x7FFFFF)), np.float32)
+    plain = ((bits & u(0x7FFFFFFF)) != 0) & ((bits & u(0x7F800000)) != u(0x7F800000))
+    proxy = xp.where(plain, bitcast((bits & u(0x80000000)) | u(0x3F800000), np.float32), x)
+    return m, e, proxy, plain, bits
 
 
 def _mul_f32(xp: Any, a: Any, b: Any) -> Any:
-    a = xp.asarray(a, dtype=np.float32)
-    b = xp.asarray(b, dtype=np.float32)
-    a, b = xp.broadcast_arrays(a, b)
-    ab, bb = bitcast(a, np.uint32), bitcast(b, np.uint32)
-    ma, ea = _normalize(xp, ab)
-    mb, eb = _normalize(xp, bb)
+    # Each operand is prepared at its own shape (a per-block factor once per block), then the
+    # significands are multiplied natively in [1, 4) (exact IEEE rounding to 24 bits: normal in,
+    # normal out) and the exponent is applied with integers, rounding again only when the result
+    # is subnormal.
+    u = np.uint32
+    ma, ea, pa, plain_a, ab = _mul_operand(xp, xp.asarray(a, dtype=np.float32))
+    mb, eb, pb, plain_b, bb = _mul_operand(xp, xp.asarray(b, dtype=np.float32))
     with np.errstate(all="ignore"):  # lanes holding zeros/Inf/NaN are replaced below
-        p, e = ma * mb, ea + eb
-    pb = bitcast(p, np.uint32)  # p is a normal float32 in [0.5, 4)
-    sign = (ab ^ bb) >> _U(31)
-    res = bitcast(_compose(xp, sign, ((pb & _U(0x7FFFFF)) | _U(0x800000)),
-                           ((pb >> _U(23)) & _U(0xFF)).astype(np.int32) - 150 + e), np.float32)
-
-    def proxy(x, bits):  # zeros, Inf, NaN keep their value; finite nonzero becomes +-1
-        mag = bits & _U(0x7FFFFFFF)
-        plain = (mag != 0) & (mag < _U(0x7F800000))
-        one = bitcast((bits & _U(0x80000000)) | _U(0x3F800000), np.float32)
-        return xp.where(plain, one, bitcast(bits & _U(0xFF800000) | (bits & _U(0x7FFFFF)),
-                                            np.float32)), plain
-
-    pa, plain_a = proxy(a, ab)
-    pb_, plain_b = proxy(b, bb)
+        p = bitcast(ma * mb, u)
+    field = ((p >> u(23)) & u(0xFF)).astype(np.int32) + ea + eb  # biased exponent of a·b
+    mant = p & u(0x7FFFFF)
+    normal = (xp.clip(field, 1, 254).astype(u) << u(23)) | mant
+    s = xp.clip(1 - field, 1, 25).astype(u)  # subnormal result: drop s bits, ties to even
+    sig = mant | u(0x800000)
+    sub = (sig + ((u(1) << (s - u(1))) - u(1)) + ((sig >> s) & u(1))) >> s
+    mag = xp.where(field >= 1, xp.where(field >= 255, u(0x7F800000), normal), sub)
+    res = bitcast(((ab ^ bb) & u(0x80000000)) | mag, np.float32)
     with np.errstate(all="ignore"):  # 0/0, Inf*0 are the IEEE special cases we want
-        special = pa * pb_
+        special = pa * pb
     return _stage(xp.where(plain_a & plain_b, res, special))
 
 
@@ -811,29 +786,43 @@ def _pow2_scale_code(xp: Any, amax_bits: Any, fmt: BlockFormat, rule: ScaleRule)
     return xp.where(is_nan, np.int32(nan_c), code)
 
 
-def _max_keepdims(xp: Any, a: Any, axes: tuple[int, ...]) -> Any:
-    """Integer max over ``axes`` (kept, size 1) by pairwise halving: the same exact result as
-    ``max``, but XLA CPU vectorizes it (its reduction over a short minor axis is ~3x slower)."""
-    def part(a, ax, start, stop):
-        index = [slice(None)] * a.ndim
-        index[ax] = slice(start, stop)
-        return a[tuple(index)]
-
-    for ax in axes:
-        while a.shape[ax] > 1:
-            n = a.shape[ax]
-            h = n // 2
-            m = xp.maximum(part(a, ax, 0, h), part(a, ax, h, 2 * h))
-            if n % 2:
-                m = xp.concatenate([m, part(a, ax, 2 * h, n)], axis=ax)
-            a = m
-    return a
-
-
 def _block_amax_bits(xp: Any, bits: Any, blocked: tuple[int, ...]) -> Any:
-    mag = xp.reshape(bits & _U(0x7FFFFFFF), blocked)
+    """Max-abs bits per block, shaped ``blocked`` with the block axes kept (size 1).
+
+    Integer max (exact, NaN-aware). Shaped for XLA CPU, which vectorizes a max over a non-minor
+    axis but emits scalar code for a max over a short minor axis: the unit axes are dropped, the
+    block's minor extent b is split into (f, b/f) with f = 8 (or 4, 2) and maxed over f first."""
+    red = _block_reduce_axes(len(blocked) // 2)
+    keep = [i for i, n in enumerate(blocked) if n != 1]
+    a = xp.reshape(bits & _U(0x7FFFFFFF), [blocked[i] for i in keep])
+    axes = [keep.index(i) for i in red if i in keep]
+    minor = bool(axes) and axes[-1] == a.ndim - 1
+    major = tuple(axes[:-1] if minor else axes)
+    if major:
+        a = xp.max(a, axis=major, keepdims=True)
+    if minor:
+        b = a.shape[-1]
+        f = next((f for f in (8, 4, 2) if b % f == 0 and b // f >= 2), None)
+        if f is not None:
+            a = xp.max(xp.reshape(a, tuple(a.shape[:-1]) + (f, b // f)), axis=-2)
+        a = xp.max(a, axis=-1, keepdims=True)
     # materialized: otherwise XLA fuses the max tree into every element's consumer
-    return _stage(_max_keepdims(xp, mag, _block_reduce_axes(len(blocked) // 2)))
+    return _stage(xp.reshape(a, tuple(1 if i in red else n for i, n in enumerate(blocked))))
+
+
+def _tensor_amax_bits(xp: Any, bits: Any) -> Any:
+    """Max-abs bits of the whole array: rows of 4096 (or fewer) elements maxed pairwise (halves
+    of the row range, which XLA CPU vectorizes; its full reduction is ~4x slower), then one row."""
+    mag = bits & _U(0x7FFFFFFF)
+    cols = math.gcd(int(np.prod(mag.shape)), 4096)
+    if cols < 256:
+        return xp.max(mag)
+    a = xp.reshape(mag, (-1, cols))
+    while a.shape[0] > 1:
+        h = a.shape[0] // 2
+        top = xp.maximum(a[:h], a[h:2 * h])
+        a = xp.concatenate([top, a[2 * h:]]) if a.shape[0] % 2 else top
+    return xp.max(_stage(a))
 
 
 def global_decode_scale(amax: Any, fmt: BlockFormat = NVFP4) -> Any:
@@ -923,7 +912,7 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
             g_dec = div_f32(np.float32(1.0), s_enc)
     elif gmode is not GlobalScale.NONE:
         if gmode is GlobalScale.PER_TENSOR:
-            amax_t = xp.max(bits & _U(0x7FFFFFFF))
+            amax_t = _tensor_amax_bits(xp, bits)
         else:
             if any(b != 1 for d, b in enumerate(ext) if d - len(shape) != axis):
                 raise ValueError(f"a PER_ROW FP32 factor (amax over axis={axis}) needs blocks that "
@@ -945,7 +934,7 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
     s_enc_b = None if s_enc is None else _to_blocked(xp, s_enc, shape, blocked)
 
     # --- block scales and scaled elements ---------------------------------------------------
-    scales = None
+    scales = shift = None
     policy = _elem_policy(fmt)
     if fmt.scale is None:
         if g_dec is None:
@@ -961,22 +950,27 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
         if g_dec is not None:  # a power-of-two block scale under an FP32 factor: scale x first
             xb = mul_f32(xb, s_enc_b)
             amax_bits = _block_amax_bits(xp, bitcast(xp.reshape(xb, shape), np.uint32), blocked)
-        code = _pow2_scale_code(xp, amax_bits, fmt, fmt.rule)
+        # materialized once: the scale chain is not redone per element or per consumer
+        code = _stage(_pow2_scale_code(xp, amax_bits, fmt, fmt.rule))
         e = code - 127
         if fmt.arithmetic is Arithmetic.JAX:  # code 0xFF decodes to +Inf: x/Inf
-            y = xp.where(code == 255, div_f32(xb, np.float32(np.inf)),
-                         _scale_for_encode(xp, xb, -e))
+            xb = xp.where(code == 255, div_f32(xb, np.float32(np.inf)), xb)
         elif fmt.arithmetic is Arithmetic.TORCHAO:  # torchao's handling of the 2^-127 code
             e = xp.where(code == 0, np.int32(0), e) if fmt.rule is ScaleRule.RCEIL \
                 else xp.maximum(e, np.int32(-126))
-            y = _scale_for_encode(xp, xb, -xp.where(code == 255, np.int32(0), e))
-        else:
-            y = _scale_for_encode(xp, xb, -xp.where(code == 255, np.int32(0), e))
+        # the elements are encoded as the exact x·2^-e: one rounding, exponent arithmetic only
+        y, shift = xb, -xp.where(code == 255, np.int32(0), e)
         scales = code.astype(np.uint8)
     else:
         y, scales = _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec_b, s_enc_b)
 
-    codes = codec.encode(xp.reshape(y, shape), fmt.elem, policy)
+    if shift is None:
+        codes = codec.encode(xp.reshape(y, shape), fmt.elem, policy)
+    else:  # without the unit axes of the blocked shape (XLA CPU lays those out badly)
+        keep = [i for i, n in enumerate(blocked) if n != 1]
+        y = xp.reshape(y, [blocked[i] for i in keep])
+        shift = xp.reshape(shift, [shift.shape[i] for i in keep])
+        codes = xp.reshape(codec.encode(y, fmt.elem, policy, exp_shift=shift), shape)
     if scales is not None:
         scales = xp.reshape(scales, scale_shape)
     if g_dec is not None:
@@ -1001,28 +995,34 @@ def _to_blocked(xp: Any, g: Any, shape: tuple[int, ...], blocked: tuple[int, ...
     return xp.reshape(g, tuple(target))
 
 
+def _clip_scale(xp: Any, v: Any, lo: float, hi: Any) -> Any:
+    """``clip(v, lo, hi)`` for float32 ``v >= +0`` or NaN (kept), compared as bit patterns: a
+    float max/min would see a float32-subnormal ``v`` as 0 where XLA flushes (XLA CPU's DAZ)."""
+    vb = _f32_bits(xp, v)
+    lo_b, hi_b = _f32_bits(np, lo), _f32_bits(np, hi)
+    out = xp.where(vb < lo_b, lo_b, xp.where((vb > hi_b) & (vb <= _U(0x7F800000)), hi_b, vb))
+    return bitcast(out, np.float32)
+
+
 def _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec, s_enc):
     """(scaled elements, scale codes) for UE4M3/UE5M3 block scales, per ``fmt.arithmetic``."""
     M = np.float32(fmt.elem.max)
     S = np.float32(fmt.scale.max)
     spolicy = Policy(rounding=(Rounding.UP if fmt.rule is ScaleRule.RCEIL
                                else Rounding.NEAREST_EVEN))
-    red = _block_reduce_axes(len(blocked) // 2)
     f32max = np.float32(np.finfo(np.float32).max)
     one = np.float32(1.0)
     if fmt.arithmetic is Arithmetic.JAX:
         xs = xb if g_dec is None else div_f32(xb, g_dec)
-        amax = bitcast(_stage(_max_keepdims(xp, bitcast(xs, np.uint32) & _U(0x7FFFFFFF), red)),
-                       np.float32)
-        s_val = xp.clip(div_f32(amax, M), np.float32(fmt.min_scale), S)
+        amax = bitcast(_block_amax_bits(xp, bitcast(xs, np.uint32), blocked), np.float32)
+        s_val = _clip_scale(xp, div_f32(amax, M), fmt.min_scale, S)
         s_code = codec.encode(s_val, fmt.scale, spolicy)
         s = codec.decode(s_code, fmt.scale)
         return div_f32(xs, s), s_code
-    amax = bitcast(xp.max(xp.reshape(bits & _U(0x7FFFFFFF), blocked), axis=red, keepdims=True),
-                   np.float32)
+    amax = bitcast(_block_amax_bits(xp, bits, blocked), np.float32)
     if fmt.arithmetic is Arithmetic.TRANSFORMER_ENGINE:
         k = one / M if s_enc is None else mul_f32(s_enc, one / M)
-        s_val = xp.clip(mul_f32(amax, k), np.float32(fmt.min_scale), S)
+        s_val = _clip_scale(xp, mul_f32(amax, k), fmt.min_scale, S)
         s_code = codec.encode(s_val, fmt.scale, spolicy)
         s = codec.decode(s_code, fmt.scale)
         denom = s if g_dec is None else mul_f32(s, g_dec)
@@ -1031,7 +1031,7 @@ def _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec, s_enc):
     # TORCHAO
     base = div_f32(amax, M)
     s_val = base if g_dec is None else div_f32(base, g_dec)
-    s_val = xp.clip(s_val, np.float32(fmt.min_scale), S)
+    s_val = _clip_scale(xp, s_val, fmt.min_scale, S)
     s_code = codec.encode(s_val, fmt.scale, spolicy)
     s = codec.decode(s_code, fmt.scale)
     inv_g = one if g_dec is None else div_f32(one, g_dec)

@@ -13,12 +13,17 @@ How a value is encoded (magnitude first, sign last):
    widened exactly to float32 bits with integer operations; float64 → uint64, exact, no double
    rounding). Integer and other dtypes are rejected (``TypeError`` naming ``values``).
 2. With ``policy.flush_inputs``, inputs below the float32 normal range (``|x| < 2^-126``, for
-   every input dtype; float16 subnormals are float32 normals and stay) become zero of the same
-   sign.
+   every input dtype; float16 subnormals are float32 normals and stay; with ``exp_shift``, the
+   shifted value is compared) become zero of the same sign.
 3. The magnitude is split into the code just below it (``base``) and the discarded fraction
    ``f`` in [0, 1) of one step of the format's grid at that place (subnormal steps included). The
    fraction is kept as ``floor(f · 2^W)`` for the source word width W (exact for every float32
-   input whose step is at most 2^32 source ulps, i.e. every case that can be a tie).
+   input whose step is at most 2^32 source ulps, i.e. every case that can be a tie). With
+   ``exp_shift=k`` the value split is the exact ``x · 2^k``: ``k`` is added to the exponent
+   (source subnormals normalized first), so a power-of-two block scale costs no separate
+   scaling pass and no intermediate rounding; all later steps see the shifted value.
+   (Implementation: the nearest and directed modes add their rounding increment below the kept
+   bits of ``target exponent << MS | mantissa`` and shift once; the carry runs into the exponent.)
 4. :class:`Rounding` decides whether to add one to ``base``:
    ``NEAREST_EVEN`` f > 1/2, or f = 1/2 and ``base`` odd; ``NEAREST_AWAY`` f ≥ 1/2;
    ``TOWARD_ZERO`` never; ``UP``/``DOWN`` when f > 0 and the sign points that way;
@@ -257,32 +262,39 @@ def _source_bits(xp: Any, values: Any) -> tuple[Any, _Source]:
                     f"(integer arrays are codes: use decode)")
 
 
-def _ilog2_small(xp: Any, m: Any, nbits: int, floor: int = 0) -> Any:
-    """max(floor(log2(m)), floor) for m < 2^nbits as int32 (``floor`` for m == 0), by comparisons."""
-    p = xp.full(m.shape, floor, dtype=np.int32)
-    for k in range(floor + 1, nbits):
+def _ilog2_small(xp: Any, m: Any, nbits: int) -> Any:
+    """floor(log2(m)) for m < 2^nbits as int32 (0 for m == 0), by comparisons."""
+    p = xp.zeros(m.shape, dtype=np.int32)
+    for k in range(1, nbits):
         p = p + (m >= (1 << k)).astype(np.int32)
     return p
 
 
 # --- encode ---------------------------------------------------------------------------------
 def encode(values: Any, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
-           random_bits: Any = None) -> Any:
+           random_bits: Any = None, exp_shift: Any = None) -> Any:
     """Codes (uint8, same shape) of ``values`` in ``fmt`` under ``policy`` (see module doc).
 
     ``random_bits`` (uint32, same shape as ``values``) is required for ``Rounding.STOCHASTIC``
-    and rejected otherwise. Works on NumPy arrays and on jax arrays under ``jax.jit``/``vmap``
-    (pass ``fmt`` and ``policy`` as static arguments or close over them).
+    and rejected otherwise. ``exp_shift`` (integers broadcastable to the shape of ``values``)
+    encodes the exact ``values · 2^exp_shift`` instead, rounded once (no intermediate float32:
+    what a power-of-two block scale needs); every step of the module doc, flushing included,
+    applies to the shifted value. Works on NumPy arrays and on jax arrays under
+    ``jax.jit``/``vmap`` (pass ``fmt`` and ``policy`` as static arguments or close over them).
     """
     check_policy(fmt, policy)
-    xp = namespace(values, random_bits)
+    xp = namespace(values, random_bits, exp_shift)
     if xp is not np and not is_jax(values):
         values = np.asarray(values)
         if values.dtype == np.float64 and xp.asarray(values).dtype != np.float64:
-            raise TypeError("values is a float64 NumPy array but random_bits is a jax array and "
-                            "jax_enable_x64 is off: converting would round twice; pass float32 "
-                            "values or NumPy random_bits")
+            raise TypeError("values is a float64 NumPy array but random_bits or exp_shift is a "
+                            "jax array and jax_enable_x64 is off: converting would round twice; "
+                            "pass float32 values or NumPy arrays")
     values = xp.asarray(values)
+    if xp is np and values.ndim == 0:  # NumPy scalars warn where the integer steps below wrap
+        one = lambda a: None if a is None else np.reshape(a, (1,))  # noqa: E731
+        return encode(one(values), fmt, policy, random_bits=one(random_bits),
+                      exp_shift=one(exp_shift)).reshape(())
     u, src = _source_bits(xp, values)
 
     if policy.rounding is Rounding.STOCHASTIC:
@@ -298,16 +310,117 @@ def encode(values: Any, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
     elif random_bits is not None:
         raise ValueError(f"random_bits is only used by Rounding.STOCHASTIC, not by "
                          f"policy.rounding={policy.rounding}; pass random_bits=None")
+    if exp_shift is not None:
+        exp_shift = xp.asarray(exp_shift)
+        if np.dtype(exp_shift.dtype).kind not in "iu":
+            raise TypeError(f"exp_shift has dtype {exp_shift.dtype}; allowed: integers")
+        try:
+            if np.broadcast_shapes(tuple(exp_shift.shape), tuple(values.shape)) != \
+                    tuple(values.shape):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"exp_shift has shape {tuple(exp_shift.shape)}; it must broadcast "
+                             f"to the shape of values {tuple(values.shape)}") from None
 
     W, MS, U = src.width, src.mbits, src.uint
     E, M = fmt.ebits, fmt.mbits
-    sign = (u >> (W - 1)) == 1
+    sbit = (u >> (W - 1)).astype(np.int32)  # 1 for negative
+    sign = sbit == 1
     mag_bits = u & ((1 << (W - 1)) - 1)
     exp_all = ((1 << src.ebits) - 1) << MS
     isnan = mag_bits > exp_all
     isinf = mag_bits == exp_all
-    if policy.flush_inputs:  # below the float32 normal range, whatever the input dtype
-        mag_bits = xp.where(mag_bits < ((src.bias - 126) << MS), U(0), mag_bits)
+
+    # Write |x| (times 2^exp_shift) as (te, mant): te is the biased exponent in the target, mant
+    # the source mantissa bits. A format without subnormals (UE8M0) is handled as the subnormal
+    # format one bias higher, whose normal codes are offset by one binade (everything below its
+    # smallest value clamps).
+    bias = fmt.bias if fmt.subnormals else fmt.bias + 1
+    offset = 0 if fmt.subnormals else (1 << M)
+    kk0 = bias - src.bias
+    mmask = U((1 << MS) - 1)
+    # Source subnormals need their own exponent when they may land in a target binade that is
+    # normal (a target bias near the source's, or a positive shift). Otherwise they lie 2+ bits
+    # below the target's smallest step and only their being nonzero matters.
+    normalize = exp_shift is not None or kk0 > -(M + 2)
+    if normalize:
+        # A subnormal's bits are its integer significand fm; float(fm) is exact and normal on
+        # every backend (no flush-to-zero involved), and its bits less (bias + MS - 1) binades
+        # are the subnormal's normalized form: a negative exponent field (wrapping, read signed).
+        sint, sflt = (np.int32, np.float32) if W == 32 else (np.int64, np.float64)
+        nb = bitcast(mag_bits.astype(sint).astype(sflt), U) - U((src.bias + MS - 1) << MS)
+        mag_n = xp.where(mag_bits <= mmask, nb, mag_bits)
+        fe = (bitcast(mag_n, sint) >> MS).astype(np.int32)
+        mant = mag_n & mmask
+    else:
+        fe = (mag_bits >> MS).astype(np.int32)
+        mant = mag_bits & mmask
+    top = ((max_code(fmt) + offset) >> M) + 1  # from this target exponent on, all overflow
+    if exp_shift is None:
+        kk = kk0
+    else:
+        # Beyond these bounds every finite nonzero value overflows / rounds and flushes like 0,
+        # so clipping the shift changes no result and keeps the integers below in range.
+        lo = -((2 << src.ebits) + W + 16)
+        kk = xp.clip(exp_shift.astype(np.int32), lo, top + MS + 2 - kk0) + kk0
+    te = te_in = fe + kk
+    # Zeros: normalized, they carry a hidden bit at the smallest exponent, far below the grid
+    # unless a shift lifts them near it; not normalized, they are the one input whose directed
+    # rounding must not move away from zero.
+    nonzero = mag_bits != 0
+    kk_max = kk0 + (0 if exp_shift is None else top + MS + 2 - kk0)
+    zero_guard = normalize and kk_max - (src.bias + MS - 1) > -(M + 2)
+
+    if policy.rounding is Rounding.STOCHASTIC:
+        # the discarded fraction f of one grid step as floor(f · 2^W), exact for any shift
+        sig = mant | U(1 << MS)
+        if not normalize:
+            sig = xp.where(fe > 0, sig, mant)
+            te = xp.maximum(te, 1 + kk0)
+        dropped = (MS - M) + xp.maximum(1 - te, 0)
+        sh = xp.minimum(dropped, MS + 1).astype(U)
+        rem = sig & ((U(1) << sh) - U(1))
+        lsh = (W - xp.minimum(dropped, W)).astype(U)
+        rsh = xp.clip(dropped - W, 0, W - 1).astype(U)
+        frac = xp.where(dropped <= W, rem << lsh, sig >> rsh)
+        frac32 = frac if W == 32 else (frac >> (W - 32)).astype(np.uint32)
+        up = frac32 > random_bits
+        if normalize:
+            up = up & nonzero
+        mag = ((xp.maximum(te, 1) - 1) << M) + (sig >> sh).astype(np.int32) + up.astype(np.int32)
+    else:
+        # w = the significand with the target exponent above it: for te >= 1 its top bits are
+        # already the code (te << M | mantissa); below, the hidden bit is kept and more bits are
+        # dropped. Rounding adds below the kept bits and lets the carry run up (into the
+        # exponent where the mantissa is all ones).
+        if (1 << src.ebits) - 1 + kk_max > (1 << (W - MS)) - 2:
+            te = xp.minimum(te, top)  # keep te << MS inside the word (UE8M0 from float32)
+        sh = xp.clip((MS - M + 1) - te, MS - M, MS + 2).astype(U)
+        w = (xp.maximum(te, 1).astype(U) << U(MS)) | mant
+        r = policy.rounding
+        if r is Rounding.NEAREST_EVEN:
+            odd = (w >> sh) & U(1)  # parity of the code below: minus the offset (UE8M0: 1)
+            half_m1 = U((1 << W) - 1) >> (U(W + 1) - sh)  # 2^(sh-1) - 1
+            w = w + half_m1 + (odd ^ U(offset & 1) if offset & 1 else odd)
+        elif r is Rounding.NEAREST_AWAY:
+            w = w + (U(1) << (sh - U(1)))
+        elif r in (Rounding.UP, Rounding.DOWN):
+            away = (~sign if r is Rounding.UP else sign) & nonzero
+            w = w + xp.where(away, (U(1) << sh) - U(1), U(0))
+        mag = (w >> sh).astype(np.int32)
+    mag = mag - offset
+
+    if fmt.subnormals:
+        if policy.flush_outputs:
+            mag = xp.where(mag < (1 << M), 0, mag)
+    else:
+        mag = xp.maximum(mag, 0)
+    if zero_guard:
+        mag = xp.where(nonzero, mag, 0)
+    if policy.flush_inputs:  # below the float32 normal range (after the shift), any input dtype
+        flushed = (te_in < kk0 + src.bias - 126) & ~(isnan | isinf)
+        mag = xp.where(flushed, 0, mag)
+        mag_bits = xp.where(flushed, U(0), mag_bits)
     invalid = isnan
     if not fmt.signed:
         invalid = invalid | (sign & (mag_bits != 0))
@@ -322,56 +435,6 @@ def encode(values: Any, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
                                  f"and {fmt} has no NaN; allowed for NaN input: NanPolicy.ZERO, "
                                  f"NanPolicy.MAX")
 
-    # Split |x| into the format code just below it and the discarded fraction of one grid step.
-    # A format without subnormals (UE8M0) is handled as the subnormal format one bias higher,
-    # whose normal codes are offset by one binade; everything below its smallest value clamps.
-    bias = fmt.bias if fmt.subnormals else fmt.bias + 1
-    offset = 0 if fmt.subnormals else (1 << M)
-    fe = (mag_bits >> MS).astype(np.int32)
-    fm = mag_bits & ((1 << MS) - 1)
-    sig = xp.where(fe > 0, fm | U(1 << MS), fm)
-    fe_eff = xp.maximum(fe, 1)
-    if bias > src.bias:
-        # The target has normal binades below the source's smallest normal (UE8M0 from float32):
-        # normalise source subnormals so that the grid below is read with its own spacing. Only
-        # the top (bias - src.bias) binades matter; anything lower clamps to the smallest code.
-        p = _ilog2_small(xp, fm, MS, floor=max(MS - (bias - src.bias) - 1, 0))
-        norm = (fe == 0) & (fm != 0)
-        sig = xp.where(norm, fm << (MS - p).astype(U), sig)
-        fe_eff = xp.where(norm, p - (MS - 1), fe_eff)
-    te = fe_eff - src.bias + bias  # biased exponent in the target
-    shift = (MS - M) + xp.maximum(1 - te, 0)  # dropped low bits of sig (>= MS - M)
-    sh = xp.minimum(shift, MS + 1).astype(U)
-    base_m = (sig >> sh).astype(np.int32)
-    rem = sig & ((U(1) << sh) - U(1))
-    lsh = (W - xp.minimum(shift, W)).astype(U)
-    rsh = xp.clip(shift - W, 0, W - 1).astype(U)
-    frac = xp.where(shift <= W, rem << lsh, sig >> rsh)  # floor(f * 2^W)
-    base = ((xp.maximum(te, 1) - 1) << M) + base_m - offset
-
-    half = U(1 << (W - 1))
-    r = policy.rounding
-    if r is Rounding.NEAREST_EVEN:
-        up = (frac > half) | ((frac == half) & ((base & 1) == 1))
-    elif r is Rounding.NEAREST_AWAY:
-        up = frac >= half
-    elif r is Rounding.TOWARD_ZERO:
-        up = xp.zeros(base.shape, dtype=bool)
-    elif r is Rounding.UP:
-        up = (rem != 0) & ~sign
-    elif r is Rounding.DOWN:
-        up = (rem != 0) & sign
-    else:  # STOCHASTIC
-        frac32 = frac if W == 32 else (frac >> (W - 32)).astype(np.uint32)
-        up = frac32 > random_bits
-    mag = base + up.astype(np.int32)
-
-    if fmt.subnormals:
-        if policy.flush_outputs:
-            mag = xp.where(mag < (1 << M), 0, mag)
-    else:
-        mag = xp.maximum(mag, 0)
-
     mx = max_code(fmt)
     overflow = (mag > mx) | isinf
     if policy.overflow is Overflow.SATURATE:
@@ -382,7 +445,6 @@ def encode(values: Any, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
         ovf = inf_code(fmt)
     mag = xp.where(overflow, ovf, mag)
 
-    out_sign = sign if fmt.signed else xp.zeros(sign.shape, dtype=bool)
     if policy.nan in (NanPolicy.PROPAGATE, NanPolicy.RAISE) and fmt.has_nan:
         nan_mag, nan_keeps_sign = nan_code(fmt), fmt.signed
     elif policy.nan is NanPolicy.ZERO:
@@ -390,13 +452,14 @@ def encode(values: Any, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
     else:  # MAX, or PROPAGATE/RAISE under jax for a format without NaN
         nan_mag, nan_keeps_sign = mx, False
     mag = xp.where(invalid, nan_mag, mag)
-    if not nan_keeps_sign:
-        out_sign = out_sign & ~invalid
+    if not fmt.signed:
+        return mag.astype(np.uint8)
+    keep = None if nan_keeps_sign else ~invalid
     if policy.signed_zero is SignedZero.POSITIVE:
-        out_sign = out_sign & (mag != 0)
-
-    code = (out_sign.astype(np.int32) << (E + M)) | mag
-    return code.astype(np.uint8)
+        keep = (mag != 0) if keep is None else keep & (mag != 0)
+    if keep is not None:
+        sbit = xp.where(keep, sbit, 0)
+    return ((sbit << (E + M)) | mag).astype(np.uint8)
 
 
 # --- decode ---------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ error bounds, geometries, NumPy == jitted JAX bits, pytree behaviour and bad inp
 from __future__ import annotations
 
 import math
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,7 @@ from fp4sim.formats.blocks import (
     MXFP8_E5M2,
     NVFP4,
     NVFP4_SINGLE,
+    Arithmetic,
     Geometry,
     GlobalScale,
     QuantizedArray,
@@ -207,7 +209,10 @@ def test_nvfp4_error_bound(vals, shift, fmt):
     # E2M1 spacing is at most 2 (half: 1) and the max may clip by amax - 6s; relative 2^-22 slack
     # for the float32 rounding of x*(1/(s g)) and of the dequantized product.
     bound = s * 1.0 + np.maximum(0.0, amax - 6.0 * s) + amax * 2.0 ** -20
-    assert np.all(np.abs(x - y) <= bound)
+    # TE's order caps the element factor fl(1/(s·g)) at float32 max: blocks whose effective scale
+    # is below 1/FLT_MAX (amax in the float32 subnormals) come out shrunk by s·g·FLT_MAX < 1.
+    capped = s < 1.0 / np.float64(np.finfo(np.float32).max)
+    assert np.all((np.abs(x - y) <= bound) | capped)
 
 
 # --- geometries ----------------------------------------------------------------------------
@@ -279,13 +284,15 @@ JIT_CASES = [
     (MXFP8, dict(geometry=Geometry.SQUARE)),
     (NVFP4, dict()), (NVFP4_SINGLE, dict()), (NVFP4.replace(global_scale=GlobalScale.PER_ROW), {}),
     (NVFP4.replace(rule=ScaleRule.RCEIL), {}),
+    # blocks whose scale amax/6 is a float32 subnormal, rounded up: the clamp must not flush it
+    *[(NVFP4_SINGLE.replace(rule=ScaleRule.RCEIL, arithmetic=a), {}) for a in Arithmetic],
     (FP8_E4M3_PER_TENSOR, dict()),
 ]
 
 
 @pytest.mark.parametrize("fmt,kw", JIT_CASES, ids=[f"{f.name}-{k}" for f, k in JIT_CASES])
 def test_numpy_and_jit_bit_identical(fmt, kw):
-    rng = np.random.default_rng(hash(fmt.name) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr((fmt, fmt.rule, fmt.arithmetic, kw)).encode()))
     x = (rng.standard_normal((64, 64)) * np.exp2(rng.integers(-140, 100, (64, 1)))).astype(
         np.float32)
     x[::7, ::5] = SPECIAL[rng.integers(0, len(SPECIAL), x[::7, ::5].shape)]
@@ -416,31 +423,3 @@ def test_nvfp4_scale_rounding_up():
     # E4M3 scale rounded up (cuDNN's "quantize_round_up"): 2.9/6 -> 0.5, no clipping of the max
     code, y = one_block([2.9], NVFP4_SINGLE, ScaleRule.RCEIL)
     assert code == 0x30 and y[0] == 3.0  # 2.9/0.5 = 5.8 -> E2M1 6 -> 6 * 0.5
-
-
-@pytest.mark.parametrize("elem", [E2M1, E4M3, MXFP8_E5M2.elem, MXFP6_E2M3.elem])
-def test_cheap_scaling_encodes_like_the_exact_value(elem):
-    """quantize scales by integer exponent arithmetic and sends results below 2^-126 to ±2^-149:
-    under every policy that encodes like the exact real x·2^k (float64 here), i.e. the element is
-    rounded once, never through a float32 intermediate."""
-    from fp4sim.formats import codec
-    from fp4sim.formats.spec import NanPolicy, Policy, Rounding
-
-    rng = np.random.default_rng(9)
-    x = (rng.standard_normal(4096) * np.exp2(rng.integers(-150, 40, 4096))).astype(np.float32)
-    x[:4] = [0.0, -0.0, 1e-45, -3e-39]
-    k = rng.integers(-127, 128, 4096).astype(np.int32)
-    cheap = B._scale_for_encode(np, x, k)
-    exact = x.astype(np.float64) * np.exp2(k.astype(np.float64))  # exact in float64
-    ok = np.abs(exact) <= 2.0 ** 127  # x·2^k beyond float32 is not a case quantize produces
-    big = ok & (np.abs(exact) >= 2.0 ** -126)
-    assert same_bits(cheap[big], exact[big].astype(np.float32))
-    bits = rng.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
-    for rounding in Rounding:
-        for flush in (False, True):
-            pol = Policy(rounding=rounding, flush_inputs=flush, flush_outputs=flush,
-                         nan=NanPolicy.ZERO)
-            rb = bits[ok] if rounding is Rounding.STOCHASTIC else None
-            a = codec.encode(cheap[ok], elem, pol, random_bits=rb)
-            b = codec.encode(exact[ok], elem, pol, random_bits=rb)
-            assert np.array_equal(a, b), (rounding, flush)
