@@ -23,7 +23,11 @@ This module owns:
 * :func:`emulated_attention` — O of the training forward as a jax function whose VJP is the
   emulated backward (``jax.custom_vjp``); gradients pass straight through the quantizers
   (the gradient with respect to a quantized operand is used for the float input). Works under
-  ``jax.jit`` and ``jax.vmap``; the recipe, softmax scale and ``causal`` are static.
+  ``jax.jit`` and ``jax.vmap``; the recipe, softmax scale and ``causal`` are static. For
+  matched recipes (:func:`reuses_forward_p`) the residuals keep the forward's P codes and tile
+  anchors and the backward normalizes them (:func:`p_from_forward`) instead of converting the
+  scores again: the same bits as :func:`rebuild_p` (tested for every forward preset), which
+  :func:`training_backward` and the consistency checks still run.
 * Named recipes: :data:`TRAINING_PRESETS` (published routes and the float32 baseline) and
   :data:`LEAK_TABLE` (the rows of seed_algorithms.md §6.3, in order).
 """
@@ -37,7 +41,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fp4sim._xp import namespace
+from fp4sim._xp import bitcast, namespace
 from fp4sim.attention import _f32
 from fp4sim.attention import causal as sc
 from fp4sim.attention.backward import (BackwardTrace, DeltaSource, DsProbabilities, TrainingRecipe,
@@ -56,6 +60,8 @@ from fp4sim.attention.recipe import (
     VFormat,
 )
 from fp4sim.formats.blocks import MXFP8_E4M3
+from fp4sim.formats.codec import decode
+from fp4sim.formats.spec import E2M1, E4M3, UE4M3
 
 __all__ = [
     "SavedForward",
@@ -63,6 +69,8 @@ __all__ = [
     "training_forward",
     "rebuild_p",
     "forward_p",
+    "p_from_forward",
+    "reuses_forward_p",
     "training_backward",
     "emulated_attention",
     "P_MXFP8_KEYS",
@@ -101,10 +109,11 @@ class SavedForward:
     qk_exact: bool
     softmax_scale: float
     causal: bool
+    tile_anchors: Any = None  # (..., Sq, n_tiles) the forward's anchor per key tile
 
 
 _SAVED_DATA = ("q_op", "k_op", "q_hat", "k_hat", "v_hat", "out", "out_hp", "lse", "m", "l", "fwd_codes",
-               "fwd_scales", "fwd_k", "fwd_anchors", "segment_ids")
+               "fwd_scales", "fwd_k", "fwd_anchors", "segment_ids", "tile_anchors")
 try:  # jax is a hard dependency; keep NumPy-only use working without it
     import jax as _jax
 
@@ -215,7 +224,8 @@ def training_forward(q: Any, k: Any, v: Any, recipe: TrainingRecipe, *,
         lse=res.lse,
         m=it.anchors[..., -1], l=it.normalizer, fwd_codes=it.p_codes, fwd_scales=it.p_scales,
         fwd_k=it.p_k, fwd_anchors=_per_key(xp, it.anchors, tile), segment_ids=segment_ids,
-        qk_block=it.q.block, qk_exact=bool(it.q.exact), softmax_scale=scale, causal=causal)
+        qk_block=it.q.block, qk_exact=bool(it.q.exact), softmax_scale=scale, causal=causal,
+        tile_anchors=it.anchors)
     return res.out, saved
 
 
@@ -276,17 +286,39 @@ def rebuild_p(saved: SavedForward, recipe: AttentionRecipe, *,
     u = log2_scores(scores(qop, kop), c, valid)
     u = materialize(u)
     anchors = xp.stack(_tile_anchors(xp, u, recipe), axis=-1)  # (..., Sq, n_tiles)
-    mism = recipe.normalization is Normalization.MISMATCHED
-    m_fin = saved.m
-    fin = m_fin > -np.inf
-    pos = saved.l > 0
-    l_safe = xp.where(pos, saved.l, np.float32(1.0))[..., None, None]
     # every tile at once: t (..., Sq, n_tiles, tile), one converter call (it works per tile)
     ut = xp.reshape(u, u.shape[:-1] + (n_tiles, tile))
     finite = anchors > -np.inf
     t = xp.where(finite[..., None], ut - xp.where(finite, anchors, np.float32(0.0))[..., None],
                  np.float32(-np.inf))
     pt = convert_tile(recipe, materialize(t))
+    p, anc = _normalized(xp, saved, recipe, pt, anchors, skv)
+
+    def flat(a):  # (..., Sq, n_tiles, w) -> (..., Sq, n_tiles * w)
+        return None if a is None else xp.reshape(a, a.shape[:-2] + (a.shape[-2] * a.shape[-1],))
+
+    codes, scales, ks = flat(pt.codes), flat(pt.scales), flat(pt.k)
+    p_hp = None
+    if high_precision:
+        lse2 = _f32.mul(saved.lse, np.float32(math.log2(math.e)))
+        ok = xp.isfinite(lse2)[..., None]
+        p_hp = xp.where(ok, exp2_rn(xp.where(ok, u[..., :skv] - lse2[..., None],
+                                             np.float32(-np.inf))), np.float32(0.0))
+    return RebuiltP(p, codes, scales, ks, anc, p_hp)
+
+
+def _normalized(xp: Any, saved: SavedForward, recipe: AttentionRecipe, pt: Any, anchors: Any,
+                skv: int) -> tuple[Any, Any]:
+    """``P̃_ij = fl(fl(w̃_ij · 2^(m_tile − m)) / L)`` (module docstring) from the converter's
+    tiles ``pt`` ((..., Sq, n_tiles, tile) values, block exponents) and the anchor of each
+    tile; also the anchors per key (..., Sq, Skv_pad)."""
+    tile = recipe.block_kv
+    mism = recipe.normalization is Normalization.MISMATCHED
+    m_fin = saved.m
+    fin = m_fin > -np.inf
+    pos = saved.l > 0
+    l_safe = xp.where(pos, saved.l, np.float32(1.0))[..., None, None]
+    finite = anchors > -np.inf
     w = pt.values
     if pt.exps is not None or pt.factor_exp:
         e = xp.zeros(w.shape, np.int32) if pt.exps is None else _per_key(xp, pt.exps, pt.block)
@@ -296,22 +328,74 @@ def rebuild_p(saved: SavedForward, recipe: AttentionRecipe, *,
     live = finite & fin[..., None]
     r = xp.where(live, exp2_rn(xp.where(live, anchors - m_fin[..., None], np.float32(0.0))),
                  np.float32(0.0))
+    # a barrier: the per-tile exp2 computed once, not re-fused into every key (4x slower)
+    r = materialize(r)
     p = xp.where(pos[..., None, None], _f32.div(_f32.mul(w, r[..., None]), l_safe),
                  np.float32(0.0))
+    p = xp.reshape(p, p.shape[:-2] + (p.shape[-2] * p.shape[-1],))
+    p = materialize(p[..., :skv])
+    anc = xp.reshape(xp.broadcast_to(anchors[..., None], anchors.shape + (tile,)),
+                     anchors.shape[:-1] + (anchors.shape[-1] * tile,))
+    return p, anc
 
-    def flat(a):  # (..., Sq, n_tiles, w) -> (..., Sq, n_tiles * w)
-        return None if a is None else xp.reshape(a, a.shape[:-2] + (a.shape[-2] * a.shape[-1],))
 
-    p = materialize(flat(p)[..., :skv])
-    anc = flat(xp.broadcast_to(anchors[..., None], anchors.shape + (tile,)))
-    codes, scales, ks = flat(pt.codes), flat(pt.scales), flat(pt.k)
-    p_hp = None
-    if high_precision:
-        lse2 = _f32.mul(saved.lse, np.float32(math.log2(math.e)))
-        ok = xp.isfinite(lse2)[..., None]
-        p_hp = xp.where(ok, exp2_rn(xp.where(ok, u[..., :skv] - lse2[..., None],
-                                             np.float32(-np.inf))), np.float32(0.0))
-    return RebuiltP(p, codes, scales, ks, anc, p_hp)
+@functools.lru_cache(maxsize=None)
+def _tile_meta(recipe: AttentionRecipe) -> Any:
+    """The converter's constants (block, factor_exp, pdiv, whether it has block exponents):
+    one masked NumPy row through :func:`convert_tile`."""
+    with np.errstate(all="ignore"):
+        return convert_tile(recipe, np.full((1, recipe.block_kv), -np.inf, dtype=np.float32))
+
+
+def _values_from_codes(xp: Any, recipe: AttentionRecipe, codes: Any, scales: Any) -> Any:
+    """The float32 MMA values of P codes (the converters' ``values``): the decoded payload,
+    times the decoded UE4M3 block scale for NVFP4 P (exact)."""
+    fmt = recipe.p_format
+    if fmt is PFormat.MXFP4:
+        return decode(codes, E2M1)
+    if fmt in (PFormat.MXFP8, PFormat.FP8):
+        return decode(codes, E4M3)
+    if fmt is PFormat.NVFP4:
+        return decode(codes, E2M1) * _per_key(xp, decode(scales, UE4M3), 16)
+    if fmt is PFormat.BF16:
+        return bitcast(xp.asarray(codes).astype(np.uint32) << np.uint32(16), np.float32)
+    return bitcast(codes, np.float32)  # FLOAT32: the codes are the bit patterns
+
+
+def reuses_forward_p(recipe: TrainingRecipe) -> bool:
+    """Whether :func:`emulated_attention`'s backward takes P̃ from the forward's saved codes
+    (:func:`p_from_forward`) instead of rebuilding it from the scores: the matched recipes
+    (``rebuild`` None, dS from the represented P̃). The rebuild gives the same bits there (the
+    tests and :mod:`fp4sim.attention.consistency` check it); mismatch experiments and the
+    high-precision dS keep rebuilding."""
+    return recipe.rebuild is None and recipe.ds_probabilities is DsProbabilities.REPRESENTED
+
+
+def p_from_forward(saved: SavedForward, recipe: AttentionRecipe) -> RebuiltP:
+    """P̃ from the forward's own P codes, block scales/exponents and tile anchors (saved by
+    :func:`training_forward`): the conversion of the scores is not repeated, the normalization
+    is :func:`rebuild_p`'s (the same float32 steps), so for the forward's recipe the result is
+    bit-identical to :func:`rebuild_p` — a kernel that rebuilds P exactly computes these bits."""
+    xp = namespace(saved.q_hat, saved.m)
+    tile = recipe.block_kv
+    skv = saved.k_hat.shape[-2]
+    n_tiles = saved.fwd_codes.shape[-1] // tile
+    meta = _tile_meta(recipe)
+
+    def tiles(a):  # (..., Sq, n_tiles * w) -> (..., Sq, n_tiles, w)
+        if a is None:
+            return None
+        return xp.reshape(a, a.shape[:-1] + (n_tiles, a.shape[-1] // n_tiles))
+
+    codes = tiles(saved.fwd_codes)
+    values = _values_from_codes(xp, recipe, codes, tiles(saved.fwd_scales))
+    exps = None if meta.exps is None else tiles(saved.fwd_k)
+    pt = meta._replace(codes=codes, values=values, exps=exps)
+    anchors = saved.tile_anchors
+    if anchors is None:
+        anchors = saved.fwd_anchors[..., ::tile]
+    p, anc = _normalized(xp, saved, recipe, pt, anchors, skv)
+    return RebuiltP(p, saved.fwd_codes, saved.fwd_scales, saved.fwd_k, anc, None)
 
 
 def forward_p(saved: SavedForward, recipe: TrainingRecipe) -> RebuiltP:
@@ -332,8 +416,16 @@ class TrainingTrace(NamedTuple):
         return getattr(self.backward, name)
 
 
-def training_backward(saved: SavedForward, d_out: Any, recipe: TrainingRecipe) -> TrainingTrace:
-    """dQ, dK, dV (and every intermediate) of ``recipe``'s backward from ``saved``."""
+def training_backward(saved: SavedForward, d_out: Any, recipe: TrainingRecipe, *,
+                      forward_p_codes: bool = False, grads_only: bool = False) -> TrainingTrace:
+    """dQ, dK, dV (and every intermediate) of ``recipe``'s backward from ``saved``.
+
+    P̃ is rebuilt from the saved quantized Q/K (:func:`rebuild_p`); with ``forward_p_codes``
+    and a matched recipe (:func:`reuses_forward_p`) it is taken from the forward's saved P codes
+    instead (:func:`p_from_forward`: the same bits, without converting the scores again).
+    ``grads_only``: only the gradients are used (dP may skip the blocks where P̃ is zero: the
+    trace's dP/dS differ there, the gradients do not; ``emulated_backward``'s
+    ``dp_only_where_p``)."""
     if not isinstance(recipe, TrainingRecipe):
         raise TypeError(f"recipe={recipe!r} must be a TrainingRecipe")
     xp = namespace(saved.q_hat, d_out)
@@ -342,7 +434,10 @@ def training_backward(saved: SavedForward, d_out: Any, recipe: TrainingRecipe) -
         raise ValueError(f"d_out.shape={d_out.shape} must equal the output's shape "
                          f"{saved.out.shape}")
     hp = recipe.ds_probabilities is DsProbabilities.HIGH_PRECISION
-    rebuilt = rebuild_p(saved, recipe.rebuild_recipe, high_precision=hp)
+    if forward_p_codes and reuses_forward_p(recipe) and saved.fwd_codes is not None:
+        rebuilt = p_from_forward(saved, recipe.forward)
+    else:
+        rebuilt = rebuild_p(saved, recipe.rebuild_recipe, high_precision=hp)
     trace = emulated_backward(
         rebuilt.p, saved.q_hat, saved.k_hat, saved.v_hat, saved.out, d_out,
         softmax_scale=saved.softmax_scale, d_out_scaling=recipe.d_out,
@@ -350,7 +445,8 @@ def training_backward(saved: SavedForward, d_out: Any, recipe: TrainingRecipe) -
         accumulation=recipe.accumulation, p_ds=rebuilt.p_hp if hp else None,
         dq_scaling=recipe.dq,
         out_delta=saved.out_hp if recipe.delta is DeltaSource.HIGH_PRECISION_OUTPUT else None,
-        quantize=_quantizer(saved.segment_ids, recipe.segment_aligned))
+        quantize=_quantizer(saved.segment_ids, recipe.segment_aligned),
+        dp_only_where_p=grads_only)
     return TrainingTrace(trace.grads, rebuilt.p, rebuilt, trace)
 
 
@@ -368,12 +464,15 @@ def _vjp_function(recipe: TrainingRecipe, softmax_scale: float, is_causal: bool,
     def fwd(q, k, v, seg):
         out, saved = training_forward(q, k, v, recipe, softmax_scale=softmax_scale,
                                       causal=is_causal, segment_ids=seg if segmented else None)
-        # the forward's own P intermediates serve only the consistency checks: not residuals
+        # matched recipes keep the forward's P codes (the backward's P̃ without converting the
+        # scores again, same bits); per-key anchors serve only the consistency checks
+        if reuses_forward_p(recipe):
+            return out, dataclasses.replace(saved, fwd_anchors=None)
         return out, dataclasses.replace(saved, fwd_codes=None, fwd_scales=None, fwd_k=None,
-                                        fwd_anchors=None)
+                                        fwd_anchors=None, tile_anchors=None)
 
     def bwd(saved, g):
-        grads = training_backward(saved, g, recipe).grads
+        grads = training_backward(saved, g, recipe, forward_p_codes=True, grads_only=True).grads
         seg = saved.segment_ids
         seg_ct = None if seg is None else np.zeros(seg.shape, dtype=jax.dtypes.float0)
         return grads.dq, grads.dk, grads.dv, seg_ct

@@ -30,8 +30,12 @@ This module owns the gradient of softmax attention ``O = softmax(c_e·Q Kᵀ + m
   (:class:`BackwardAccumulation` ``SEQUENTIAL``: the same bits on NumPy and under jit; the
   tensor core's own accumulation is modelled in :mod:`fp4sim.formats.matmul`, not here) or,
   for speed,
-  the backend's matmul (``BACKEND``). ``D`` is a fixed pairwise-tree sum, ``dS`` is formed
-  elementwise; every float32 step flushes results below 2^-126 (``.ftz`` arithmetic).
+  the backend's matmul (``BACKEND``). ``SEQUENTIAL`` runs as an unflushed ``acc + a·b`` loop
+  whenever :func:`plain_sum_is_exact` proves it gives the same bits (the recipes' 8-bit
+  operands: exact products, none below 2^-103), per cache-sized output block, skipping the
+  all-zero terms of causal row blocks; otherwise as the flushed chain. ``D`` is a fixed
+  pairwise-tree sum, ``dS`` is formed elementwise; every float32 step flushes results below
+  2^-126 (``.ftz`` arithmetic).
 
 The identity ``D_i = Σ_j P̃_ij dP_ij = rowsum(dO_i ∘ O_i)`` holds only when ``O = P̃ V̂`` with the
 very ``P̃`` used in dS; the rows of dS then sum to ``D_i·(1 − Σ_j P̃_ij)``, which is zero only
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -140,12 +145,23 @@ class BackwardAccumulation(enum.Enum):
 
 
 def _matmul(a: Any, b: Any,
-            accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL) -> Any:
+            accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL, *,
+            a_stats: Any = None, b_stats: Any = None, needed: Any = None) -> Any:
     """float32 ``a @ b`` of dequantized operands (a (..., I, K), b (..., K, J)).
 
     ``SEQUENTIAL``: ``acc_0 = fl(a_0 b_0)``, ``acc_k = fl(acc_{k−1} + fl(a_k b_k))`` with every
     result below 2^-126 flushed (:mod:`fp4sim.attention._f32`, which also keeps XLA from fusing
-    the multiply into the add); a Python loop on NumPy, ``lax.fori_loop`` under jax."""
+    the multiply into the add). When :func:`plain_sum_is_exact` holds for the operands, the same
+    bits come from the unflushed ``acc + a_k·b_k`` (a fused multiply-add allowed) and one final
+    flush of the result (proof there), about 3x faster; otherwise the flushed chain runs. A
+    Python loop on NumPy, ``lax.fori_loop`` under jax (chosen by one ``lax.cond`` for the whole
+    batch, also under ``vmap``). ``a_stats``/``b_stats``: :func:`operand_stats` of the operands
+    as stored (pass them for transposed views: a reduction over a transpose is slow on XLA CPU).
+    ``needed`` (jax, SEQUENTIAL; shaped like the output): the plain loop may return +0 for an
+    output block where every element of ``needed`` is ±0 or NaN, instead of the product — for
+    a caller that multiplies the output by ``needed`` (0·x and NaN·x do not depend on x's
+    value there).
+    """
     xp = _xp.namespace(a, b)
     a = xp.asarray(a, dtype=np.float32)
     b = xp.asarray(b, dtype=np.float32)
@@ -155,31 +171,224 @@ def _matmul(a: Any, b: Any,
         import jax
 
         return xp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
-    n = a.shape[-1]
-
-    def term(k):
-        if xp is np:
-            return _f32.mul(a[..., :, k, None], b[..., k, None, :])
-        from jax import lax
-
-        ak = lax.dynamic_index_in_dim(a, k, axis=a.ndim - 1, keepdims=True)
-        bk = lax.dynamic_index_in_dim(b, k, axis=b.ndim - 2, keepdims=True)
-        return _f32.mul(ak, bk)
-
-    acc = term(0)
+    a_stats = operand_stats(a) if a_stats is None else a_stats
+    b_stats = operand_stats(b) if b_stats is None else b_stats
     if xp is np:
-        for k in range(1, n):
-            acc = _f32.add(acc, term(k))
+        if bool(plain_sum_is_exact(a_stats, b_stats, a.shape[-1])):
+            acc = a[..., :, 0, None] * b[..., 0, None, :]
+            for k in range(1, a.shape[-1]):
+                acc = acc + a[..., :, k, None] * b[..., k, None, :]
+            return _f32.ftz(acc)
+        acc = _f32.mul(a[..., :, 0, None], b[..., 0, None, :])
+        for k in range(1, a.shape[-1]):
+            acc = _f32.add(acc, _f32.mul(a[..., :, k, None], b[..., k, None, :]))
         return acc
+    if needed is None:
+        return _sequential_jax()(a, b, tuple(a_stats), tuple(b_stats))
+    needed = xp.broadcast_to(xp.asarray(needed, dtype=np.float32),
+                             tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+                             + (a.shape[-2], b.shape[-1]))
+    return _sequential_jax()(a, b, tuple(a_stats), tuple(b_stats), needed)
+
+
+class OperandStats(NamedTuple):
+    """float32 scalars over every element of an operand (:func:`operand_stats`)."""
+
+    min_abs: Any  # smallest nonzero |x| (+Inf when all are zero)
+    max_abs: Any  # largest |x| (+Inf when any is NaN or ±Inf)
+    min_lsb: Any  # 2^tz: the lowest set bit of any 24-bit significand (2^23 when all are zero)
+
+
+def operand_stats(x: Any) -> OperandStats:
+    """The :class:`OperandStats` of ``x`` (float reductions: fast on XLA CPU)."""
+    xp = _xp.namespace(x)
+    x = xp.asarray(x, dtype=np.float32)
+    a = xp.abs(x)
+    lo = xp.min(xp.where(a > 0, a, np.float32(np.inf)))
+    # barriers: XLA CPU fuses sibling reductions into one slow multi-output loop (7x slower)
+    x, lo = materialize((x, lo))
+    # NaN and ±Inf count as +Inf: XLA CPU's max reduction drops NaN (measured)
+    hi = xp.max(xp.where(xp.isfinite(x), xp.abs(x), np.float32(np.inf)))
+    x, hi = materialize((x, hi))
+    a = xp.abs(x)
+    sig = (_xp.bitcast(x, np.int32) & np.int32(0x7FFFFF)) | np.int32(0x800000)
+    lsb = (sig & -sig).astype(np.float32)  # a power of two <= 2^23: exact
+    return OperandStats(lo, hi, xp.min(xp.where(a > 0, lsb, np.float32(2.0**23))))
+
+
+def plain_sum_is_exact(a_stats: OperandStats, b_stats: OperandStats, k: int) -> Any:
+    """True (a boolean scalar) when the plain float32 sum ``acc + a_k·b_k`` of ``a @ b`` over
+    ``k`` terms (any fusion of the multiply into the add allowed), in contraction order, gives
+    the bits of the flushed SEQUENTIAL chain after one final :func:`~fp4sim.attention._f32.ftz`:
+
+    1. short significands: ``lsb_a·lsb_b ≥ 2^24`` (E4M3 × E5M2: 2^20·2^21), so each product
+       of two significands has at most 24 bits — every product is exact in float32 and
+       ``fma(a, b, acc) = fl(fl(a·b) + acc)``;
+    2. no tiny product: ``min|a|·min|b| ≥ 2^-103`` over nonzero elements, so each nonzero
+       product is a multiple of its ulp ≥ 2^-126 (and no operand is subnormal);
+    3. no overflow, no NaN: ``fl(max|a|·max|b|)·2^⌈log2 k⌉ ≤ 2^126``.
+
+    Proof. By 1 and 2 every product is exact, and zero or a multiple of 2^-126. A rounded sum
+    of two multiples of 2^-126 is again one (where the float32 spacing at the sum is below
+    2^-126 the sum is representable, else it rounds onto multiples of a larger power of two),
+    so every partial sum is zero or at least 2^-126 in magnitude: the flushes of the SEQUENTIAL
+    chain change only the sign of zeros (``ftz`` maps −0 to +0). Two chains whose terms agree
+    up to the sign of zeros agree up to the sign of zeros (x + ±0 = x; a cancelling sum is +0
+    in round-to-nearest), and the final flush makes them equal. By 3 every |partial sum| is at
+    most ``k·max|a|·max|b|`` (plus rounding) < 2^128: no Inf; no operand is Inf or NaN (their
+    maximum counts as +Inf and fails the comparison). Where a backend treats subnormal operands
+    as zero (XLA CPU), both loops see zeros there alike. The tests compare both loops on each
+    boundary. ∎
+    """
+    a_min, a_max, a_lsb = a_stats
+    b_min, b_max, b_lsb = b_stats
+    log2k = max(0, (int(k) - 1).bit_length())
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        short = a_lsb * b_lsb >= np.float32(2.0**24)
+        small = _f32.ftz(a_min * b_min) >= np.float32(2.0**-103)
+        large = a_max * b_max <= np.float32(2.0 ** (126 - log2k))
+    return short & small & large
+
+
+_BLOCK_ELEMENTS = 1 << 15  # the plain loop's accumulator block (128 KiB: stays in L2)
+_BLOCK_COLS = 256  # at most this many output columns per block
+
+
+def _loop(a: Any, b: Any, plain: bool, needed: Any = None) -> Any:
+    """The sequential sum under jax: the flushed chain, or (``plain``) ``acc + a_k·b_k`` then
+    one flush, computed per block of the output (rows × columns, at most ``_BLOCK_ELEMENTS``
+    accumulators with the leading axes) so that the accumulator stays in the cache; every
+    output element still sums its terms in contraction order. ``a`` is read along its rows (a
+    transposed copy). With ``needed``, a plain output block where ``needed`` has no nonzero is
+    left +0 (:func:`_matmul`)."""
     from jax import lax
 
-    return lax.fori_loop(1, n, lambda k, acc: _f32.add(acc, term(k)), acc)
+    xp = _xp.namespace(a, b)
+    at = _swap(a)  # (..., K, I): row k is column k of a
+    if not plain:
+        def term(k: Any) -> Any:
+            ak = lax.dynamic_index_in_dim(at, k, axis=at.ndim - 2, keepdims=False)[..., :, None]
+            bk = lax.dynamic_index_in_dim(b, k, axis=b.ndim - 2, keepdims=True)
+            return _f32.mul(ak, bk)
+
+        return lax.fori_loop(1, at.shape[-2], lambda k, acc: _f32.add(acc, term(k)), term(0))
+
+    n_k, n_i = at.shape[-2:]
+    n_j = b.shape[-1]
+    lead = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    a = xp.broadcast_to(a, lead + a.shape[-2:])
+    b = xp.broadcast_to(b, lead + b.shape[-2:])
+    n_lead = math.prod(lead)
+    cols = max([c for c in range(1, min(n_j, _BLOCK_COLS) + 1) if n_j % c == 0])
+    rows = max([r for r in range(1, n_i + 1)
+                if n_i % r == 0 and r * cols * n_lead <= _BLOCK_ELEMENTS] or [1])
+    if (rows, cols) == (n_i, n_j):
+        return _f32.ftz(_plain_block(at, b))
+    ni, nj = n_i // rows, n_j // cols
+    nl = len(lead)
+    # row blocks of a as stored (transposed inside each block: measured 2x faster on XLA CPU
+    # than slicing one transposed copy), column blocks of b
+    ab = xp.moveaxis(xp.reshape(a, lead + (ni, rows, n_k)), -3, 0)  # (ni, ..., rows, K)
+    bb = xp.moveaxis(xp.reshape(b, lead + (n_k, nj, cols)), -2, 0)  # (nj, ..., K, cols)
+
+    # per row block, the contraction range outside of which its columns of a are all zero (a
+    # causal mask's zeros): those terms are ±0 (finite operands), skipping them changes only
+    # the sign of zeros, which the final flush sets to +0
+    live = xp.max(xp.abs(ab), axis=tuple(range(1, nl + 1)) + (nl + 1,)) > 0  # (ni, K)
+    idx = xp.arange(n_k, dtype=np.int32)
+    lo = xp.min(xp.where(live, idx, np.int32(n_k)), axis=-1)
+    hi = xp.max(xp.where(live, idx + 1, np.int32(0)), axis=-1)
+    lo = xp.minimum(lo, hi)
+
+    if needed is not None:  # (ni, nj): does the block hold a needed entry?
+        nb = xp.reshape(xp.abs(needed), lead + (ni, rows, nj, cols))
+        busy = xp.reshape(xp.max(nb, axis=tuple(range(nl)) + (nl + 1, nl + 3)) > 0, (ni * nj,))
+
+    def one(t: Any) -> Any:
+        a_blk = lax.dynamic_index_in_dim(ab, t // nj, keepdims=False)
+        b_blk = lax.dynamic_index_in_dim(bb, t % nj, keepdims=False)
+        if needed is None:
+            return _plain_range(_swap(a_blk), b_blk, lo[t // nj], hi[t // nj])
+        return lax.cond(busy[t], lambda: _plain_range(_swap(a_blk), b_blk, lo[t // nj],
+                                                      hi[t // nj]),
+                        lambda: xp.zeros(lead + (rows, cols), dtype=np.float32))
+
+    out = lax.map(one, xp.arange(ni * nj, dtype=np.int32))  # (ni*nj, ..., rows, cols)
+    out = xp.reshape(out, (ni, nj) + lead + (rows, cols))
+    out = xp.moveaxis(out, (0, 1), (nl, nl + 1))  # (..., ni, nj, rows, cols)
+    out = xp.swapaxes(out, -3, -2)  # (..., ni, rows, nj, cols)
+    return _f32.ftz(xp.reshape(out, lead + (n_i, n_j)))
+
+
+def _plain_block(at: Any, b: Any) -> Any:
+    """``Σ_k at_k ⊗ b_k`` in order k = 0, 1, ... (plain float32; at (..., K, I),
+    b (..., K, J))."""
+    from jax import lax
+
+    def term(k: Any) -> Any:
+        ak = lax.dynamic_index_in_dim(at, k, axis=at.ndim - 2, keepdims=False)[..., :, None]
+        bk = lax.dynamic_index_in_dim(b, k, axis=b.ndim - 2, keepdims=True)
+        return ak * bk
+
+    return lax.fori_loop(1, at.shape[-2], lambda k, acc: acc + term(k), term(0), unroll=4)
+
+
+def _plain_range(at: Any, b: Any, lo: Any, hi: Any) -> Any:
+    """``Σ_{lo ≤ k < hi} at_k ⊗ b_k`` in order, from +0 (plain float32; dynamic bounds), four
+    terms per loop step."""
+    from jax import lax
+
+    xp = _xp.namespace(at, b)
+
+    def term(k: Any) -> Any:
+        ak = lax.dynamic_index_in_dim(at, k, axis=at.ndim - 2, keepdims=False)[..., :, None]
+        bk = lax.dynamic_index_in_dim(b, k, axis=b.ndim - 2, keepdims=True)
+        return ak * bk
+
+    def four(j: Any, acc: Any) -> Any:
+        k = lo + 4 * j
+        return acc + term(k) + term(k + 1) + term(k + 2) + term(k + 3)
+
+    acc = xp.zeros(at.shape[:-2] + (at.shape[-1], b.shape[-1]), dtype=np.float32)
+    n4 = (hi - lo) // 4
+    acc = lax.fori_loop(0, n4, four, acc)
+    return lax.fori_loop(lo + 4 * n4, hi, lambda k, acc: acc + term(k), acc)
+
+
+@functools.lru_cache(maxsize=None)
+def _sequential_jax():
+    """``a @ b`` SEQUENTIAL under jax: one ``lax.cond`` on :func:`plain_sum_is_exact`. A
+    ``custom_vmap``: under ``vmap`` the statistics are reduced over the batch first, so the
+    predicate stays unbatched and the cond a branch (a batched one would run both loops)."""
+    import jax
+    from jax import lax
+
+    @jax.custom_batching.custom_vmap
+    def seq(a, b, a_stats, b_stats, *needed):
+        ok = plain_sum_is_exact(a_stats, b_stats, a.shape[-1])
+        plain = functools.partial(_loop, plain=True, needed=needed[0] if needed else None)
+        return lax.cond(ok, plain, functools.partial(_loop, plain=False), a, b)
+
+    @seq.def_vmap
+    def _rule(axis_size, in_batched, a, b, a_stats, b_stats, *needed):
+        arrays = [x if batched else jax.numpy.broadcast_to(x, (axis_size,) + x.shape)
+                  for x, batched in zip((a, b) + needed, in_batched[:2] + in_batched[4:])]
+        stats = []
+        for st, batched in zip((a_stats, b_stats), in_batched[2:4]):
+            lo, hi, lsb = st
+            lo_b, hi_b, lsb_b = batched
+            stats.append((lo.min(0) if lo_b else lo, hi.max(0) if hi_b else hi,
+                          lsb.min(0) if lsb_b else lsb))
+        return seq(arrays[0], arrays[1], *stats, *arrays[2:]), True
+
+    return seq
 
 
 def materialize(x: Any) -> Any:
     """Under jax, an optimization barrier (XLA computes ``x`` once instead of re-fusing its
-    elementwise chain into every consumer); a performance hint with no effect on bits."""
-    if not _xp.is_jax(x):
+    elementwise chain into every consumer); a performance hint with no effect on bits. ``x``
+    may be a tuple."""
+    if not any(_xp.is_jax(a) for a in (x if isinstance(x, tuple) else (x,))):
         return x
     from jax import lax
 
@@ -214,7 +423,7 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
                       delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT,
                       accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL,
                       p_ds: Any = None, out_delta: Any = None, dq_scaling: Any = None,
-                      quantize: Any = None) -> BackwardTrace:
+                      quantize: Any = None, dp_only_where_p: bool = False) -> BackwardTrace:
     """The backward of one attention call from the forward's saved state (module docstring).
 
     ``p`` is the represented, normalized P̃ (..., N, M) float32 as the forward multiplied it
@@ -225,7 +434,11 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     fake-quantizer ``(x, scaling) -> float32`` (by default
     :func:`fp4sim.attention.causal.fake_quantize`; the document-aware one for packed sequences).
     ``p_ds`` is the P of dS (default ``p``), ``out_delta`` the O of D (default ``out``);
-    ``dq_scaling`` quantizes the dQ output (default: float32).
+    ``dq_scaling`` quantizes the dQ output (default: float32). ``dp_only_where_p`` (jax,
+    SEQUENTIAL): dP may be left +0 in output blocks where the P of dS is all zero (a causal
+    mask's upper blocks); dS there is ±0 (or NaN with a non-finite D) either way, every product
+    with it flushes to +0, so the gradients keep their bits while the trace's dP, dS, dS_q may
+    differ there (:func:`fp4sim.attention.autodiff.emulated_attention` sets it).
     """
     if not isinstance(accumulation, BackwardAccumulation):
         raise TypeError(f"accumulation={accumulation!r} must be a BackwardAccumulation; allowed: "
@@ -239,18 +452,27 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     d_out_q = materialize(fq(d_out, d_out_scaling))
     d_out_delta = d_out if delta is DeltaSource.FLOAT_D_OUT else d_out_q
     p_dv = materialize(fq(p, p_scaling))
-    dv = _matmul(_swap(p_dv), d_out_q, accumulation)
-    dp = materialize(_matmul(d_out_q, _swap(v_hat), accumulation))
     p_ds = p if p_ds is None else p_ds
+    seq = accumulation is BackwardAccumulation.SEQUENTIAL
+    st = {}
+    if seq:  # each operand's statistics once, on its stored layout (not a transposed view)
+        st = {name: operand_stats(x) for name, x in (("do", d_out_q), ("p", p_dv),
+                                                      ("v", v_hat), ("q", q_hat), ("k", k_hat))}
+    dv = _matmul(_swap(p_dv), d_out_q, accumulation, a_stats=st.get("p"), b_stats=st.get("do"))
+    needed = p_ds if dp_only_where_p and seq and xp is not np else None
+    dp = materialize(_matmul(d_out_q, _swap(v_hat), accumulation, a_stats=st.get("do"),
+                             b_stats=st.get("v"), needed=needed))
     o_d = xp.asarray(out if out_delta is None else out_delta, dtype=np.float32)
     dlt = _f32.tree_sum(_f32.mul(d_out_delta, o_d), axis=-1)
     ds = materialize(_f32.mul(p_ds, _f32.ftz(dp - dlt[..., None])))
     ds_q = materialize(fq(ds, ds_scaling))
     c = np.float32(softmax_scale)
-    dq = _f32.mul(c, _matmul(ds_q, k_hat, accumulation))
+    ds_st = operand_stats(ds_q) if seq else None
+    dq = _f32.mul(c, _matmul(ds_q, k_hat, accumulation, a_stats=ds_st, b_stats=st.get("k")))
     if dq_scaling is not None:
         dq = fq(dq, dq_scaling)
-    dk = _f32.mul(c, _matmul(_swap(ds_q), q_hat, accumulation))
+    dk = _f32.mul(c, _matmul(_swap(ds_q), q_hat, accumulation, a_stats=ds_st,
+                             b_stats=st.get("q")))
     return BackwardTrace(Gradients(dq, dk, dv), d_out_q, d_out_delta, p_dv, p_ds, dp, dlt, ds,
                          ds_q)
 

@@ -224,6 +224,10 @@ def _convert_tile(recipe: AttentionRecipe, t: Any, need_mismatched: bool) -> PTi
             e = _ceil_exp(xp, _block_max(xp, tb) - LOG2_448)
             pb = ex2(tb - e[..., None].astype(np.float32))
             codes = _unblock(xp, encode(pb, E4M3))
+            if xp is not np:  # a barrier: else XLA re-runs the encoder for each consumer
+                from jax import lax
+
+                codes = lax.optimization_barrier(codes)
             return PTile(codes, (e + 127).astype(np.uint8), decode(codes, E4M3), e, 32, 0, 1.0,
                          mism, e)
         if fmt is PFormat.NVFP4:

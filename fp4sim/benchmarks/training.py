@@ -7,7 +7,10 @@ with the spec's SEQUENTIAL accumulation, once with the backend's matmul) and thr
 float32 ``jnp`` causal attention of the same shape; plus the forwards alone, for context. It
 reports the median wall time of each (after compilation and a warm-up call), the ratios (target
 for fwd+bwd: at most 3x), and the gradient errors against the float64 reference. CPU times are
-for the record only; the ratios are the claim.
+for the record only; the ratios are the claim. The chosen shape (``--seq``/``--head-dim``,
+S512 D64 by default) is measured first, then a second, larger one (``--also``, S2048 D128 by
+default; ``none`` skips it): the emulation's elementwise work grows with S² and the float32
+matrix products with S²·D, so the ratio depends on the shape and both are reported.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq", type=int, default=512, help="tokens (default 512)")
     parser.add_argument("--head-dim", type=int, default=64, help="head dimension (default 64)")
     parser.add_argument("--heads", type=int, default=1, help="heads, vmapped (default 1)")
+    parser.add_argument("--also", default="2048x128",
+                        help="a second shape SEQxHEAD_DIM measured after the first, or 'none' "
+                             "(default 2048x128)")
     parser.add_argument("--recipe", default="direct_p_fp8_training",
                         help="training preset name (fp4sim.attention.autodiff.TRAINING_PRESETS)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per side (default 5)")
@@ -33,23 +39,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
 
 
-def run(args: argparse.Namespace) -> int:
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
+def _second_shape(text: str) -> tuple[int, int] | None:
+    if text.lower() == "none":
+        return None
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--also={text!r} must be SEQxHEAD_DIM with positive integers (e.g. "
+                         f"2048x128) or 'none'")
+    return int(parts[0]), int(parts[1])
 
-    from fp4sim.attention.autodiff import emulated_attention, training_forward, training_preset
-    from fp4sim.attention.backward import BackwardAccumulation, attention_grad_reference
+
+def run(args: argparse.Namespace) -> int:
+    from fp4sim.attention.autodiff import training_preset
 
     if not options_positive(args, ("seq", "head_dim", "heads", "repeats")):
         return 2
     try:
         recipe = training_preset(args.recipe)
+        second = _second_shape(args.also)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    h, n, d = args.heads, args.seq, args.head_dim
-    rng = np.random.default_rng(args.seed)
+    shapes = [(args.seq, args.head_dim)] + ([second] if second else [])
+    results = [_measure(recipe, args.heads, n, d, args.repeats, args.seed) for n, d in shapes]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results[0] | {"shapes": results}, f, indent=2)
+    return 0
+
+
+def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int) -> dict:
+    """Time every side on one shape (interleaved), print the table, return the results."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from fp4sim.attention.autodiff import emulated_attention, training_forward
+    from fp4sim.attention.backward import BackwardAccumulation, attention_grad_reference
+
+    rng = np.random.default_rng(seed)
     q, k, v, do = (rng.standard_normal((h, n, d)).astype(np.float32) for _ in range(4))
     scale = 1.0 / float(np.sqrt(d))
     args_j = tuple(jnp.asarray(x) for x in (q, k, v))
@@ -84,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         results[key] = jax.block_until_ready(fn(*args_j))
         compile_s[key] = time.perf_counter() - t0
     times = time_interleaved({key: (lambda fn=fn: jax.block_until_ready(fn(*args_j)))
-                              for key, fn in sides.items()}, args.repeats)
+                              for key, fn in sides.items()}, repeats)
 
     exact = attention_grad_reference(q, k, v, do, softmax_scale=scale, causal=True)
 
@@ -105,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             for side in ("emulated_fwd_bwd", "emulated_fwd_bwd_backend_acc", "jnp_f32_fwd_bwd")},
     }
     print(f"bench training ({result['device']}): heads={h} seq={n} head_dim={d} causal, "
-          f"recipe {recipe.name}, median of {args.repeats}")
+          f"recipe {recipe.name}, median of {repeats}")
     for key in sides:
         print(f"  {key:30s} {times[key] * 1e3:9.2f} ms   (first call {compile_s[key]:.1f} s)")
     print(f"  ratio fwd+bwd, emulated / jnp f32            {result['ratio_fwd_bwd']:7.2f} x "
@@ -116,7 +144,4 @@ def run(args: argparse.Namespace) -> int:
     for side, errs in result["rel_l2_vs_float64"].items():
         print(f"  rel-L2 vs float64 {side:30s} dq {errs['dq']:.3e}  dk {errs['dk']:.3e}  "
               f"dv {errs['dv']:.3e}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    return 0
+    return result
