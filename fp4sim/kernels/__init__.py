@@ -20,6 +20,7 @@ from fp4sim.kernels.attention_mgpu import (
     attention_fp8,
     attention_fp8_quantized,
     quantize_operands,
+    reference_forward,
 )
 from fp4sim.kernels.decoders import (
     e2m1_to_f16,
@@ -58,6 +59,7 @@ __all__: list[str] = [
     "FP8AttentionConfig",
     "FP8Operands",
     "OutType",
+    "reference_forward",
     "PConversion",
     "attention_fp8",
     "attention_fp8_quantized",
