@@ -211,8 +211,14 @@ def test_nvfp4_error_bound(vals, shift, fmt):
     bound = s * 1.0 + np.maximum(0.0, amax - 6.0 * s) + amax * 2.0 ** -20
     # TE's order caps the element factor fl(1/(s·g)) at float32 max: blocks whose effective scale
     # is below 1/FLT_MAX (amax in the float32 subnormals) come out shrunk by s·g·FLT_MAX < 1.
-    capped = s < 1.0 / np.float64(np.finfo(np.float32).max)
+    capped = np.broadcast_to(s < 1.0 / np.float64(np.finfo(np.float32).max), x.shape)
     assert np.all((np.abs(x - y) <= bound) | capped)
+    # ... never enlarged nor sign-flipped (each element is x·fl(1/(s·g))·s·g rounded to E2M1
+    # and back, with 0 < fl(1/(s·g))·s·g <= 1 once capped, up to the element's own rounding)
+    xc, yc = x.astype(np.float64)[capped], y[capped]
+    slack = np.broadcast_to(bound, x.shape)[capped]
+    assert np.all(np.abs(yc) <= np.abs(xc) * (1 + 2.0 ** -20) + slack)
+    assert np.all(yc * xc >= 0)
 
 
 # --- geometries ----------------------------------------------------------------------------
