@@ -32,12 +32,21 @@ element per word. The tensor is then seen as a matrix whose rows are scale block
 5. codes and scales are stored (DIRECT: straight to GMEM; TMA: through SMEM with TMA stores,
    FP4 output rows of 8 or 16 bytes regrouped into ``tma_row_bytes``-wide TMA rows).
 
-The defaults (:func:`_default_tiling`) are the fastest measured on the H200: FP8 from 16-bit
-input uses ``lanes=4`` and 128-row tiles (fully coalesced 16-byte loads), the FP4 formats
-``lanes=1`` and 256-row tiles (a thread owns whole blocks, so the per-block scale arithmetic
-runs once per block instead of once per sharing thread); NVFP4 from bfloat16 additionally
-``vector_words=8, rows_per_thread=2`` (a thread owns two consecutive blocks as 32-byte
-vectors: 16 contiguous code bytes, written as two 8-byte stores).
+The defaults (:func:`_default_tiling`) are the fastest measured on the H200. From bfloat16
+input every format uses ``lanes=1`` (a thread owns whole blocks, so the per-block scale
+arithmetic runs once per block instead of once per sharing thread) in 256-row tiles, MXFP8
+as two 32-byte vectors per 64-byte block row, NVFP4 as two consecutive blocks of 32-byte
+vectors per thread (16 contiguous code bytes, written as two 8-byte stores) with four tiles
+per CTA; FP8 from float16 input keeps ``lanes=4`` and 128-row tiles (fully coalesced
+16-byte loads).
+
+Where the time goes (H200, bfloat16, 8192 x 8192; SASS of the NVFP4 kernel read with
+``MOSAIC_GPU_DUMP_PTX`` + ptxas/cuobjdump): data movement alone (``Variant.MOVE_ONLY``) runs
+at the copy bandwidth (0.995 of it), while the conversion is bound by Hopper's integer/logic
+pipe (LOP3, SHF, FMNMX, SEL, PRMT: half the float rate), about 10 such instructions per
+element against 4 float ones -- as much issue time as the data movement takes, and the two
+only partly overlap. Instructions per element are therefore what the element code below
+economises.
 
 ``TOKEN_BLOCK`` geometry (32 tokens x the whole head dimension share one power-of-two scale)
 uses a second body: each CTA takes ``token_blocks`` such (32, D) blocks, reduces each with a
@@ -158,6 +167,7 @@ __all__ = [
     "INPUT_DTYPES",
     "NUM_PARAMS",
     "e2m1_magnitude_float",
+    "e2m1_code_bits_float",
 ]
 
 INPUT_DTYPES = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32))
@@ -268,28 +278,34 @@ def check_supported(fmt: Any, geometry: Any = Geometry.BLOCK, dtype: Any = np.fl
 def _default_tiling(cfg: Any) -> dict[str, Any]:
     """The tiling a BLOCK kernel gets unless told otherwise: the fastest measured on the H200
     at 8192 x 8192 (see ``fp4sim/benchmarks/gpu_quant.py``). Direct GMEM <-> register
-    transfers, one CTA per tile; FP8 from 16-bit input lets four threads share a 64-byte block
-    row (fully coalesced 16-byte loads) in tiles of 128 rows (256 from float32 input); the FP4
-    formats give each thread whole blocks (their per-block arithmetic then runs once per block,
-    not once per thread sharing it). NVFP4 from bfloat16 input (DIRECT, one lane per block)
-    also gives each thread two consecutive blocks held as 32-byte vectors (16 contiguous code
-    bytes per thread, 8-byte stores): 1.5-4 % faster than 16-byte vectors and one block per
-    thread in the side-by-side H200 run (faster in 7-9 of 10 interleaved rounds in every NVFP4
-    case); the same change made MXFP4 5 % slower, so it keeps the one-block tiling (float16
-    and float32 input were not timed with it and keep it too)."""
+    transfers. The FP4 formats give each thread whole blocks (their per-block arithmetic then
+    runs once per block, not once per thread sharing it) in tiles of 256 rows; FP8 from float16
+    input lets four threads share a 64-byte block row (fully coalesced 16-byte loads) in tiles
+    of 128 rows (256 from float32 input).
+
+    From bfloat16 input (CUPTI device time, two H200 runs on 2026-12-01, bitwise equal to the
+    emulator in both): MXFP8 gives each thread a whole 64-byte block row as two 32-byte
+    vectors in tiles of 256 rows (0.877-0.881 of the copy bandwidth against 0.810-0.815 for
+    four lanes per row; E5M2 0.857 against 0.806); NVFP4 gives each thread two consecutive
+    blocks as 32-byte vectors (16 contiguous code bytes, 8-byte stores) and each CTA four tiles,
+    issuing the next tile's loads before converting the current one (0.754-0.757 against
+    0.674-0.689 for one tile per CTA). float16/float32 input and MXFP4 were not re-measured
+    with these tilings and keep the previous ones."""
     kind = _fmt_key(cfg.fmt)
     mx8 = kind == "mx8"
     paired = np.dtype(cfg.in_dtype).itemsize == 2
+    bf16 = np.dtype(cfg.in_dtype) == np.dtype(ml_dtypes.bfloat16)
     transfer = cfg.transfer if cfg.transfer is not None else Transfer.DIRECT
-    lanes = cfg.lanes if cfg.lanes is not None else (4 if mx8 else 1)
-    wide = (kind == "nv" and np.dtype(cfg.in_dtype) == np.dtype(ml_dtypes.bfloat16)
-            and transfer is Transfer.DIRECT and lanes == 1)
+    direct = transfer is Transfer.DIRECT
+    lanes = cfg.lanes if cfg.lanes is not None else (4 if mx8 and not (bf16 and direct) else 1)
+    wide = bf16 and direct and lanes == 1 and kind in ("nv", "mx8")
+    nv_wide = wide and kind == "nv"
     return {"transfer": transfer,
             "lanes": lanes,
-            "block_rows": 128 if mx8 and paired else 256,
-            "tiles_per_cta": 1 if transfer is Transfer.DIRECT else 2,
+            "block_rows": 128 if mx8 and paired and not wide else 256,
+            "tiles_per_cta": (4 if nv_wide else 1) if direct else 2,
             "vector_words": 8 if wide else 4,
-            "rows_per_thread": 2 if wide else 1}
+            "rows_per_thread": 2 if nv_wide else 1}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -674,10 +690,10 @@ def _block_amax(xs: tuple[Any, ...], cfg: QuantKernelConfig) -> tuple[Any, Any]:
     return jnp.max(mag, axis=1), None
 
 
-def e2m1_magnitude_float(y: Any, *, nonnegative: bool = False) -> Any:
-    """E2M1 magnitude codes (uint32, 0..7) of float32 ``y``, round to nearest even, saturating
-    at 6 (NaN: unspecified; callers mask NaN blocks), by IEEE float32 steps without integer
-    rounding logic:
+def e2m1_code_bits_float(y: Any, *, nonnegative: bool = False) -> Any:
+    """The E2M1 magnitude code (0..7) of float32 ``y``, round to nearest even, saturating at 6
+    (NaN: unspecified; callers mask NaN elements or blocks), *in bits 22-24* of a uint32 (all
+    other bits zero), by IEEE float32 steps without integer rounding logic:
 
     1. ``a = min(|y|, 6)``;
     2. ``M = 2^22·max(2^floor(log2 a), 1)``: then ``fl(a + M)`` lies in M's binade, whose
@@ -686,11 +702,12 @@ def e2m1_magnitude_float(y: Any, *, nonnegative: bool = False) -> Any:
     3. ``r·2^-126`` puts E2M1's values 0, 0.5, 1, 1.5, 2, 3, 4, 6 at float32 bit patterns whose
        bits 22 and up are the codes 0..7 (0.5·2^-126 is the subnormal 0x00400000).
 
-    Exact where float32 operations keep subnormals (NumPy; the GPU), not under XLA:CPU's
-    FTZ/DAZ; written against the array namespace so NumPy tests check it. The multiplies by
-    powers of two are exact, so a compiler that fuses them with the additions into FMAs (the
-    NVPTX backend does) cannot change a result. ``nonnegative``: ``y >= 0`` is known (skips
-    the ``abs``)."""
+    The code is left in place so that a caller packing two codes into a byte shifts each once
+    (``>> 22`` for the low nibble, ``>> 18`` for the high one). Exact where float32 operations
+    keep subnormals (NumPy; the GPU), not under XLA:CPU's FTZ/DAZ; written against the array
+    namespace so NumPy tests check it. The multiplies by powers of two are exact, so a compiler
+    that fuses them with the additions into FMAs (the NVPTX backend does) cannot change a
+    result. ``nonnegative``: ``y >= 0`` is known (skips the ``abs``)."""
     from fp4sim._xp import bitcast, namespace
 
     xp = namespace(y)
@@ -698,30 +715,59 @@ def e2m1_magnitude_float(y: Any, *, nonnegative: bool = False) -> Any:
     p2 = bitcast(bitcast(a, np.uint32) & _U(0x7F800000), np.float32)  # 2^floor(log2 a), or 0
     m = xp.maximum(p2, np.float32(1.0)) * np.float32(2.0 ** 22)  # float ops: the FP pipe
     r = (a + m) - m
-    return bitcast(r * np.float32(2.0 ** -126), np.uint32) >> _U(22)
+    return bitcast(r * np.float32(2.0 ** -126), np.uint32)
+
+
+def e2m1_magnitude_float(y: Any, *, nonnegative: bool = False) -> Any:
+    """E2M1 magnitude codes (uint32, 0..7) of float32 ``y``: :func:`e2m1_code_bits_float`
+    shifted down (same rounding, saturation and exactness conditions)."""
+    return e2m1_code_bits_float(y, nonnegative=nonnegative) >> _U(22)
 
 
 def _fp4_codes_float(xs: tuple[Any, ...], s: Any, *, block_nan: Any = None,
-                     absx: Any = None) -> Any:
+                     absx: Any = None, word: Any = None) -> Any:
     """FLOAT path, MXFP4 and NVFP4: E2M1 codes of fl(x·s), s > 0 per block, by
-    :func:`e2m1_magnitude_float`, packed into one byte per pair of elements for 16-bit input.
+    :func:`e2m1_code_bits_float`, packed into one byte per pair of elements for 16-bit input.
     NaN elements give +0: NVFP4 passes ``block_nan`` (a NaN makes its block a NaN block, all
     +0, so no per-element test is needed); MXFP4 tests each element. ``absx``: the float32
-    ``|x|`` already formed for the block max (fl(|x|·s) = |fl(x·s)| for s > 0). Written
-    against the array namespace: NumPy runs it with IEEE subnormals, as the GPU does."""
+    ``|x|`` already formed for the block max (fl(|x|·s) = |fl(x·s)| for s > 0). ``word``: the
+    uint32 input words of a pair (16-bit input, even element in the low half), from which the
+    two signs are taken. Written against the array namespace: NumPy runs it with IEEE
+    subnormals, as the GPU does.
+
+    A pair's byte is assembled in the top byte of a uint32 by integer multiply-adds, then moved
+    down with one shift: the even code (bits 22-24) times 4 lands in bits 24-26, the odd code
+    times 64 in bits 28-30, and ``(word & 0x80008000) · 0x1001`` puts the even sign (bit 15)
+    at bit 27 next to the odd sign already at bit 31 (its other copies fall below bit 24 or off
+    the top). The fields are disjoint, so the additions are ORs. On Hopper the kernel's time is
+    made of its integer/logic (ALU) instructions; multiply-adds run on the FMA pipe instead, and
+    this form needs two ALU instructions per pair (the sign mask and the final shift) where
+    shifting and masking each code and sign took six to eight in the SASS of the previous form
+    (this form's SASS and speed are not yet measured). An NVFP4 NaN block multiplies the code by
+    0 (one more multiply, not a select)."""
     from fp4sim._xp import bitcast, namespace
 
     xp = namespace(*xs)
     if absx is None:
         absx = [xp.abs(bitcast(x, np.float32)) for x in xs]
     ys = [a * s for a in absx]
-    codes = [e2m1_magnitude_float(y, nonnegative=True) | ((x >> _U(28)) & _U(0x08))
-             for x, y in zip(xs, ys)]
-    if block_nan is None:
-        codes = [xp.where(y != y, _U(0), c) for y, c in zip(ys, codes)]
-    code = codes[0] | (codes[1] << _U(4)) if len(codes) == 2 else codes[0]
+    cs = [e2m1_code_bits_float(y, nonnegative=True) for y in ys]
+    if len(xs) == 1:  # float32 input: one code per byte
+        code = (cs[0] >> _U(22)) | ((xs[0] >> _U(28)) & _U(0x08))
+        code = xp.where(ys[0] != ys[0], _U(0), code) if block_nan is None else code
+    else:
+        if word is None:  # only the signs (bits 15 and 31) are used: take them from xs
+            word = (xs[0] >> _U(16)) | (xs[1] & _U(0xFFFF0000))
+        signs = word & _U(0x80008000)
+        if block_nan is None:  # MXFP4: a NaN element gives +0 (code and sign)
+            nan0, nan1 = (y != y for y in ys)
+            cs = [xp.where(n, _U(0), c) for n, c in zip((nan0, nan1), cs)]
+            signs = signs & xp.where(nan0, _U(0x80000000), _U(0xFFFFFFFF)) \
+                & xp.where(nan1, _U(0x00008000), _U(0xFFFFFFFF))
+        top = cs[0] * _U(4) + cs[1] * _U(64) + signs * _U(0x1001)
+        code = top >> _U(24)
     if block_nan is not None:
-        code = xp.where(block_nan, _U(0), code)
+        code = code * (_U(1) - block_nan.astype(np.uint32))
     return code.astype(np.uint8)
 
 
@@ -732,7 +778,8 @@ def _path(cfg: QuantKernelConfig) -> ElementPath:
 
 
 def _codes_from(xs: tuple[Any, ...], cfg: QuantKernelConfig, per_block: dict[str, Any],
-                bc: Any, absx: Any = None) -> Any:
+                bc: Any, absx: Any = None, word: Any = None) -> Any:
+    """The codes of a tile (``xs``: :func:`_widen` of the input words ``word``)."""
     import jax.numpy as jnp
 
     fmt = cfg.fmt
@@ -749,7 +796,7 @@ def _codes_from(xs: tuple[Any, ...], cfg: QuantKernelConfig, per_block: dict[str
         return codes[0].astype(jnp.uint8)
     if flt:
         nan = bc(per_block["nan"]) if cfg.kind == "nv" else None
-        return _fp4_codes_float(xs, bc(per_block["s"]), block_nan=nan, absx=absx)
+        return _fp4_codes_float(xs, bc(per_block["s"]), block_nan=nan, absx=absx, word=word)
     if cfg.kind == "mx4":
         points = [bc(t) for t in per_block["points"]]
         codes = [_mx4_codes(x, points) for x in xs]
@@ -882,7 +929,8 @@ def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
         amax, absx = _block_amax(xs, cfg)
         scales, per_block = _per_block(amax, cfg, params)
         bc = lambda v: plgpu.layout_cast(lax.broadcast_in_dim(v, (tr, ww), [0]), lay)  # noqa: E731
-        return _codes_from(xs, cfg, per_block, bc, absx), scales.astype(u8)
+        return (_codes_from(xs, cfg, per_block, bc, absx, w if cfg.paired else None),
+                scales.astype(u8))
 
     out_scales = jax.ShapeDtypeStruct((num_rows,), u8)
     grid = (num_rows // (tr * tiles),)
@@ -1012,7 +1060,8 @@ def _build_token_block(cfg: QuantKernelConfig, num_blocks: int) -> Any:
             scale, per_block = _per_block(amax, cfg, {})
             per_block = jax.tree.map(jnp.max, per_block)
             bc = lambda v: lax.broadcast_in_dim(v, w.shape, ())  # noqa: E731  (splat)
-            o_s.at[j][...] = _codes_from(xs, cfg, per_block, bc)
+            o_s.at[j][...] = _codes_from(xs, cfg, per_block, bc,
+                                         word=w if cfg.paired else None)
             s_s[j, 0] = jnp.max(scale).astype(jnp.uint8)  # TMA rows are >= 16 bytes: byte 0
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(o_s, o_g.at[_ds(i * tb, tb)])
@@ -1164,8 +1213,8 @@ def _quantize_jit(x: Any, global_scale: Any, global_encode_scale: Any, *,
         else:
             amax_bits = jnp.max(words & _U(0x7FFFFFFF))
         params, g_dec = _nv_params(amax_bits, fmt, global_scale, global_encode_scale)
-    else:
-        params = jnp.zeros((NUM_PARAMS,), jnp.uint32)
+    else:  # a constant (an XLA literal: no kernel launch to fill it)
+        params = np.zeros((NUM_PARAMS,), np.uint32)
     if cfg.geometry is Geometry.BLOCK:
         rows = x.size // fmt.block_size
         codes, scales = build_kernel(cfg, rows)(words.reshape(rows, cfg.words_per_block), params)

@@ -431,29 +431,42 @@ def test_bad_configurations_raise_naming_the_argument():
 
 
 def test_default_tiling_is_the_measured_best_and_explicit_fields_win():
+    # From bfloat16 (measured faster on the H200): MXFP8 one lane per 64-byte block row as two
+    # 32-byte vectors in 256-row tiles; NVFP4 two blocks per thread as 32-byte vectors, four
+    # tiles per CTA
     bf8 = Q.QuantKernelConfig(fmt=B.MXFP8_E4M3)
-    assert (bf8.transfer, bf8.lanes, bf8.block_rows, bf8.tiles_per_cta) == \
-        (Q.Transfer.DIRECT, 4, 128, 1)
+    assert (bf8.transfer, bf8.lanes, bf8.block_rows, bf8.tiles_per_cta, bf8.vector_words,
+            bf8.rows_per_thread) == (Q.Transfer.DIRECT, 1, 256, 1, 8, 1)
+    assert Q.QuantKernelConfig(fmt=B.MXFP8_E5M2) == \
+        Q.QuantKernelConfig(fmt=B.MXFP8_E5M2, lanes=1, vector_words=8, block_rows=256)
+    # float16 / float32 input and explicit lanes keep the previous FP8 tiling
+    f16 = Q.QuantKernelConfig(fmt=B.MXFP8_E4M3, in_dtype=np.float16)
+    assert (f16.lanes, f16.block_rows, f16.vector_words) == (4, 128, 4)
     f32 = Q.QuantKernelConfig(fmt=B.MXFP8_E4M3, in_dtype=np.float32)
     assert (f32.lanes, f32.block_rows) == (4, 256)
+    four = Q.QuantKernelConfig(fmt=B.MXFP8_E4M3, lanes=4)
+    assert (four.block_rows, four.vector_words) == (128, 4)
     nv = Q.QuantKernelConfig(fmt=B.NVFP4)
-    assert (nv.transfer, nv.lanes, nv.block_rows) == (Q.Transfer.DIRECT, 1, 256)
-    # NVFP4 from bfloat16: two blocks per thread as 32-byte vectors (measured faster); MXFP4,
-    # other input dtypes, shared blocks and the TMA ring keep one block in 16-byte vectors
+    assert (nv.transfer, nv.lanes, nv.block_rows, nv.tiles_per_cta) == \
+        (Q.Transfer.DIRECT, 1, 256, 4)
     assert (nv.vector_words, nv.rows_per_thread) == (8, 2)
+    # MXFP4, other input dtypes, shared blocks and the TMA ring keep one block in 16-byte vectors
     for cfg in (Q.QuantKernelConfig(fmt=B.MXFP4), Q.QuantKernelConfig(fmt=B.NVFP4, lanes=2),
                 Q.QuantKernelConfig(fmt=B.NVFP4, in_dtype=np.float32),
                 Q.QuantKernelConfig(fmt=B.NVFP4, in_dtype=np.float16),
                 Q.QuantKernelConfig(fmt=B.NVFP4, transfer=Q.Transfer.TMA)):
-        assert (cfg.vector_words, cfg.rows_per_thread) == (4, 1), cfg
+        assert (cfg.vector_words, cfg.rows_per_thread, cfg.tiles_per_cta) == \
+            (4, 1, 2 if cfg.transfer is Q.Transfer.TMA else 1), cfg
     assert Q.QuantKernelConfig(fmt=B.NVFP4, rows_per_thread=1).vector_words == 8
+    assert Q.QuantKernelConfig(fmt=B.NVFP4, tiles_per_cta=1).tiles_per_cta == 1
     tma = Q.QuantKernelConfig(fmt=B.NVFP4, transfer=Q.Transfer.TMA, lanes=2)
     assert (tma.lanes, tma.tiles_per_cta) == (2, 2)
-    assert hash(bf8) == hash(Q.QuantKernelConfig(fmt=B.MXFP8_E4M3, lanes=4))
+    assert hash(nv) == hash(Q.QuantKernelConfig(fmt=B.NVFP4, tiles_per_cta=4))
 
 
 @pytest.mark.parametrize("num_rows,want", [(64, (64, 1, 2, 1)), (128, (128, 1, 1, 1)),
-                                           (256, (256, 1, 1, 2)), (1 << 20, (256, 1, 1, 2))])
+                                           (256, (256, 1, 1, 2)), (1 << 20, (256, 4, 1, 2)),
+                                           (768, (256, 3, 1, 2))])
 def test_rows_per_thread_falls_back_on_small_tiles(num_rows, want):
     """(rows per tile, tiles per CTA, lanes, rows per thread): a tile smaller than 128 rows per
     thread-row falls back to one row per thread, then to blocks shared by two lanes."""
