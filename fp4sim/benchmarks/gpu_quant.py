@@ -251,7 +251,15 @@ def run_section(args: argparse.Namespace, ctx: Any) -> dict:
                 lanes=1, block_rows=256)
         kernel_only(ctx, cases, rows, nv_const, x_bf,
                     "NVFP4 bf16 kernel only, 16-byte vectors, 1 block/thread",
-                    vector_words=4, rows_per_thread=1)
+                    vector_words=4, rows_per_thread=1, tiles_per_cta=1)
+        kernel_only(ctx, cases, rows, nv_const, x_bf,
+                    "NVFP4 bf16 kernel only, 1 tile per CTA (previous default)", tiles_per_cta=1)
+        kernel_only(ctx, cases, rows, nv_const, x_bf, "NVFP4 bf16 kernel only, 8 tiles per CTA",
+                    tiles_per_cta=8)
+        kernel_only(ctx, cases, rows, blocks.MXFP8_E4M3, x_bf,
+                    "MXFP8_E4M3 bf16 kernel only, 4 lanes (previous default)", lanes=4)
+        kernel_only(ctx, cases, rows, blocks.MXFP4, x_bf, "MXFP4 bf16 kernel only, 512-row tiles",
+                    block_rows=512)
         run("NVFP4 bf16 (constant g, specials) TMA ring", nv_const, x_bf,
             global_scale=jnp.float32(2.0 ** -7), transfer=Transfer.TMA, lanes=1,
             block_rows=256)
@@ -283,8 +291,9 @@ def same_bytes_copy(ctx: Any, cases: list, rows: list, x: Any) -> None:
 
 def kernel_only(ctx: Any, cases: list, rows: list, fmt: Any, x: Any, name: str,
                 **tiling: Any) -> None:
-    """Time the Pallas kernel alone on prepared words (no XLA reshapes/bitcasts around it);
-    ``tiling``: :class:`~fp4sim.kernels.quantize_mgpu.QuantKernelConfig` tiling fields."""
+    """Time the Pallas kernel alone on prepared words (no XLA reshapes/bitcasts around it) and
+    compare its codes and scales with the jitted emulator's; ``tiling``:
+    :class:`~fp4sim.kernels.quantize_mgpu.QuantKernelConfig` tiling fields."""
     import jax
     import jax.numpy as jnp
 
@@ -293,17 +302,32 @@ def kernel_only(ctx: Any, cases: list, rows: list, fmt: Any, x: Any, name: str,
 
     if ctx.seconds_left() < 20:
         return
+    from jax import lax
+
+    from fp4sim.formats import blocks
+
     cfg = Q.QuantKernelConfig(fmt=fmt, in_dtype=x.dtype, **tiling)
     words = Q._words(x, cfg).reshape(-1, cfg.words_per_block)
     params = jnp.zeros((Q.NUM_PARAMS,), jnp.uint32)
+    kw = {}
     if cfg.kind == "nv":  # decode factor 2^-7, as the constant-g case
-        params, _ = Q._nv_params(jnp.uint32(0), fmt, jnp.float32(2.0 ** -7), None)
+        kw = {"global_scale": jnp.float32(2.0 ** -7)}
+        params, _ = Q._nv_params(jnp.uint32(0), fmt, kw["global_scale"], None)
     k = jax.jit(Q.build_kernel(cfg, words.shape[0]))
     codes, scales = jax.block_until_ready(k(words, params))
     r = {"name": name, **_timed(ctx, k, words, params,
                                 useful=x.nbytes + codes.nbytes + scales.nbytes)}
+    check = "not compared"
+    if cfg.variant is Q.Variant.FULL:  # the same bits as the emulator's quantize of x
+        qe = jax.jit(functools.partial(blocks.quantize, fmt=fmt, axis=-1,
+                                       pack=cfg.kind != "mx8", **kw))(x)
+        mine = lax.bitcast_convert_type(codes, jnp.uint8).reshape(qe.codes.shape)
+        r["mismatch"] = {"codes": _mismatches(mine, qe.codes),
+                         "scales": _mismatches(scales.reshape(qe.scales.shape), qe.scales)}
+        check = "bitwise ok" if not any(r["mismatch"].values()) else \
+            "MISMATCH " + ",".join(f"{n}={v}" for n, v in r["mismatch"].items() if v)
     cases.append(r)
     rows.append(row(name, ms=1e3 * r["device_s"], rate=f"{r['bytes_per_s'] / 1e12:.2f} TB/s",
                     ratio=r["ratio_to_copy"], ratio_to="copy",
-                    check=f"not compared; wall {r['ratio_to_copy_wall']:.2f}"))
+                    check=f"{check}; wall {r['ratio_to_copy_wall']:.2f}"))
     print(rows[-1], flush=True)
