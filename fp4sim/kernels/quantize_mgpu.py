@@ -702,8 +702,8 @@ def e2m1_code_bits_float(y: Any, *, nonnegative: bool = False) -> Any:
     3. ``r·2^-126`` puts E2M1's values 0, 0.5, 1, 1.5, 2, 3, 4, 6 at float32 bit patterns whose
        bits 22 and up are the codes 0..7 (0.5·2^-126 is the subnormal 0x00400000).
 
-    The code is left in place so that a caller packing two codes into a byte shifts each once
-    (``>> 22`` for the low nibble, ``>> 18`` for the high one). Exact where float32 operations
+    The code is left in place so that a caller packing codes moves each into its position with
+    one multiply or shift (:func:`_fp4_codes_float`). Exact where float32 operations
     keep subnormals (NumPy; the GPU), not under XLA:CPU's FTZ/DAZ; written against the array
     namespace so NumPy tests check it. The multiplies by powers of two are exact, so a compiler
     that fuses them with the additions into FMAs (the NVPTX backend does) cannot change a
