@@ -387,7 +387,9 @@ def _tie_inputs(fmt: Any) -> np.ndarray:
     from fp4sim.formats import value_table
 
     v = np.asarray(value_table(fmt), dtype=np.float64)
-    v = np.unique(v[np.isfinite(v) & (v >= 0)])
+    # +0 only: np.unique keeps an unspecified one of +0 and -0 (NumPy 2.5 keeps -0), and the
+    # stored vectors start from +0 (-0 comes back through the mirrored negative inputs)
+    v = np.unique(v[np.isfinite(v) & (v >= 0) & ~np.signbit(v)])
     mids = ((v[:-1] + v[1:]) / 2).astype(np.float32)
     up = np.nextafter(mids, np.float32(np.inf))
     down = np.nextafter(mids, np.float32(0))
