@@ -5,13 +5,16 @@
    ``acc = ftz(acc + ftz(a_k·b_k))`` written here with NumPy selects (not the emulator's bit
    masks), on operands with short significands, zeros of both signs, cancellations, and each
    predicate boundary (tiny products 2^-103 / 2^-104, overflow, NaN/Inf, long significands);
-   NumPy, jit and vmap (where the predicate is reduced over the batch).
+   NumPy, jit and vmap (where the predicate is reduced over the batch); also with
+   ``transpose_a`` (a stored as (..., K, I), sliced by columns instead of transposed).
 2. :func:`fp4sim.attention.autodiff.p_from_forward` (P̃ from the forward's saved P codes, used
    by ``jax.grad``) equals :func:`fp4sim.attention.autodiff.rebuild_p` bit for bit for every
    forward preset.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import numpy as np
@@ -61,6 +64,13 @@ def _same_bits(got, want):
 
 _jit = jax.jit(_matmul)
 _vmap = jax.jit(jax.vmap(_matmul))
+_matmul_t = functools.partial(_matmul, transpose_a=True)  # takes aᵀ (..., K, I)
+_jit_t = jax.jit(_matmul_t)
+_vmap_t = jax.jit(jax.vmap(_matmul_t))
+
+
+def _t(a):
+    return np.ascontiguousarray(np.swapaxes(a, -1, -2))
 
 
 def _check(a, b):
@@ -68,6 +78,9 @@ def _check(a, b):
     _same_bits(_matmul(a, b), want)
     _same_bits(_jit(a, b), want)
     _same_bits(_vmap(a, b), want)
+    _same_bits(_matmul_t(_t(a), b), want)
+    _same_bits(_jit_t(_t(a), b), want)
+    _same_bits(_vmap_t(_t(a), b), want)
     return bool(plain_sum_is_exact(operand_stats(a), operand_stats(b), a.shape[-1]))
 
 
@@ -145,10 +158,13 @@ def test_plain_loop_in_output_blocks(shape_a, shape_b):
     b = _short(rng, shape_b, 3, -12, 3)
     want = _flushed_chain(a, b)
     _same_bits(jax.jit(_matmul)(a, b), want)
+    _same_bits(_jit_t(_t(a), b), want)
     if len(shape_b) == 3:
         _same_bits(_vmap(a, b), want)
+        _same_bits(_vmap_t(_t(a), b), want)
     else:
         _same_bits(jax.jit(jax.vmap(_matmul, in_axes=(0, None)))(a, b), want)
+        _same_bits(jax.jit(jax.vmap(_matmul_t, in_axes=(0, None)))(_t(a), b), want)
 
 
 @pytest.mark.parametrize("mask", ["tril", "triu", "zero_block", "nan_in_zero_block"])
@@ -170,6 +186,8 @@ def test_plain_loop_skips_zero_columns_of_a_row_block(mask):
     want = _flushed_chain(a, b)
     _same_bits(jax.jit(_matmul)(a, b), want)
     _same_bits(_vmap(a, b), want)
+    _same_bits(_jit_t(_t(a), b), want)
+    _same_bits(_vmap_t(_t(a), b), want)
 
 
 @pytest.fixture
