@@ -255,8 +255,8 @@ def _loop(a: Any, b: Any, plain: bool, needed: Any = None, transposed: bool = Fa
     lo = xp.minimum(lo, hi)
 
     if needed is not None:  # (ni, nj): does the block hold a needed entry?
-        nb = xp.reshape(xp.abs(needed), lead + (ni, rows, nj, cols))
-        busy = xp.reshape(xp.max(nb, axis=tuple(range(nl)) + (nl + 1, nl + 3)) > 0, (ni * nj,))
+        nb = xp.reshape(needed != 0, lead + (ni, rows, nj, cols))  # NaN counts as needed
+        busy = xp.reshape(xp.any(nb, axis=tuple(range(nl)) + (nl + 1, nl + 3)), (ni * nj,))
 
     def a_block(i: Any) -> Any:  # (..., K, rows): columns i·rows ... of a
         if transposed:
