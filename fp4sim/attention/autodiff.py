@@ -48,7 +48,8 @@ from fp4sim.attention.backward import (BackwardTrace, DeltaSource, DsProbabiliti
                                        emulated_backward, materialize)
 from fp4sim.attention.converters import convert_tile
 from fp4sim.attention.exp2 import exp2_rn
-from fp4sim.attention.forward import Operand, attention_forward, log2_scores, score_scale, scores
+from fp4sim.attention.forward import (Operand, _masked_tile, attention_forward, log2_scores,
+                                      score_scale, scores)
 from fp4sim.attention.recipe import (
     AffineP,
     AttentionRecipe,
@@ -330,13 +331,70 @@ def _normalized(xp: Any, saved: SavedForward, recipe: AttentionRecipe, pt: Any, 
                  np.float32(0.0))
     # a barrier: the per-tile exp2 computed once, not re-fused into every key (4x slower)
     r = materialize(r)
-    p = xp.where(pos[..., None, None], _f32.div(_f32.mul(w, r[..., None]), l_safe),
-                 np.float32(0.0))
+
+    def norm(w: Any, rows: slice, tiles: slice) -> Any:  # these rows and tiles
+        return xp.where(pos[..., rows, None, None],
+                        _f32.div(_f32.mul(w, r[..., rows, tiles, None]),
+                                 l_safe[..., rows, :, :]), np.float32(0.0))
+
+    sq, n_tiles = w.shape[-3], w.shape[-2]
+    spans = _causal_spans(recipe, saved.causal, sq, skv, n_tiles)
+    if spans is None:
+        p = norm(w, slice(None), slice(None))
+    else:  # causal: the tiles that every row of a span masks have w = +0 (_causal_spans)
+        parts = []
+        for r0, r1, ntu in spans:
+            rows = slice(r0, r1)
+            part = [] if ntu == 0 else [norm(w[..., rows, :ntu, :], rows, slice(0, ntu))]
+            if ntu < n_tiles:  # the same steps on w = +0: one value per row and tile
+                fill = norm(np.float32(0.0), rows, slice(ntu, None))
+                part.append(xp.broadcast_to(fill, fill.shape[:-1] + (tile,)))
+            parts.append(part[0] if len(part) == 1 else xp.concatenate(part, axis=-2))
+        p = parts[0] if len(parts) == 1 else xp.concatenate(parts, axis=-3)
     p = xp.reshape(p, p.shape[:-2] + (p.shape[-2] * p.shape[-1],))
     p = materialize(p[..., :skv])
     anc = xp.reshape(xp.broadcast_to(anchors[..., None], anchors.shape + (tile,)),
                      anchors.shape[:-1] + (anchors.shape[-1] * tile,))
     return p, anc
+
+
+_SPAN_ROWS = 128  # query rows per causal span of P̃'s normalization
+
+
+@functools.lru_cache(maxsize=None)
+def _masked_tile_is_zero(recipe: AttentionRecipe) -> bool:
+    """Whether ``recipe``'s converter gives MMA values +0 for a key tile masked for the whole
+    row (``t = −inf``): :func:`fp4sim.attention.forward._masked_tile`, the forward's own check
+    before it skips such tiles."""
+    mism = recipe.normalization is Normalization.MISMATCHED
+    return _masked_tile(recipe, recipe.block_kv, mism) is not None
+
+
+def _causal_spans(recipe: AttentionRecipe, is_causal: bool, sq: int, skv: int,
+                  n_tiles: int) -> list[tuple[int, int, int]] | None:
+    """Row spans ``(r0, r1, ntu)`` of a causal P̃ (end-aligned: query i sees keys
+    j ≤ i + skv − sq): rows r0..r1−1 see only the first ``ntu`` key tiles, so every later tile
+    is masked for each of them. There its MMA values are +0 (:func:`_masked_tile_is_zero`;
+    the forward's saved codes of such a tile are the masked tile's, whether it skipped the tile
+    or converted it, and a rebuild converts ``t = −inf`` too), and so is ``w`` after the
+    power-of-two and ``pdiv`` steps; the normalization of those tiles is then computed once
+    per row and tile on ``w = +0`` (the same float32 steps with the tile's own ``r`` and the
+    row's L, so also a NaN ``r`` keeps its bits) and broadcast over the tile's keys: the same
+    bits as computing every key. None when not causal or the converter's masked tile is not
+    zero (then every tile is computed per key)."""
+    if not is_causal or not _masked_tile_is_zero(recipe):
+        return None
+    tile = recipe.block_kv
+    spans: list[tuple[int, int, int]] = []
+    for r0 in range(0, sq, _SPAN_ROWS):
+        r1 = min(sq, r0 + _SPAN_ROWS)
+        last = r1 - 1 + skv - sq  # the last key row r1 - 1 sees
+        ntu = 0 if last < 0 else min(n_tiles, last // tile + 1)
+        if spans and spans[-1][2] == ntu:
+            spans[-1] = (spans[-1][0], r1, ntu)
+        else:
+            spans.append((r0, r1, ntu))
+    return spans
 
 
 @functools.lru_cache(maxsize=None)

@@ -59,6 +59,8 @@ import numpy as np
 
 from fp4sim import _xp
 from fp4sim.attention import _f32, causal
+from fp4sim.attention._ordered import (OperandStats, operand_stats, plain_or_chain,
+                                       plain_sum_is_exact)
 
 __all__ = [
     "Gradients",
@@ -146,8 +148,11 @@ class BackwardAccumulation(enum.Enum):
 
 def _matmul(a: Any, b: Any,
             accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL, *,
-            a_stats: Any = None, b_stats: Any = None, needed: Any = None) -> Any:
-    """float32 ``a @ b`` of dequantized operands (a (..., I, K), b (..., K, J)).
+            a_stats: Any = None, b_stats: Any = None, needed: Any = None,
+            transpose_a: bool = False) -> Any:
+    """float32 ``a @ b`` of dequantized operands (a (..., I, K), b (..., K, J)); with
+    ``transpose_a`` the product ``aᵀ @ b`` of a stored (..., K, I) (no transposed copy is made:
+    on XLA CPU a transpose of a 2048² operand costs ~25 ms, more than its product loop).
 
     ``SEQUENTIAL``: ``acc_0 = fl(a_0 b_0)``, ``acc_k = fl(acc_{k−1} + fl(a_k b_k))`` with every
     result below 2^-126 flushed (:mod:`fp4sim.attention._f32`, which also keeps XLA from fusing
@@ -166,6 +171,7 @@ def _matmul(a: Any, b: Any,
     a = xp.asarray(a, dtype=np.float32)
     b = xp.asarray(b, dtype=np.float32)
     if accumulation is BackwardAccumulation.BACKEND:
+        a = _swap(a) if transpose_a else a
         if xp is np:
             return np.matmul(a, b)
         import jax
@@ -174,6 +180,7 @@ def _matmul(a: Any, b: Any,
     a_stats = operand_stats(a) if a_stats is None else a_stats
     b_stats = operand_stats(b) if b_stats is None else b_stats
     if xp is np:
+        a = _swap(a) if transpose_a else a  # a view
         if bool(plain_sum_is_exact(a_stats, b_stats, a.shape[-1])):
             acc = a[..., :, 0, None] * b[..., 0, None, :]
             for k in range(1, a.shape[-1]):
@@ -183,89 +190,34 @@ def _matmul(a: Any, b: Any,
         for k in range(1, a.shape[-1]):
             acc = _f32.add(acc, _f32.mul(a[..., :, k, None], b[..., k, None, :]))
         return acc
+    seq = _sequential_jax(transpose_a)
     if needed is None:
-        return _sequential_jax()(a, b, tuple(a_stats), tuple(b_stats))
+        return seq(a, b, tuple(a_stats), tuple(b_stats))
     needed = xp.broadcast_to(xp.asarray(needed, dtype=np.float32),
                              tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-                             + (a.shape[-2], b.shape[-1]))
-    return _sequential_jax()(a, b, tuple(a_stats), tuple(b_stats), needed)
-
-
-class OperandStats(NamedTuple):
-    """float32 scalars over every element of an operand (:func:`operand_stats`)."""
-
-    min_abs: Any  # smallest nonzero |x| (+Inf when all are zero)
-    max_abs: Any  # largest |x| (+Inf when any is NaN or ±Inf)
-    min_lsb: Any  # 2^tz: the lowest set bit of any 24-bit significand (2^23 when all are zero)
-
-
-def operand_stats(x: Any) -> OperandStats:
-    """The :class:`OperandStats` of ``x`` (float reductions: fast on XLA CPU)."""
-    xp = _xp.namespace(x)
-    x = xp.asarray(x, dtype=np.float32)
-    a = xp.abs(x)
-    lo = xp.min(xp.where(a > 0, a, np.float32(np.inf)))
-    # barriers: XLA CPU fuses sibling reductions into one slow multi-output loop (7x slower)
-    x, lo = materialize((x, lo))
-    # NaN and ±Inf count as +Inf: XLA CPU's max reduction drops NaN (measured)
-    hi = xp.max(xp.where(xp.isfinite(x), xp.abs(x), np.float32(np.inf)))
-    x, hi = materialize((x, hi))
-    a = xp.abs(x)
-    sig = (_xp.bitcast(x, np.int32) & np.int32(0x7FFFFF)) | np.int32(0x800000)
-    lsb = (sig & -sig).astype(np.float32)  # a power of two <= 2^23: exact
-    return OperandStats(lo, hi, xp.min(xp.where(a > 0, lsb, np.float32(2.0**23))))
-
-
-def plain_sum_is_exact(a_stats: OperandStats, b_stats: OperandStats, k: int) -> Any:
-    """True (a boolean scalar) when the plain float32 sum ``acc + a_k·b_k`` of ``a @ b`` over
-    ``k`` terms (any fusion of the multiply into the add allowed), in contraction order, gives
-    the bits of the flushed SEQUENTIAL chain after one final :func:`~fp4sim.attention._f32.ftz`:
-
-    1. short significands: ``lsb_a·lsb_b ≥ 2^24`` (E4M3 × E5M2: 2^20·2^21), so each product
-       of two significands has at most 24 bits — every product is exact in float32 and
-       ``fma(a, b, acc) = fl(fl(a·b) + acc)``;
-    2. no tiny product: ``min|a|·min|b| ≥ 2^-103`` over nonzero elements, so each nonzero
-       product is a multiple of its ulp ≥ 2^-126 (and no operand is subnormal);
-    3. no overflow, no NaN: ``fl(max|a|·max|b|)·2^⌈log2 k⌉ ≤ 2^126``.
-
-    Proof. By 1 and 2 every product is exact, and zero or a multiple of 2^-126. A rounded sum
-    of two multiples of 2^-126 is again one (where the float32 spacing at the sum is below
-    2^-126 the sum is representable, else it rounds onto multiples of a larger power of two),
-    so every partial sum is zero or at least 2^-126 in magnitude: the flushes of the SEQUENTIAL
-    chain change only the sign of zeros (``ftz`` maps −0 to +0). Two chains whose terms agree
-    up to the sign of zeros agree up to the sign of zeros (x + ±0 = x; a cancelling sum is +0
-    in round-to-nearest), and the final flush makes them equal. By 3 every |partial sum| is at
-    most ``k·max|a|·max|b|`` (plus rounding) < 2^128: no Inf; no operand is Inf or NaN (their
-    maximum counts as +Inf and fails the comparison). Where a backend treats subnormal operands
-    as zero (XLA CPU), both loops see zeros there alike. The tests compare both loops on each
-    boundary. ∎
-    """
-    a_min, a_max, a_lsb = a_stats
-    b_min, b_max, b_lsb = b_stats
-    log2k = max(0, (int(k) - 1).bit_length())
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        short = a_lsb * b_lsb >= np.float32(2.0**24)
-        small = _f32.ftz(a_min * b_min) >= np.float32(2.0**-103)
-        large = a_max * b_max <= np.float32(2.0 ** (126 - log2k))
-    return short & small & large
+                             + (a.shape[-1 if transpose_a else -2], b.shape[-1]))
+    return seq(a, b, tuple(a_stats), tuple(b_stats), needed)
 
 
 _BLOCK_ELEMENTS = 1 << 15  # the plain loop's accumulator block (128 KiB: stays in L2)
 _BLOCK_COLS = 256  # at most this many output columns per block
 
 
-def _loop(a: Any, b: Any, plain: bool, needed: Any = None) -> Any:
+def _loop(a: Any, b: Any, plain: bool, needed: Any = None, transposed: bool = False) -> Any:
     """The sequential sum under jax: the flushed chain, or (``plain``) ``acc + a_k·b_k`` then
     one flush, computed per block of the output (rows × columns, at most ``_BLOCK_ELEMENTS``
     accumulators with the leading axes) so that the accumulator stays in the cache; every
-    output element still sums its terms in contraction order. ``a`` is read along its rows (a
-    transposed copy). With ``needed``, a plain output block where ``needed`` has no nonzero is
-    left +0 (:func:`_matmul`)."""
+    output element still sums its terms in contraction order. The loop reads ``a`` along its
+    columns: ``transposed`` — ``a`` is given as (..., K, I) and each block is a column slice
+    of it; otherwise a row block of ``a`` (..., I, K) is transposed inside each block (measured
+    2x faster on XLA CPU than slicing one transposed copy). With ``needed``, a plain output
+    block where ``needed`` has no nonzero is left +0 (:func:`_matmul`)."""
     from jax import lax
 
     xp = _xp.namespace(a, b)
-    at = _swap(a)  # (..., K, I): row k is column k of a
     if not plain:
+        at = a if transposed else _swap(a)  # (..., K, I): row k is column k of a
+
         def term(k: Any) -> Any:
             ak = lax.dynamic_index_in_dim(at, k, axis=at.ndim - 2, keepdims=False)[..., :, None]
             bk = lax.dynamic_index_in_dim(b, k, axis=b.ndim - 2, keepdims=True)
@@ -273,7 +225,7 @@ def _loop(a: Any, b: Any, plain: bool, needed: Any = None) -> Any:
 
         return lax.fori_loop(1, at.shape[-2], lambda k, acc: _f32.add(acc, term(k)), term(0))
 
-    n_k, n_i = at.shape[-2:]
+    n_k, n_i = a.shape[-2:] if transposed else a.shape[:-3:-1]
     n_j = b.shape[-1]
     lead = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
     a = xp.broadcast_to(a, lead + a.shape[-2:])
@@ -283,33 +235,39 @@ def _loop(a: Any, b: Any, plain: bool, needed: Any = None) -> Any:
     rows = max([r for r in range(1, n_i + 1)
                 if n_i % r == 0 and r * cols * n_lead <= _BLOCK_ELEMENTS] or [1])
     if (rows, cols) == (n_i, n_j):
-        return _f32.ftz(_plain_block(at, b))
+        return _f32.ftz(_plain_block(a if transposed else _swap(a), b))
     ni, nj = n_i // rows, n_j // cols
     nl = len(lead)
-    # row blocks of a as stored (transposed inside each block: measured 2x faster on XLA CPU
-    # than slicing one transposed copy), column blocks of b
-    ab = xp.moveaxis(xp.reshape(a, lead + (ni, rows, n_k)), -3, 0)  # (ni, ..., rows, K)
     bb = xp.moveaxis(xp.reshape(b, lead + (n_k, nj, cols)), -2, 0)  # (nj, ..., K, cols)
-
     # per row block, the contraction range outside of which its columns of a are all zero (a
     # causal mask's zeros): those terms are ±0 (finite operands), skipping them changes only
     # the sign of zeros, which the final flush sets to +0
-    live = xp.max(xp.abs(ab), axis=tuple(range(1, nl + 1)) + (nl + 1,)) > 0  # (ni, K)
+    if transposed:
+        live = xp.any(xp.reshape(a, lead + (n_k, ni, rows)) != 0,
+                      axis=tuple(range(nl)) + (nl + 2,))  # (K, ni)
+        live = xp.swapaxes(live, 0, 1)
+    else:
+        ab = xp.moveaxis(xp.reshape(a, lead + (ni, rows, n_k)), -3, 0)  # (ni, ..., rows, K)
+        live = xp.any(ab != 0, axis=tuple(range(1, nl + 1)) + (nl + 1,))  # (ni, K)
     idx = xp.arange(n_k, dtype=np.int32)
     lo = xp.min(xp.where(live, idx, np.int32(n_k)), axis=-1)
     hi = xp.max(xp.where(live, idx + 1, np.int32(0)), axis=-1)
     lo = xp.minimum(lo, hi)
 
     if needed is not None:  # (ni, nj): does the block hold a needed entry?
-        nb = xp.reshape(xp.abs(needed), lead + (ni, rows, nj, cols))
-        busy = xp.reshape(xp.max(nb, axis=tuple(range(nl)) + (nl + 1, nl + 3)) > 0, (ni * nj,))
+        nb = xp.reshape(needed != 0, lead + (ni, rows, nj, cols))  # NaN counts as needed
+        busy = xp.reshape(xp.any(nb, axis=tuple(range(nl)) + (nl + 1, nl + 3)), (ni * nj,))
+
+    def a_block(i: Any) -> Any:  # (..., K, rows): columns i·rows ... of a
+        if transposed:
+            return lax.dynamic_slice_in_dim(a, i * rows, rows, axis=a.ndim - 1)
+        return _swap(lax.dynamic_index_in_dim(ab, i, keepdims=False))
 
     def one(t: Any) -> Any:
-        a_blk = lax.dynamic_index_in_dim(ab, t // nj, keepdims=False)
         b_blk = lax.dynamic_index_in_dim(bb, t % nj, keepdims=False)
         if needed is None:
-            return _plain_range(_swap(a_blk), b_blk, lo[t // nj], hi[t // nj])
-        return lax.cond(busy[t], lambda: _plain_range(_swap(a_blk), b_blk, lo[t // nj],
+            return _plain_range(a_block(t // nj), b_blk, lo[t // nj], hi[t // nj])
+        return lax.cond(busy[t], lambda: _plain_range(a_block(t // nj), b_blk, lo[t // nj],
                                                       hi[t // nj]),
                         lambda: xp.zeros(lead + (rows, cols), dtype=np.float32))
 
@@ -356,32 +314,18 @@ def _plain_range(at: Any, b: Any, lo: Any, hi: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def _sequential_jax():
-    """``a @ b`` SEQUENTIAL under jax: one ``lax.cond`` on :func:`plain_sum_is_exact`. A
-    ``custom_vmap``: under ``vmap`` the statistics are reduced over the batch first, so the
-    predicate stays unbatched and the cond a branch (a batched one would run both loops)."""
-    import jax
-    from jax import lax
+def _sequential_jax(transposed: bool = False):
+    """``a @ b`` (``transposed``: ``aᵀ @ b``) SEQUENTIAL under jax: the plain loop where
+    :func:`plain_sum_is_exact` holds, else the flushed chain, by one ``lax.cond`` whose
+    predicate stays unbatched under ``vmap`` (:func:`fp4sim.attention._ordered.plain_or_chain`)."""
 
-    @jax.custom_batching.custom_vmap
-    def seq(a, b, a_stats, b_stats, *needed):
-        ok = plain_sum_is_exact(a_stats, b_stats, a.shape[-1])
-        plain = functools.partial(_loop, plain=True, needed=needed[0] if needed else None)
-        return lax.cond(ok, plain, functools.partial(_loop, plain=False), a, b)
+    def plain(a: Any, b: Any, *needed: Any) -> Any:
+        return _loop(a, b, True, needed[0] if needed else None, transposed)
 
-    @seq.def_vmap
-    def _rule(axis_size, in_batched, a, b, a_stats, b_stats, *needed):
-        arrays = [x if batched else jax.numpy.broadcast_to(x, (axis_size,) + x.shape)
-                  for x, batched in zip((a, b) + needed, in_batched[:2] + in_batched[4:])]
-        stats = []
-        for st, batched in zip((a_stats, b_stats), in_batched[2:4]):
-            lo, hi, lsb = st
-            lo_b, hi_b, lsb_b = batched
-            stats.append((lo.min(0) if lo_b else lo, hi.max(0) if hi_b else hi,
-                          lsb.min(0) if lsb_b else lsb))
-        return seq(arrays[0], arrays[1], *stats, *arrays[2:]), True
+    def chain(a: Any, b: Any, *needed: Any) -> Any:
+        return _loop(a, b, False, None, transposed)
 
-    return seq
+    return plain_or_chain(plain, chain)
 
 
 def materialize(x: Any) -> Any:
@@ -458,7 +402,8 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     if seq:  # each operand's statistics once, on its stored layout (not a transposed view)
         st = {name: operand_stats(x) for name, x in (("do", d_out_q), ("p", p_dv),
                                                       ("v", v_hat), ("q", q_hat), ("k", k_hat))}
-    dv = _matmul(_swap(p_dv), d_out_q, accumulation, a_stats=st.get("p"), b_stats=st.get("do"))
+    dv = _matmul(p_dv, d_out_q, accumulation, a_stats=st.get("p"), b_stats=st.get("do"),
+                 transpose_a=True)
     needed = p_ds if dp_only_where_p and seq and xp is not np else None
     dp = materialize(_matmul(d_out_q, _swap(v_hat), accumulation, a_stats=st.get("do"),
                              b_stats=st.get("v"), needed=needed))
@@ -471,8 +416,8 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     dq = _f32.mul(c, _matmul(ds_q, k_hat, accumulation, a_stats=ds_st, b_stats=st.get("k")))
     if dq_scaling is not None:
         dq = fq(dq, dq_scaling)
-    dk = _f32.mul(c, _matmul(_swap(ds_q), q_hat, accumulation, a_stats=ds_st,
-                             b_stats=st.get("q")))
+    dk = _f32.mul(c, _matmul(ds_q, q_hat, accumulation, a_stats=ds_st, b_stats=st.get("q"),
+                             transpose_a=True))
     return BackwardTrace(Gradients(dq, dk, dv), d_out_q, d_out_delta, p_dv, p_ds, dp, dlt, ds,
                          ds_q)
 

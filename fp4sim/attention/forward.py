@@ -79,6 +79,7 @@ import numpy as np
 
 from fp4sim._xp import is_jax, namespace
 from fp4sim.attention import _f32
+from fp4sim.attention._ordered import operand_stats, ordered_product
 from fp4sim.attention.converters import PTile, convert_tile
 from fp4sim.attention.exp2 import exp2_rn, log2_f32
 from fp4sim.attention.normalization import block_denominator
@@ -390,12 +391,14 @@ def log2_scores(z: Any, c: Any, valid: Any) -> Any:
 
 
 def _group_partials(xp: Any, p: PTile, v_vals: Any, v_exps: Any, v_block: int, v_exact: bool,
-                    pv_group: int, p_fp4: bool) -> Any:
+                    pv_group: int, p_fp4: bool, v_stats: Any = None) -> Any:
     """PV partial products of every tile, summed per ``pv_group`` (module docstring, step 4).
 
     ``p`` holds (..., Sq, n_tiles, T) tiles, ``v_vals`` is (..., n_tiles, T, Dv) and
-    ``v_exps`` (..., n_tiles, T/v_block, Dv or 1) or None. Returns (..., n_tiles, n_groups,
-    Sq, Dv) float32."""
+    ``v_exps`` (..., n_tiles, T/v_block, Dv or 1) or None. ``v_stats``: the
+    :func:`~fp4sim.attention._ordered.operand_stats` of a V holding these values (all keys:
+    the predicate is monotone in the stats, so those of a superset only make it stricter), or
+    None to compute them here. Returns (..., n_tiles, n_groups, Sq, Dv) float32."""
     *lead, sq, nt, n = p.values.shape
     dv = v_vals.shape[-1]
     pb, vb = p.block, v_block
@@ -423,9 +426,11 @@ def _group_partials(xp: Any, p: PTile, v_vals: Any, v_exps: Any, v_block: int, v
     if exact:
         parts = _f32.ftz(_matmul(xp, pr, vr))  # every entry exact
     else:
-        parts = _f32.mul(pr[..., :, 0, None], vr[..., 0, None, :])
-        for j in range(1, sub):
-            parts = _f32.add(parts, _f32.mul(pr[..., :, j, None], vr[..., j, None, :]))
+        # each sub-block's ordered float32 sum: the plain loop where it is proven to give the
+        # flushed chain's bits (short significands, no tiny product, no overflow; e.g. E4M3 P
+        # times an E4M3 V), else the chain: one predicate per call (per row block under jax)
+        parts = ordered_product(_pv_plain, _pv_chain, pr, vr, operand_stats(pr),
+                                operand_stats(vr) if v_stats is None else v_stats)
     per_group = max(1, pv_group // sub)
     ng = ns // per_group
     if not exact:
@@ -436,6 +441,25 @@ def _group_partials(xp: Any, p: PTile, v_vals: Any, v_exps: Any, v_block: int, v
     for j in range(1, per_group):
         g = _f32.add(g, parts[..., j, :, :])
     return g
+
+
+def _pv_chain(pr: Any, vr: Any) -> Any:
+    """Σ_j fl(pr[..., :, j]·vr[..., j, :]) in j order, every step flushed (the definition):
+    pr (..., I, sub), vr (..., sub, Dv)."""
+    parts = _f32.mul(pr[..., :, 0, None], vr[..., 0, None, :])
+    for j in range(1, pr.shape[-1]):
+        parts = _f32.add(parts, _f32.mul(pr[..., :, j, None], vr[..., j, None, :]))
+    return parts
+
+
+def _pv_plain(pr: Any, vr: Any) -> Any:
+    """The same sum as :func:`_pv_chain` as a plain ``acc + a·b`` chain and one flush: the
+    same bits wherever :func:`fp4sim.attention._ordered.plain_sum_is_exact` holds (proof
+    there); one fused chain under jax (measured 2.4x faster than the flushed one on XLA CPU)."""
+    parts = pr[..., :, 0, None] * vr[..., 0, None, :]
+    for j in range(1, pr.shape[-1]):
+        parts = parts + pr[..., :, j, None] * vr[..., j, None, :]
+    return _f32.ftz(parts)
 
 
 def _materialize(x: Any) -> Any:
@@ -548,6 +572,8 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
     skv_pad = n_tiles * tile
 
     kbt = _materialize(_key_blocks(kop))  # loop-invariant: transposed once, not per row block
+    # V's statistics for the ordered PV sums, once for all keys (unscaled V values only)
+    v_stats = operand_stats(vop.values) if vop.exps is None else None
     # causal: the trailing key tiles that every row of a row block masks are skipped (below)
     masked = _masked_tile(recipe, tile, mism) if causal else None
 
@@ -617,7 +643,7 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
             v_exps = xp.reshape(vop.exps[..., :ku // vop.block, :],
                                 (*lead, ntu, tile // vop.block, vop.exps.shape[-1]))
         g = _materialize(_group_partials(xp, p, v_vals, v_exps, vop.block, vop.exact,
-                                         recipe.pv_group, p_fp4))
+                                         recipe.pv_group, p_fp4, v_stats))
         lt = p.mismatched if mism else _consistent_denominator(xp, p, tile)  # (..., Sq, nt)
         acc = xp.zeros(lead + (nrows, dv), dtype=np.float32)
         den = xp.zeros(lead + (nrows,), dtype=np.float32)

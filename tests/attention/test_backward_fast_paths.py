@@ -5,13 +5,16 @@
    ``acc = ftz(acc + ftz(a_k·b_k))`` written here with NumPy selects (not the emulator's bit
    masks), on operands with short significands, zeros of both signs, cancellations, and each
    predicate boundary (tiny products 2^-103 / 2^-104, overflow, NaN/Inf, long significands);
-   NumPy, jit and vmap (where the predicate is reduced over the batch).
+   NumPy, jit and vmap (where the predicate is reduced over the batch); also with
+   ``transpose_a`` (a stored as (..., K, I), sliced by columns instead of transposed).
 2. :func:`fp4sim.attention.autodiff.p_from_forward` (P̃ from the forward's saved P codes, used
    by ``jax.grad``) equals :func:`fp4sim.attention.autodiff.rebuild_p` bit for bit for every
    forward preset.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import numpy as np
@@ -61,6 +64,13 @@ def _same_bits(got, want):
 
 _jit = jax.jit(_matmul)
 _vmap = jax.jit(jax.vmap(_matmul))
+_matmul_t = functools.partial(_matmul, transpose_a=True)  # takes aᵀ (..., K, I)
+_jit_t = jax.jit(_matmul_t)
+_vmap_t = jax.jit(jax.vmap(_matmul_t))
+
+
+def _t(a):
+    return np.ascontiguousarray(np.swapaxes(a, -1, -2))
 
 
 def _check(a, b):
@@ -68,6 +78,9 @@ def _check(a, b):
     _same_bits(_matmul(a, b), want)
     _same_bits(_jit(a, b), want)
     _same_bits(_vmap(a, b), want)
+    _same_bits(_matmul_t(_t(a), b), want)
+    _same_bits(_jit_t(_t(a), b), want)
+    _same_bits(_vmap_t(_t(a), b), want)
     return bool(plain_sum_is_exact(operand_stats(a), operand_stats(b), a.shape[-1]))
 
 
@@ -145,10 +158,13 @@ def test_plain_loop_in_output_blocks(shape_a, shape_b):
     b = _short(rng, shape_b, 3, -12, 3)
     want = _flushed_chain(a, b)
     _same_bits(jax.jit(_matmul)(a, b), want)
+    _same_bits(_jit_t(_t(a), b), want)
     if len(shape_b) == 3:
         _same_bits(_vmap(a, b), want)
+        _same_bits(_vmap_t(_t(a), b), want)
     else:
         _same_bits(jax.jit(jax.vmap(_matmul, in_axes=(0, None)))(a, b), want)
+        _same_bits(jax.jit(jax.vmap(_matmul_t, in_axes=(0, None)))(_t(a), b), want)
 
 
 @pytest.mark.parametrize("mask", ["tril", "triu", "zero_block", "nan_in_zero_block"])
@@ -170,6 +186,8 @@ def test_plain_loop_skips_zero_columns_of_a_row_block(mask):
     want = _flushed_chain(a, b)
     _same_bits(jax.jit(_matmul)(a, b), want)
     _same_bits(_vmap(a, b), want)
+    _same_bits(_jit_t(_t(a), b), want)
+    _same_bits(_vmap_t(_t(a), b), want)
 
 
 @pytest.fixture
@@ -251,3 +269,42 @@ def test_reuse_only_for_matched_recipes():
     assert not reuses_forward_p(TRAINING_PRESETS["attn_qat_nvfp4"])  # dS from unquantized p
     for mismatch in (Mismatch.BACKWARD_TILING, Mismatch.FORWARD_APPROX_EXP):  # rebuilds P
         assert not reuses_forward_p(with_mismatch(matched, mismatch))
+
+
+@pytest.mark.parametrize("name,recipe", _recipes(), ids=[n for n, _ in _recipes()])
+def test_causal_spans_of_the_normalization_are_exact(name, recipe, monkeypatch):
+    """Causal P̃: the key tiles that every row of a span masks are normalized once per row and
+    tile on w = +0 instead of per key (autodiff._causal_spans). Reference: every key computed
+    (spans switched off), on NumPy (and once under jit); square, more keys than queries, more
+    queries than keys (rows that see no key), a NaN row and huge scores."""
+    from fp4sim.attention import autodiff
+
+    monkeypatch.setattr(autodiff, "_SPAN_ROWS", 16)  # several spans on 70 queries
+    rng = np.random.default_rng(12)
+    skipped = False
+    for sq, skv in ((70, 70), (40, 150), (150, 40)):
+        q = rng.standard_normal((sq, 32)).astype(np.float32)
+        k, v = (rng.standard_normal((skv, 32)).astype(np.float32) for _ in range(2))
+        q[3, 2] = np.nan
+        k[1] *= np.float32(1e30)  # huge scores (Inf in some formats)
+        with np.errstate(all="ignore"):
+            _, saved = training_forward(q, k, v, recipe, causal=True)
+        fns = {"codes": lambda s: p_from_forward(s, recipe.forward).p,
+               "rebuild": lambda s: rebuild_p(s, recipe.forward).p}
+        for kind, fn in fns.items():
+            with np.errstate(all="ignore"):
+                got_np = np.asarray(fn(saved))
+            got = [got_np]
+            if sq == skv and kind == "codes":  # jit once per recipe (compiles are slow)
+                got.append(np.asarray(jax.jit(fn)(saved)))
+            with monkeypatch.context() as m, np.errstate(all="ignore"):
+                m.setattr(autodiff, "_causal_spans", lambda *a: None)
+                want = np.asarray(fn(saved))
+            n_tiles = -(-skv // recipe.forward.block_kv)
+            spans = autodiff._causal_spans(recipe.forward, True, sq, skv, n_tiles)
+            skipped |= spans is not None and any(ntu < n_tiles for _, _, ntu in spans)
+            for g in got:
+                assert np.array_equal(np.ascontiguousarray(g).view(np.uint32),
+                                      np.ascontiguousarray(want).view(np.uint32)), (kind, sq, skv)
+    # every converter's masked tile is zero, so each recipe skips tiles in some case
+    assert skipped
