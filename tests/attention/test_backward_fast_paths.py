@@ -27,22 +27,9 @@ from fp4sim.attention.autodiff import (TRAINING_PRESETS, p_from_forward, rebuild
 from fp4sim.attention.causal import shares_scales_across_tokens
 from fp4sim.attention.backward import _matmul, operand_stats, plain_sum_is_exact
 from fp4sim.attention.recipe import PRESETS, VFormat
+from ordered_oracle import assert_same_bits, flushed_chain, ftz
 
 SHAPE_A, SHAPE_B = (2, 6, 40), (2, 40, 5)
-
-
-def _ftz(x):
-    x = np.asarray(x, np.float32)
-    return np.where(np.abs(x) < np.float32(2.0**-126), np.float32(0.0), x)
-
-
-def _flushed_chain(a, b):
-    """The SEQUENTIAL spec, term by term: acc_k = ftz(acc_{k-1} + ftz(a_k b_k))."""
-    with np.errstate(all="ignore"):
-        acc = _ftz(a[..., :, 0, None] * b[..., 0, None, :])
-        for k in range(1, a.shape[-1]):
-            acc = _ftz(acc + _ftz(a[..., :, k, None] * b[..., k, None, :]))
-    return acc
 
 
 def _short(rng, shape, bits, lo, hi, zeros=0.1):
@@ -52,14 +39,6 @@ def _short(rng, shape, bits, lo, hi, zeros=0.1):
     x[rng.random(shape) < zeros] = 0.0
     x[rng.random(shape) < zeros / 2] = -0.0
     return x.astype(np.float32)
-
-
-def _same_bits(got, want):
-    got = np.asarray(got, np.float32)
-    assert got.shape == want.shape
-    nan = np.isnan(want)
-    assert np.array_equal(np.isnan(got), nan)
-    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
 
 
 _jit = jax.jit(_matmul)
@@ -74,13 +53,13 @@ def _t(a):
 
 
 def _check(a, b):
-    want = _flushed_chain(a, b)
-    _same_bits(_matmul(a, b), want)
-    _same_bits(_jit(a, b), want)
-    _same_bits(_vmap(a, b), want)
-    _same_bits(_matmul_t(_t(a), b), want)
-    _same_bits(_jit_t(_t(a), b), want)
-    _same_bits(_vmap_t(_t(a), b), want)
+    want = flushed_chain(a, b)
+    assert_same_bits(_matmul(a, b), want)
+    assert_same_bits(_jit(a, b), want)
+    assert_same_bits(_vmap(a, b), want)
+    assert_same_bits(_matmul_t(_t(a), b), want)
+    assert_same_bits(_jit_t(_t(a), b), want)
+    assert_same_bits(_vmap_t(_t(a), b), want)
     return bool(plain_sum_is_exact(operand_stats(a), operand_stats(b), a.shape[-1]))
 
 
@@ -141,10 +120,10 @@ def test_vmap_reduces_the_predicate_over_the_batch():
     a = _short(rng, SHAPE_A, 4, -10, 2)
     b = _short(rng, SHAPE_B, 3, -10, 2)
     b[1] = rng.standard_normal(SHAPE_B[1:]).astype(np.float32)  # one batch member is not short
-    _same_bits(_vmap(a, b), _flushed_chain(a, b))
+    assert_same_bits(_vmap(a, b), flushed_chain(a, b))
     # an unbatched operand under vmap
     got = jax.jit(jax.vmap(_matmul, in_axes=(0, None)))(a, b[0])
-    _same_bits(got, _flushed_chain(a, b[0]))
+    assert_same_bits(got, flushed_chain(a, b[0]))
 
 
 @pytest.mark.parametrize("shape_a,shape_b", [((2, 256, 24), (2, 24, 160)),
@@ -156,15 +135,15 @@ def test_plain_loop_in_output_blocks(shape_a, shape_b):
     rng = np.random.default_rng(9)
     a = _short(rng, shape_a, 4, -12, 3)
     b = _short(rng, shape_b, 3, -12, 3)
-    want = _flushed_chain(a, b)
-    _same_bits(jax.jit(_matmul)(a, b), want)
-    _same_bits(_jit_t(_t(a), b), want)
+    want = flushed_chain(a, b)
+    assert_same_bits(jax.jit(_matmul)(a, b), want)
+    assert_same_bits(_jit_t(_t(a), b), want)
     if len(shape_b) == 3:
-        _same_bits(_vmap(a, b), want)
-        _same_bits(_vmap_t(_t(a), b), want)
+        assert_same_bits(_vmap(a, b), want)
+        assert_same_bits(_vmap_t(_t(a), b), want)
     else:
-        _same_bits(jax.jit(jax.vmap(_matmul, in_axes=(0, None)))(a, b), want)
-        _same_bits(jax.jit(jax.vmap(_matmul_t, in_axes=(0, None)))(_t(a), b), want)
+        assert_same_bits(jax.jit(jax.vmap(_matmul, in_axes=(0, None)))(a, b), want)
+        assert_same_bits(jax.jit(jax.vmap(_matmul_t, in_axes=(0, None)))(_t(a), b), want)
 
 
 @pytest.mark.parametrize("mask", ["tril", "triu", "zero_block", "nan_in_zero_block"])
@@ -183,11 +162,11 @@ def test_plain_loop_skips_zero_columns_of_a_row_block(mask):
         a[1, 100, 5] = -0.0
         if mask == "nan_in_zero_block":  # a NaN is not a zero: the flushed chain runs (XLA
             a[0, 100, 70] = np.nan  # CPU's max reduction would drop it)
-    want = _flushed_chain(a, b)
-    _same_bits(jax.jit(_matmul)(a, b), want)
-    _same_bits(_vmap(a, b), want)
-    _same_bits(_jit_t(_t(a), b), want)
-    _same_bits(_vmap_t(_t(a), b), want)
+    want = flushed_chain(a, b)
+    assert_same_bits(jax.jit(_matmul)(a, b), want)
+    assert_same_bits(_vmap(a, b), want)
+    assert_same_bits(_jit_t(_t(a), b), want)
+    assert_same_bits(_vmap_t(_t(a), b), want)
 
 
 @pytest.fixture
@@ -221,7 +200,7 @@ def test_dp_only_where_p_keeps_the_gradients(small_blocks):
 
     got = jax.jit(run)(q, k, v, do)
     for field in ("dq", "dk", "dv"):
-        _same_bits(getattr(got.grads, field), getattr(want.grads, field))
+        assert_same_bits(getattr(got.grads, field), getattr(want.grads, field))
     dp = np.asarray(got.dp)
     assert np.all(dp[:16, 48:] == 0) and np.any(want.dp[:16, 48:] != 0)  # a block was skipped
     assert np.array_equal(dp[np.tril(np.ones((64, 64), bool))],

@@ -21,21 +21,9 @@ import fp4sim.attention.forward as fwd
 from fp4sim.attention import causal as sc
 from fp4sim.attention._ordered import operand_stats, ordered_product, plain_sum_is_exact
 from fp4sim.attention.autodiff import TRAINING_PRESETS
+from ordered_oracle import assert_same_bits, flushed_chain, ftz
 
 SHAPE_P, SHAPE_V = (2, 3, 8, 32), (2, 3, 32, 16)  # (..., rows, sub), (..., sub, Dv)
-
-
-def _ftz(x):
-    x = np.asarray(x, np.float32)
-    return np.where(np.abs(x) < np.float32(2.0**-126), np.float32(0.0), x)
-
-
-def _flushed_chain(p, v):
-    with np.errstate(all="ignore"):
-        acc = _ftz(p[..., :, 0, None] * v[..., 0, None, :])
-        for j in range(1, p.shape[-1]):
-            acc = _ftz(acc + _ftz(p[..., :, j, None] * v[..., j, None, :]))
-    return acc
 
 
 def _short(rng, shape, bits, lo, hi, zeros=0.1, signed=True):
@@ -45,14 +33,6 @@ def _short(rng, shape, bits, lo, hi, zeros=0.1, signed=True):
         x = x * rng.choice([-1.0, 1.0], shape)
     x[rng.random(shape) < zeros] = 0.0
     return x.astype(np.float32)
-
-
-def _same_bits(got, want):
-    got = np.asarray(got, np.float32)
-    assert got.shape == want.shape
-    nan = np.isnan(want)
-    assert np.array_equal(np.isnan(got), nan)
-    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
 
 
 def _pv(p, v):
@@ -65,9 +45,9 @@ _vmap = jax.jit(jax.vmap(_pv))
 
 
 def _check(p, v):
-    want = _flushed_chain(p, v)
+    want = flushed_chain(p, v)
     for got in (_pv(p, v), _jit(p, v), _vmap(p, v)):
-        _same_bits(got, want)
+        assert_same_bits(got, want)
     return bool(plain_sum_is_exact(operand_stats(p), operand_stats(v), p.shape[-1]))
 
 
@@ -110,8 +90,8 @@ def test_vmap_member_failing_the_predicate():
     p = _short(rng, SHAPE_P, 4, -12, 8, signed=False)
     v = _short(rng, SHAPE_V, 4, -12, 3)
     v[1] = rng.standard_normal(SHAPE_V[1:]).astype(np.float32)  # member 1: float32 V
-    _same_bits(_vmap(p, v), _flushed_chain(p, v))
-    _same_bits(jax.jit(jax.vmap(_pv, in_axes=(0, None)))(p, v[1]), _flushed_chain(p, v[1]))
+    assert_same_bits(_vmap(p, v), flushed_chain(p, v))
+    assert_same_bits(jax.jit(jax.vmap(_pv, in_axes=(0, None)))(p, v[1]), flushed_chain(p, v[1]))
 
 
 def _fields(res):
@@ -150,6 +130,6 @@ def test_forward_with_the_plain_pv_equals_the_chain(case, monkeypatch):
                 continue
             g, w = np.asarray(g), np.asarray(w)
             if w.dtype.kind == "f":
-                _same_bits(g, w)
+                assert_same_bits(g, w)
             else:
                 np.testing.assert_array_equal(g, w)
