@@ -42,11 +42,12 @@ per CTA; FP8 from float16 input keeps ``lanes=4`` and 128-row tiles (fully coale
 
 Where the time goes (H200, bfloat16, 8192 x 8192; SASS of the NVFP4 kernel read with
 ``MOSAIC_GPU_DUMP_PTX`` + ptxas/cuobjdump): data movement alone (``Variant.MOVE_ONLY``) runs
-at the copy bandwidth (0.995 of it), while the conversion is bound by Hopper's integer/logic
-pipe (LOP3, SHF, FMNMX, SEL, PRMT: half the float rate), about 10 such instructions per
-element against 4 float ones -- as much issue time as the data movement takes, and the two
-only partly overlap. Instructions per element are therefore what the element code below
-economises.
+at the copy bandwidth (0.99 of it), while the conversion is bound by Hopper's integer/logic
+pipe (LOP3, SHF, FMNMX, SEL, PRMT: half the float rate). With the packed-byte assembly by
+multiply-adds (:func:`_fp4_codes_float`) the NVFP4 kernel has about 15.5 SASS instructions
+per element, 7 of them on that pipe (3 FMNMX, 2.75 LOP3; it had 16.5 and 10), and runs at
+0.87 of the copy bandwidth (46.0 us; 53 us before). Instructions per element are therefore
+what the element code below economises.
 
 ``TOKEN_BLOCK`` geometry (32 tokens x the whole head dimension share one power-of-two scale)
 uses a second body: each CTA takes ``token_blocks`` such (32, D) blocks, reduces each with a
@@ -283,14 +284,15 @@ def _default_tiling(cfg: Any) -> dict[str, Any]:
     input lets four threads share a 64-byte block row (fully coalesced 16-byte loads) in tiles
     of 128 rows (256 from float32 input).
 
-    From bfloat16 input (CUPTI device time, two H200 runs on 2026-12-01, bitwise equal to the
-    emulator in both): MXFP8 gives each thread a whole 64-byte block row as two 32-byte
-    vectors in tiles of 256 rows (0.877-0.881 of the copy bandwidth against 0.810-0.815 for
-    four lanes per row; E5M2 0.857 against 0.806); NVFP4 gives each thread two consecutive
-    blocks as 32-byte vectors (16 contiguous code bytes, 8-byte stores) and each CTA four tiles,
-    issuing the next tile's loads before converting the current one (0.754-0.757 against
-    0.674-0.689 for one tile per CTA). float16/float32 input and MXFP4 were not re-measured
-    with these tilings and keep the previous ones."""
+    From bfloat16 input (CUPTI device time, H200 runs on 2026-12-01, each bitwise equal to
+    the emulator): MXFP8 gives each thread a whole 64-byte block row as two 32-byte vectors
+    in tiles of 256 rows (0.870-0.883 of the copy bandwidth in five runs, against 0.810-0.815
+    for four lanes per row; E5M2 0.841-0.857 against 0.806); NVFP4 gives each thread two
+    consecutive blocks as 32-byte vectors (16 contiguous code bytes, 8-byte stores) and each
+    CTA four tiles, issuing the next tile's loads before converting the current one (with the
+    current element code 0.871-0.872, against 0.78 for one tile per CTA, 0.85 for two or eight
+    and 0.82 for 16-byte vectors and one block per thread). float16/float32 input and MXFP4
+    were not re-measured with these tilings and keep the previous ones."""
     kind = _fmt_key(cfg.fmt)
     mx8 = kind == "mx8"
     paired = np.dtype(cfg.in_dtype).itemsize == 2
@@ -724,27 +726,26 @@ def e2m1_magnitude_float(y: Any, *, nonnegative: bool = False) -> Any:
     return e2m1_code_bits_float(y, nonnegative=nonnegative) >> _U(22)
 
 
-def _fp4_codes_float(xs: tuple[Any, ...], s: Any, *, block_nan: Any = None,
+def _fp4_codes_float(xs: tuple[Any, ...], s: Any, *, block_keep: Any = None,
                      absx: Any = None, word: Any = None) -> Any:
     """FLOAT path, MXFP4 and NVFP4: E2M1 codes of fl(x·s), s > 0 per block, by
     :func:`e2m1_code_bits_float`, packed into one byte per pair of elements for 16-bit input.
-    NaN elements give +0: NVFP4 passes ``block_nan`` (a NaN makes its block a NaN block, all
-    +0, so no per-element test is needed); MXFP4 tests each element. ``absx``: the float32
+    NaN elements give +0: NVFP4 passes ``block_keep`` (a NaN makes its block a NaN block, all
+    +0, so no per-element test is needed), uint32 1 for an ordinary block and 0 for a NaN
+    block, by which the codes are multiplied; MXFP4 tests each element. ``absx``: the float32
     ``|x|`` already formed for the block max (fl(|x|·s) = |fl(x·s)| for s > 0). ``word``: the
     uint32 input words of a pair (16-bit input, even element in the low half), from which the
     two signs are taken. Written against the array namespace: NumPy runs it with IEEE
     subnormals, as the GPU does.
 
-    A pair's byte is assembled in the top byte of a uint32 by integer multiply-adds, then moved
-    down with one shift: the even code (bits 22-24) times 4 lands in bits 24-26, the odd code
-    times 64 in bits 28-30, and ``(word & 0x80008000) · 0x1001`` puts the even sign (bit 15)
-    at bit 27 next to the odd sign already at bit 31 (its other copies fall below bit 24 or off
-    the top). The fields are disjoint, so the additions are ORs. On Hopper the kernel's time is
-    made of its integer/logic (ALU) instructions; multiply-adds run on the FMA pipe instead, and
-    this form needs two ALU instructions per pair (the sign mask and the final shift) where
-    shifting and masking each code and sign took six to eight in the SASS of the previous form
-    (this form's SASS and speed are not yet measured). An NVFP4 NaN block multiplies the code by
-    0 (one more multiply, not a select)."""
+    A pair's byte is assembled in the top byte of a uint32, then moved down with one shift:
+    the even code (bits 22-24) times 4 lands in bits 24-26, the odd code times 64 in bits
+    28-30, and ``(word & 0x80008000) · 0x1001`` puts the even sign (bit 15) at bit 27 next to
+    the odd sign already at bit 31 (its other copies fall below bit 24 or off the top). The
+    fields are disjoint, so additions and ORs agree. The multiplies by powers of two become
+    IMAD.SHL and the sign product an IMAD (the FMA pipe, which the logic-bound kernel has
+    spare); the sign mask, the OR and the shift are the only logic instructions per pair. An
+    NVFP4 NaN block multiplies the byte by 0 (one more IMAD, not a select)."""
     from fp4sim._xp import bitcast, namespace
 
     xp = namespace(*xs)
@@ -754,20 +755,23 @@ def _fp4_codes_float(xs: tuple[Any, ...], s: Any, *, block_nan: Any = None,
     cs = [e2m1_code_bits_float(y, nonnegative=True) for y in ys]
     if len(xs) == 1:  # float32 input: one code per byte
         code = (cs[0] >> _U(22)) | ((xs[0] >> _U(28)) & _U(0x08))
-        code = xp.where(ys[0] != ys[0], _U(0), code) if block_nan is None else code
+        code = xp.where(ys[0] != ys[0], _U(0), code) if block_keep is None else code
     else:
         if word is None:  # only the signs (bits 15 and 31) are used: take them from xs
             word = (xs[0] >> _U(16)) | (xs[1] & _U(0xFFFF0000))
         signs = word & _U(0x80008000)
-        if block_nan is None:  # MXFP4: a NaN element gives +0 (code and sign)
+        if block_keep is None:  # MXFP4: a NaN element gives +0 (code and sign)
             nan0, nan1 = (y != y for y in ys)
             cs = [xp.where(n, _U(0), c) for n, c in zip((nan0, nan1), cs)]
             signs = signs & xp.where(nan0, _U(0x80000000), _U(0xFFFFFFFF)) \
                 & xp.where(nan1, _U(0x00008000), _U(0xFFFFFFFF))
-        top = cs[0] * _U(4) + cs[1] * _U(64) + signs * _U(0x1001)
+        # (the odd code is OR-ed in: with a third addition here, ptxas 13 (sm_90a, -O3)
+        # dropped the odd element's whole computation from the NVFP4 kernel, so every byte
+        # came out with its high code 0; the NVFP4 GPU tests caught it)
+        top = (cs[0] * _U(4) + signs * _U(0x1001)) | (cs[1] * _U(64))
         code = top >> _U(24)
-    if block_nan is not None:
-        code = code * (_U(1) - block_nan.astype(np.uint32))
+    if block_keep is not None:
+        code = code * block_keep
     return code.astype(np.uint8)
 
 
@@ -795,8 +799,8 @@ def _codes_from(xs: tuple[Any, ...], cfg: QuantKernelConfig, per_block: dict[str
             return (codes[0] | (codes[1] << _U(8))).astype(jnp.uint16)
         return codes[0].astype(jnp.uint8)
     if flt:
-        nan = bc(per_block["nan"]) if cfg.kind == "nv" else None
-        return _fp4_codes_float(xs, bc(per_block["s"]), block_nan=nan, absx=absx, word=word)
+        keep = bc(per_block["keep"]) if cfg.kind == "nv" else None
+        return _fp4_codes_float(xs, bc(per_block["s"]), block_keep=keep, absx=absx, word=word)
     if cfg.kind == "mx4":
         points = [bc(t) for t in per_block["points"]]
         codes = [_mx4_codes(x, points) for x in xs]
@@ -824,8 +828,8 @@ def _per_block(amax: Any, cfg: QuantKernelConfig, params: dict[str, Any]) -> tup
     if cfg.kind == "nv":
         s_code, enc_m, enc_e, nan, enc = _nv_block(amax, params,
                                                    ieee=flt and not interpreting())
-        if flt:
-            return s_code, {"s": enc, "nan": nan}
+        if flt:  # keep: uint32 0 for a NaN block, else 1 (see _fp4_codes_float)
+            return s_code, {"s": enc, "keep": jnp.where(nan, _U(0), _U(1))}
         return s_code, {"enc_m": enc_m, "enc_e": enc_e, "nan": nan}
     code = _mx_scale_code(amax, cfg.fmt)
     k = jnp.where(code == 255, _I(0), code - _I(127))

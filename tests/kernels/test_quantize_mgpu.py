@@ -227,7 +227,7 @@ def test_nvfp4_block_and_element_arithmetic(g):
     s_f, nan, enc = (np.asarray(v) for v in _j(f_float)(jnp.asarray(_bits(x))))
     b = _bits(x).reshape(-1, 8, 2)  # (even, odd) elements of each byte
     with np.errstate(all="ignore"):  # the element step on NumPy: IEEE, as on the GPU
-        y = Q._fp4_codes_float((b[..., 0], b[..., 1]), enc[:, None], block_nan=nan[:, None])
+        y = Q._fp4_codes_float((b[..., 0], b[..., 1]), enc[:, None], block_keep=np.where(nan, np.uint32(0), np.uint32(1))[:, None])
     unpacked = np.stack([y & 0xF, y >> 4], axis=-1).reshape(-1, 16)
     np.testing.assert_array_equal(np.asarray(s_f)[ok], want.scales[ok, 0])
     np.testing.assert_array_equal(unpacked[ok], want.codes[ok])
