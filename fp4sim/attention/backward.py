@@ -33,7 +33,10 @@ This module owns the gradient of softmax attention ``O = softmax(c_e·Q Kᵀ + m
   the backend's matmul (``BACKEND``). ``SEQUENTIAL`` runs as an unflushed ``acc + a·b`` loop
   whenever :func:`plain_sum_is_exact` proves it gives the same bits (the recipes' 8-bit
   operands: exact products, none below 2^-103), per cache-sized output block, skipping the
-  all-zero terms of causal row blocks; otherwise as the flushed chain. ``D`` is a fixed
+  all-zero terms of causal row blocks; otherwise as the flushed chain. The statistics of the
+  quantized P, dO and dS operands are bounds taken from their quantizers' block exponents
+  (:func:`fp4sim.attention.causal.fake_quantize_stats`), not a pass over the elements; any
+  sound bounds give the same bits (:func:`fp4sim.attention._ordered.quantized_stats`). ``D`` is a fixed
   pairwise-tree sum, ``dS`` is formed elementwise; every float32 step flushes results below
   2^-126 (``.ftz`` arithmetic).
 
@@ -362,6 +365,23 @@ class BackwardTrace(NamedTuple):
     ds_q: Any
 
 
+def _quantized(fq: Any, x: Any, scaling: Any, with_stats: bool) -> tuple[Any, Any]:
+    """``fq(x, scaling)`` and (``with_stats``) bounds on its :class:`OperandStats`: from the
+    quantizer's block exponents for the built-in quantizers
+    (:func:`fp4sim.attention.causal.fake_quantize_stats`, or a quantizer's own ``with_stats``),
+    else a pass over the result (:func:`operand_stats`). Any bounds serve: the predicate of
+    :func:`plain_sum_is_exact` on them implies it on the true statistics
+    (:func:`fp4sim.attention._ordered.quantized_stats`)."""
+    if not with_stats:
+        return fq(x, scaling), None
+    both = causal.fake_quantize_stats if fq is causal.fake_quantize else \
+        getattr(fq, "with_stats", None)
+    if both is None:
+        y = fq(x, scaling)
+        return y, operand_stats(y)
+    return both(x, scaling)
+
+
 def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_out: Any, *,
                       softmax_scale: float, d_out_scaling: Any, p_scaling: Any, ds_scaling: Any,
                       delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT,
@@ -393,15 +413,17 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     fq = causal.fake_quantize if quantize is None else quantize
     xp = _xp.namespace(p, q_hat, k_hat, v_hat, out, d_out)
     d_out = xp.asarray(d_out, dtype=np.float32)
-    d_out_q = materialize(fq(d_out, d_out_scaling))
-    d_out_delta = d_out if delta is DeltaSource.FLOAT_D_OUT else d_out_q
-    p_dv = materialize(fq(p, p_scaling))
-    p_ds = p if p_ds is None else p_ds
     seq = accumulation is BackwardAccumulation.SEQUENTIAL
+    d_out_q, do_st = _quantized(fq, d_out, d_out_scaling, seq)
+    d_out_q = materialize(d_out_q)
+    d_out_delta = d_out if delta is DeltaSource.FLOAT_D_OUT else d_out_q
+    p_dv, p_st = _quantized(fq, p, p_scaling, seq)
+    p_dv = materialize(p_dv)
+    p_ds = p if p_ds is None else p_ds
     st = {}
     if seq:  # each operand's statistics once, on its stored layout (not a transposed view)
-        st = {name: operand_stats(x) for name, x in (("do", d_out_q), ("p", p_dv),
-                                                      ("v", v_hat), ("q", q_hat), ("k", k_hat))}
+        st = {name: operand_stats(x) for name, x in (("v", v_hat), ("q", q_hat), ("k", k_hat))}
+        st.update(do=do_st, p=p_st)
     dv = _matmul(p_dv, d_out_q, accumulation, a_stats=st.get("p"), b_stats=st.get("do"),
                  transpose_a=True)
     needed = p_ds if dp_only_where_p and seq and xp is not np else None
@@ -410,9 +432,9 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     o_d = xp.asarray(out if out_delta is None else out_delta, dtype=np.float32)
     dlt = _f32.tree_sum(_f32.mul(d_out_delta, o_d), axis=-1)
     ds = materialize(_f32.mul(p_ds, _f32.ftz(dp - dlt[..., None])))
-    ds_q = materialize(fq(ds, ds_scaling))
+    ds_q, ds_st = _quantized(fq, ds, ds_scaling, seq)
+    ds_q = materialize(ds_q)
     c = np.float32(softmax_scale)
-    ds_st = operand_stats(ds_q) if seq else None
     dq = _f32.mul(c, _matmul(ds_q, k_hat, accumulation, a_stats=ds_st, b_stats=st.get("k")))
     if dq_scaling is not None:
         dq = fq(dq, dq_scaling)
