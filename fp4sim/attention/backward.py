@@ -238,7 +238,7 @@ def _loop(a: Any, b: Any, plain: bool, needed: Any = None, transposed: bool = Fa
     rows = max([r for r in range(1, n_i + 1)
                 if n_i % r == 0 and r * cols * n_lead <= _BLOCK_ELEMENTS] or [1])
     if (rows, cols) == (n_i, n_j):
-        return _f32.ftz(_plain_block(a if transposed else _swap(a), b))
+        return _f32.ftz(_plain_block(a, b, transposed))
     ni, nj = n_i // rows, n_j // cols
     nl = len(lead)
     bb = xp.moveaxis(xp.reshape(b, lead + (n_k, nj, cols)), -2, 0)  # (nj, ..., K, cols)
@@ -281,17 +281,23 @@ def _loop(a: Any, b: Any, plain: bool, needed: Any = None, transposed: bool = Fa
     return _f32.ftz(xp.reshape(out, lead + (n_i, n_j)))
 
 
-def _plain_block(at: Any, b: Any) -> Any:
-    """``Σ_k at_k ⊗ b_k`` in order k = 0, 1, ... (plain float32; at (..., K, I),
-    b (..., K, J))."""
+def _plain_block(a: Any, b: Any, transposed: bool) -> Any:
+    """``Σ_k a[..., :, k] ⊗ b[..., k, :]`` in order k = 0, 1, ... (plain float32; a (..., I, K),
+    or (..., K, I) when ``transposed``; b (..., K, J)), eight terms per loop step. Column k of
+    a non-transposed ``a`` is read in place (a strided slice fused into the step): measured
+    about 2x faster on XLA CPU than transposing a 512² ``a`` first."""
     from jax import lax
 
     def term(k: Any) -> Any:
-        ak = lax.dynamic_index_in_dim(at, k, axis=at.ndim - 2, keepdims=False)[..., :, None]
+        if transposed:
+            ak = lax.dynamic_index_in_dim(a, k, axis=a.ndim - 2, keepdims=False)[..., :, None]
+        else:
+            ak = lax.dynamic_index_in_dim(a, k, axis=a.ndim - 1, keepdims=True)
         bk = lax.dynamic_index_in_dim(b, k, axis=b.ndim - 2, keepdims=True)
         return ak * bk
 
-    return lax.fori_loop(1, at.shape[-2], lambda k, acc: acc + term(k), term(0), unroll=4)
+    n_k = a.shape[-2] if transposed else a.shape[-1]
+    return lax.fori_loop(1, n_k, lambda k, acc: acc + term(k), term(0), unroll=8)
 
 
 def _plain_range(at: Any, b: Any, lo: Any, hi: Any) -> Any:
