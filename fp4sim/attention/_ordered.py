@@ -24,8 +24,8 @@ import numpy as np
 from fp4sim._xp import bitcast, is_jax, namespace
 from fp4sim.attention import _f32
 
-__all__ = ["OperandStats", "operand_stats", "plain_sum_is_exact", "plain_or_chain",
-           "ordered_product"]
+__all__ = ["OperandStats", "operand_stats", "quantized_stats", "plain_sum_is_exact",
+           "plain_or_chain", "ordered_product"]
 
 
 def _barrier(x: Any) -> Any:
@@ -59,6 +59,66 @@ def operand_stats(x: Any) -> OperandStats:
     sig = (bitcast(x, np.int32) & np.int32(0x7FFFFF)) | np.int32(0x800000)
     lsb = (sig & -sig).astype(np.float32)  # a power of two <= 2^23: exact
     return OperandStats(lo, hi, xp.min(xp.where(a > 0, lsb, np.float32(2.0**23))))
+
+
+def quantized_stats(exps: Any, live: Any, nonfinite: Any, elem: Any) -> OperandStats:
+    """Bounds on the :func:`operand_stats` of a dequantized operand, from its block exponents
+    instead of a pass over its elements: ``lo ≤ min_abs``, ``hi ≥ max_abs``, ``lsb ≤ min_lsb``.
+
+    The operand is ``y = RN_f32(c·2^e)`` per element (:func:`fp4sim.formats.blocks.dequantize`
+    of power-of-two block scales: correctly rounded, so f32 subnormals may appear), ``c`` a
+    code value of the element format ``elem`` under a *saturating* encoder, ``e`` its block's
+    exponent; ``exps`` (int32, any shape) holds the blocks' ``e``, ``live`` (bool, same shape)
+    is False only for blocks whose elements are all ±0 (their input's max-abs is 0), and
+    ``nonfinite`` (bool scalar) is True when some input is NaN or ±Inf. Then:
+
+    * nonzero ``|c| ≥ c_min`` (the format's smallest positive value, 2^-9 for E4M3), so every
+      nonzero ``|y| ≥ 2^(e + log2 c_min)`` ≥ ``2^lo_exp`` with ``lo_exp`` the smallest over live
+      blocks (RN is monotone and 2^lo_exp representable); ``lo = 2^lo_exp`` when
+      ``lo_exp ≥ −126``, else 0 (no claim: a bound of 0 fails every test below);
+    * when ``lo_exp ≥ −126`` every nonzero y is a normal float32 equal to ``c·2^e`` (no
+      rounding: ``c`` has at most ``mbits + 1`` significant bits), so its 24-bit significand's
+      lowest set bit is at least ``2^(23 − mbits)`` (an overflow to Inf has 2^23); else
+      ``lsb = 1``, below any significand's;
+    * finite inputs give finite ``|c| ≤ c_max`` (saturation; ±Inf inputs too, but those are
+      flagged), so ``|y| ≤ RN(c_max·2^e_max) = hi`` (Inf if it overflows); with a NaN or Inf
+      input ``hi = +Inf``, as :func:`operand_stats` counts them. A block holding NaN or Inf
+      is the only one with the NaN scale code (``nonfinite``), and NaN elements come only from
+      NaN inputs.
+    * no live block: every y is ±0, and (+Inf, 0, 2^23) are :func:`operand_stats`'s values.
+
+    :func:`plain_sum_is_exact` is monotone in each statistic (a smaller minimum or lsb, a
+    larger maximum can only turn it False), so with these bounds it implies the predicate of
+    the true statistics: the plain loop runs only where it gives the chain's bits, and where
+    the bounds are looser than a scan, the chain runs and gives those same bits.
+    """
+    from fp4sim.formats.codec import value_table
+
+    xp = namespace(exps)
+    table = np.asarray(value_table(elem), dtype=np.float64)
+    finite = table[np.isfinite(table)]
+    c_min = float(np.min(finite[finite > 0]))
+    c_max = float(np.max(np.abs(finite)))
+    c_min_exp = int(np.floor(np.log2(c_min)))
+    assert c_min == 2.0**c_min_exp
+    big = np.int32(1 << 20)
+    e = xp.asarray(exps, dtype=np.int32)
+    live = xp.broadcast_to(xp.asarray(live, dtype=bool), e.shape)
+    e_lo = xp.min(xp.where(live, e, big))
+    e_hi = xp.max(xp.where(live, e, -big))
+    any_live = e_lo < big
+    lo_exp = e_lo + np.int32(c_min_exp)
+    normal = lo_exp >= -126
+    lo = xp.where(any_live, xp.where(normal, _f32.pow2(xp.clip(lo_exp, -126, 127), e),
+                                     np.float32(0.0)), np.float32(np.inf))
+    lsb = xp.where(any_live, xp.where(normal, np.float32(2.0 ** (23 - elem.mbits)),
+                                      np.float32(1.0)), np.float32(2.0**23))
+    with np.errstate(over="ignore"):
+        top = np.float32(c_max) * _f32.pow2(xp.clip(e_hi, -126, 127), e)
+    hi = xp.where(xp.asarray(nonfinite), np.float32(np.inf),
+                  xp.where(any_live, top, np.float32(0.0)))
+    return OperandStats(xp.asarray(lo, dtype=np.float32), xp.asarray(hi, dtype=np.float32),
+                        xp.asarray(lsb, dtype=np.float32))
 
 
 def plain_sum_is_exact(a_stats: OperandStats, b_stats: OperandStats, k: int) -> Any:

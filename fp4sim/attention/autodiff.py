@@ -173,11 +173,22 @@ def _softmax_scale(head_dim: int, softmax_scale: float | None) -> float:
 def _quantizer(segment_ids: Any, aligned: bool):
     if segment_ids is None or not aligned:
         return sc.fake_quantize
-    return functools.partial(_segmented, segment_ids=segment_ids)
+    return _Segmented(segment_ids)
 
 
-def _segmented(x: Any, scaling: sc.OperandScaling, *, segment_ids: Any) -> Any:
-    return sc.fake_quantize_segmented(x, scaling, segment_ids)
+class _Segmented:
+    """The document-aligned fake-quantizer ``(x, scaling) -> float32`` for packed sequences;
+    ``with_stats`` also gives the statistics bounds for the ordered products
+    (:func:`fp4sim.attention.causal.fake_quantize_segmented_stats`)."""
+
+    def __init__(self, segment_ids: Any) -> None:
+        self.segment_ids = segment_ids
+
+    def __call__(self, x: Any, scaling: sc.OperandScaling) -> Any:
+        return sc.fake_quantize_segmented(x, scaling, self.segment_ids)
+
+    def with_stats(self, x: Any, scaling: sc.OperandScaling) -> tuple[Any, Any]:
+        return sc.fake_quantize_segmented_stats(x, scaling, self.segment_ids)
 
 
 def _per_key(xp: Any, a: Any, width: int) -> Any:

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from fp4sim._xp import is_jax, namespace
+from fp4sim._xp import bitcast, is_jax, namespace
 from fp4sim.formats import blocks
 from fp4sim.formats.blocks import (
     FP8_E4M3_PER_TENSOR,
@@ -58,7 +58,9 @@ __all__ = [
     "LeakClass",
     "OperandScaling",
     "fake_quantize",
+    "fake_quantize_stats",
     "fake_quantize_segmented",
+    "fake_quantize_segmented_stats",
     "token_group_length",
     "quantize_operand",
     "leak_class",
@@ -162,6 +164,12 @@ def quantize_operand(x: Any, scaling: OperandScaling) -> QuantizedArray | None:
         raise TypeError(f"scaling={scaling!r} must be an OperandScaling")
     if scaling.fmt is None:
         return None
+    return blocks.quantize(_pad_to_blocks(x, scaling), scaling.fmt, axis=scaling.axis,
+                           geometry=scaling.geometry, rule=scaling.rule)
+
+
+def _pad_to_blocks(x: Any, scaling: OperandScaling) -> Any:
+    """``x`` zero padded to whole blocks of ``scaling`` (see :func:`quantize_operand`)."""
     xp = namespace(x)
     bs = scaling.fmt.block_size
     widths = [(0, 0)] * x.ndim
@@ -169,8 +177,7 @@ def quantize_operand(x: Any, scaling: OperandScaling) -> QuantizedArray | None:
         widths[a] = (0, -x.shape[a] % bs)
     if any(w[1] for w in widths):
         x = xp.pad(x, widths)
-    return blocks.quantize(x, scaling.fmt, axis=scaling.axis, geometry=scaling.geometry,
-                           rule=scaling.rule)
+    return x
 
 
 def fake_quantize(x: Any, scaling: OperandScaling) -> Any:
@@ -182,6 +189,42 @@ def fake_quantize(x: Any, scaling: OperandScaling) -> Any:
     if y.shape != x.shape:
         y = y[tuple(slice(0, n) for n in x.shape)]
     return y
+
+
+def fake_quantize_stats(x: Any, scaling: OperandScaling) -> tuple[Any, Any]:
+    """``(fake_quantize(x, scaling), stats)``: the same float32 values and
+    :class:`~fp4sim.attention._ordered.OperandStats` *bounds* for the backward's ordered
+    products. For power-of-two block scales without an FP32 factor, and for plain casts,
+    under a saturating element encoder, the bounds come from the quantizer's block exponents
+    and block max-abs (:func:`fp4sim.attention._ordered.quantized_stats`, no pass over the
+    dequantized elements); otherwise they are :func:`~fp4sim.attention._ordered.operand_stats`
+    of the result. Either way ``plain_sum_is_exact`` of the bounds implies it of the true
+    statistics (proof there)."""
+    from fp4sim.attention._ordered import operand_stats, quantized_stats
+    from fp4sim.formats.spec import Overflow
+
+    if not isinstance(scaling, OperandScaling):
+        raise TypeError(f"scaling={scaling!r} must be an OperandScaling")
+    fmt = scaling.effective_format
+    xp = namespace(x)
+    saturating = fmt is not None and \
+        blocks._elem_policy(fmt).overflow is Overflow.SATURATE
+    if saturating and fmt.scale is None and fmt.global_scale is GlobalScale.NONE:
+        # a plain cast: c = encode(x), y = decode(c), one "block" with exponent 0
+        y = fake_quantize(x, scaling)
+        bits = xp.asarray(x, dtype=np.float32)
+        nonfinite = blocks._tensor_amax_bits(xp, bitcast(bits, np.uint32)) >= np.uint32(0x7F800000)
+        return y, quantized_stats(xp.zeros((), np.int32), True, nonfinite, fmt.elem)
+    if not (saturating and fmt.pow2 and fmt.global_scale is GlobalScale.NONE):
+        y = fake_quantize(x, scaling)
+        return y, operand_stats(y)
+    q, amax = blocks.quantize_with_block_amax(_pad_to_blocks(x, scaling), scaling.fmt, axis=scaling.axis,
+                                              geometry=scaling.geometry, rule=scaling.rule)
+    y = blocks.dequantize(q)
+    if y.shape != x.shape:
+        y = y[tuple(slice(0, n) for n in x.shape)]
+    nonfinite = xp.max(amax) >= np.uint32(0x7F800000)
+    return y, quantized_stats(q.scales.astype(np.int32) - 127, amax != 0, nonfinite, fmt.elem)
 
 
 def token_group_length(scaling: OperandScaling, n_tokens: int) -> int:
@@ -244,6 +287,19 @@ def fake_quantize_segmented(x: Any, scaling: OperandScaling, segment_ids: Any) -
                            for r in range(n_ranks)])
     index = xp.broadcast_to(ranks, x.shape)[None]
     return xp.take_along_axis(pieces, index, axis=0)[0]
+
+
+def fake_quantize_segmented_stats(x: Any, scaling: OperandScaling,
+                                  segment_ids: Any) -> tuple[Any, Any]:
+    """``(fake_quantize_segmented(x, scaling, segment_ids), stats)`` with the statistics bounds
+    of :func:`fake_quantize_stats` where no scale group spans tokens (the plain quantizer
+    runs), else :func:`~fp4sim.attention._ordered.operand_stats` of the result."""
+    from fp4sim.attention._ordered import operand_stats
+
+    if segment_ids is None or token_group_length(scaling, x.shape[-2]) == 1:
+        return fake_quantize_stats(x, scaling)
+    y = fake_quantize_segmented(x, scaling, segment_ids)
+    return y, operand_stats(y)
 
 
 def shares_scales_across_tokens(scaling: OperandScaling) -> bool:

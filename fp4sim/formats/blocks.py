@@ -141,6 +141,7 @@ __all__ = [
     "BLOCK_FORMATS",
     "QuantizedArray",
     "quantize",
+    "quantize_with_block_amax",
     "dequantize",
     "block_extents",
     "scale_exponents",
@@ -875,6 +876,19 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
     codes along the last axis. See the module docstring for the scale rules and the
     :class:`Arithmetic` orders.
     """
+    return quantize_with_block_amax(x, fmt, axis=axis, geometry=geometry, rule=rule,
+                                    global_scale=global_scale,
+                                    global_encode_scale=global_encode_scale, pack=pack)[0]
+
+
+def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
+                             geometry: Geometry = Geometry.BLOCK, rule: ScaleRule | None = None,
+                             global_scale: Any = None, global_encode_scale: Any = None,
+                             pack: bool = False) -> tuple[QuantizedArray, Any]:
+    """:func:`quantize` and, for power-of-two block scales without an FP32 factor, the max-abs
+    bit pattern (uint32) of ``x`` in each block, shaped like the scales (the quantizer's own,
+    not a second pass; what :func:`fp4sim.attention.causal.fake_quantize_stats` bounds the
+    dequantized values with); ``None`` for the other formats."""
     if not isinstance(fmt, BlockFormat):
         raise TypeError(f"fmt={fmt!r} must be a BlockFormat (e.g. MXFP8, MXFP4, NVFP4)")
     if rule is not None:
@@ -978,7 +992,10 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
     if pack:  # materialize the codes first: XLA would otherwise re-run the encoder per nibble
         codes = _stage(codes)
     q = QuantizedArray(codes, scales, g_dec, fmt, geometry, axis, False)
-    return q.pack() if pack else q
+    block_amax = None
+    if fmt.pow2 and g_dec is None:
+        block_amax = xp.reshape(amax_bits, scale_shape)
+    return (q.pack() if pack else q), block_amax
 
 
 def _to_blocked(xp: Any, g: Any, shape: tuple[int, ...], blocked: tuple[int, ...]) -> Any:
