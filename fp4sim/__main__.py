@@ -14,10 +14,10 @@ import sys
 
 # subcommand -> (module, one-line help)
 _COMMANDS: dict[str, tuple[str, str]] = {
-    "reproduce": ("fp4sim.report", "recompute the seeds' tables on the emulator; write a Markdown report and figures"),
-    "golden": ("fp4sim.golden", "write or check the golden vectors (tests/golden by default)"),
-    "figures": ("fp4sim.figures", "regenerate every figure under figures/"),
-    "bench": ("fp4sim.bench", "benchmarks: formats, microscaling, attention, training (CPU) and gpu (H200)"),
+    "reproduce": ("fp4sim.report.cli", "recompute the seeds' tables on the emulator; write a Markdown report and figures"),
+    "golden": ("fp4sim.golden.cli", "write or check the golden vectors (check: the set shipped with fp4sim)"),
+    "figures": ("fp4sim.report.figures", "regenerate every figure (into ./figures or --out)"),
+    "bench": ("fp4sim.benchmarks.cli", "benchmarks: formats, microscaling, attention, training (CPU) and gpu (H200)"),
 }
 
 

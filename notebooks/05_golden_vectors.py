@@ -16,9 +16,9 @@
 #
 # fp4sim's golden vectors are the exact bits its emulators produce for a registry of named cases:
 # every code and tie of every format, the microscaling rules where libraries disagree, converter
-# outputs and attention intermediates. They live in `tests/golden/` as plain `.npz` files (uint8
-# codes, float32 values) with a `manifest.json`; `tests/golden/FORMAT.md` describes the layout for
-# readers in other languages.
+# outputs and attention intermediates. They ship with fp4sim in `fp4sim/golden/data/`
+# (`golden.DATA_DIR`) as plain `.npz` files (uint8 codes, float32 values) with a `manifest.json`;
+# `FORMAT.md` there describes the layout for readers in other languages.
 #
 # This notebook lists the cases, materialises a few into a scratch folder, reads them back the way
 # a kernel's CI would, and shows what `check` says when a bit changes.
@@ -98,5 +98,7 @@ else:
     raise AssertionError("a corrupted file passed the check")
 
 # %% [markdown]
-# The stored set in the repository is checked in CI by `tests/test_golden.py`; regenerate it after
-# an intended change with `python -m fp4sim golden write` and explain the change in the commit.
+# The set shipped with fp4sim is checked in CI by `tests/test_golden.py` (and by
+# `python -m fp4sim golden check` wherever fp4sim is installed); regenerate it after an intended
+# change with `python -m fp4sim golden write --out fp4sim/golden/data` from a source checkout and
+# explain the change in the commit.

@@ -1,4 +1,4 @@
-"""Write torchao reference vectors to tests/golden/presets/torchao_*.npz (+ PROVENANCE.md).
+"""Write torchao reference vectors to fp4sim/golden/data/presets/torchao_*.npz (+ PROVENANCE.md).
 
 This script owns the third-party reference vectors that fp4sim's presets and layouts are
 checked against. It runs **outside** fp4sim's environment, in a side venv with torch and torchao
@@ -8,7 +8,7 @@ checked against. It runs **outside** fp4sim's environment, in a side venv with t
     /tmp/torchao_venv/bin/pip install \
         /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl \
         torchao numpy ml_dtypes
-    /tmp/torchao_venv/bin/python scripts/make_torchao_vectors.py [--out tests/golden/presets]
+    /tmp/torchao_venv/bin/python scripts/make_torchao_vectors.py [--out fp4sim/golden/data/presets]
 
 Every array is stored with a plain dtype (uint8 codes/scales, float32 values, '<U' labels), so
 the files load with ``np.load`` without pickle. Inputs are crafted to hit the disagreement cases
@@ -318,7 +318,7 @@ def describe(arrays: dict[str, np.ndarray]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path,
-                    default=Path(__file__).resolve().parent.parent / "tests" / "golden" / "presets")
+                    default=Path(__file__).resolve().parent.parent / "fp4sim" / "golden" / "data" / "presets")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(SEED)

@@ -2,7 +2,7 @@
 
 Run on the H200 (from the repository root):
 
-    PYTHONPATH=$PWD python scripts/wgmma_fp8_probe.py --out tests/golden/wgmma_fp8_h200.npz
+    PYTHONPATH=$PWD python scripts/wgmma_fp8_probe.py --out fp4sim/golden/data/wgmma_fp8_h200.npz
 
 For every dataset and K it stores the E4M3 operand bytes ``a_<name>_<K>`` (64, K) and
 ``b_<name>_<K>`` (64, K), the FP8 wgmma result ``fp8_<name>_<K>`` (64, 64) float32 and the f16

@@ -56,7 +56,8 @@ def test_every_module_starts_with_a_docstring():
 
 def test_import_loads_no_matplotlib_and_no_jax_backend():
     code = (
-        "import sys, fp4sim, fp4sim.golden, fp4sim.report, fp4sim.figures, fp4sim.__main__\n"
+        "import sys, fp4sim, fp4sim.golden, fp4sim.report, fp4sim.figures, fp4sim.benchmarks.cli, "
+        "fp4sim.__main__\n"
         "from jax._src import xla_bridge\n"
         "assert 'matplotlib' not in sys.modules, 'matplotlib was imported'\n"
         "assert not xla_bridge.backends_are_initialized(), 'a jax backend was initialised'\n"
@@ -66,7 +67,8 @@ def test_import_loads_no_matplotlib_and_no_jax_backend():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
-@pytest.mark.parametrize("module", ["fp4sim", "fp4sim.golden", "fp4sim.report", "fp4sim.figures"])
+@pytest.mark.parametrize("module", ["fp4sim", "fp4sim.golden", "fp4sim.golden.store", "fp4sim.report",
+                                    "fp4sim.report.experiments", "fp4sim.report.figures"])
 def test_docstring_examples_run(module):
     mod = importlib.import_module(module)
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

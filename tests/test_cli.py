@@ -43,7 +43,7 @@ def test_top_help_lists_every_command(capsys):
 
 
 def test_bench_help_lists_every_suite(capsys):
-    from fp4sim.bench import SUITES
+    from fp4sim.benchmarks.cli import SUITES
 
     _, out, _ = _run(["bench", "--help"], capsys)
     for suite in SUITES:
@@ -105,3 +105,18 @@ def test_figures_command_writes_a_png(tmp_path, capsys):
     png = tmp_path / "e2m1_grid.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(png) in capsys.readouterr().out
+
+
+def test_commands_write_into_the_working_directory_never_the_package(tmp_path, monkeypatch, capsys):
+    import fp4sim
+
+    package = __import__("pathlib").Path(fp4sim.__file__).resolve().parent
+    before = sorted(p.name for p in package.rglob("*") if "__pycache__" not in p.parts)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["golden", "write", "--no-progress", "--case", "formats.e2m1.all_codes"]) == 0
+    assert (tmp_path / "golden" / "manifest.json").exists()
+    assert (tmp_path / "golden" / "formats.e2m1.all_codes.npz").exists()
+    assert cli.main(["figures", "--quick", "--no-progress", "--only", "e2m1_grid"]) == 0
+    assert (tmp_path / "figures" / "e2m1_grid.png").exists()
+    assert cli.main(["golden", "check", "--no-progress", "--case", "formats.e2m1.all_codes"]) == 0
+    assert sorted(p.name for p in package.rglob("*") if "__pycache__" not in p.parts) == before

@@ -1,4 +1,4 @@
-"""Golden vectors: the stored set in tests/golden is bit-identical to what the emulators give now,
+"""Golden vectors: the set shipped in fp4sim/golden/data is bit-identical to what the emulators give now,
 and ``check`` catches a corrupted file, a changed emulator bit, a missing or extra case, and a
 shrunk set, each time naming the case."""
 
@@ -14,7 +14,7 @@ import pytest
 import fp4sim.formats
 from fp4sim import golden
 
-STORED = golden.DEFAULT_DIR
+STORED = golden.DATA_DIR
 CASE = "formats.e2m1.all_codes"  # a small case the failure tests tamper with
 
 
@@ -116,3 +116,19 @@ def test_registry_rejects_bad_cases():
         bad.generate()
     with pytest.raises(ValueError, match="not a golden case"):
         golden.generate("x.y.nope")
+
+
+def test_every_shipped_file_is_package_data():
+    # the wheel must carry the whole set: `python -m fp4sim golden check` reads it from there
+    import fnmatch
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["fp4sim.golden"]
+    base = Path(golden.__file__).resolve().parent
+    files = [p.relative_to(base).as_posix() for p in golden.DATA_DIR.rglob("*") if p.is_file()]
+    assert len(files) > len(golden.CASES)
+    left_out = [f for f in files
+                if not any(fnmatch.fnmatch(f, g) and f.count("/") == g.count("/") for g in globs)]
+    assert not left_out, f"files in {golden.DATA_DIR} that the wheel would not carry: {left_out}"

@@ -179,13 +179,16 @@ def test_bit_identity_numbers(quick_run):
 
 
 def test_repository_figures_are_present_and_indexed():
-    from fp4sim.figures import DEFAULT_DIR, FIGURES
+    from pathlib import Path
 
-    index = (DEFAULT_DIR / "INDEX.md").read_text()
+    from fp4sim.report.figures import FIGURES
+
+    repo_figures = Path(__file__).resolve().parents[1] / "figures"
+    index = (repo_figures / "INDEX.md").read_text()
     for name, spec in FIGURES.items():
-        assert (DEFAULT_DIR / spec.filename).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
-        assert f"`fp4sim.figures.{spec.draw.__name__}`" in index
-    stray = {p.name for p in DEFAULT_DIR.iterdir()} - {f.filename for f in FIGURES.values()} - {"INDEX.md"}
+        assert (repo_figures / spec.filename).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f"`fp4sim.report.figures.{spec.draw.__name__}`" in index
+    stray = {p.name for p in repo_figures.iterdir()} - {f.filename for f in FIGURES.values()} - {"INDEX.md"}
     assert not stray, f"files in figures/ that no figure function makes: {stray}"
 
 

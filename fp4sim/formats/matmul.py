@@ -115,7 +115,7 @@ running accumulator are aligned to the largest exponent among them and truncated
 bit (a zero sum is +0). This is the block-FMA model of Khattak & Mikaitis ("Accurate Models of
 NVIDIA Tensor Cores", ACM TACO 2026, arXiv:2512.07004) with the parameters the ``mmaemu``
 package validates for H100 cuBLAS FP8 GEMMs. Against the H200 measurement stored in
-``tests/golden/wgmma_fp8_h200.npz`` (15 cases x 4096 outputs, K = 32..512, N(0, 2), wide-exponent
+``fp4sim/golden/data/wgmma_fp8_h200.npz`` (15 cases x 4096 outputs, K = 32..512, N(0, 2), wide-exponent
 and one-large-term data) it is bit-exact on every output; float32 accumulation in K order
 matches 0-32 %."""
 

@@ -14,7 +14,7 @@ Each preset is an ordinary frozen ``BlockFormat``; pass it to
     CEIL, EVEN: RNE, saturating, NaN blocks → 0xFF, Inf blocks → the formula's code (247 for
     E4M3 FLOOR, 254 for RCEIL). Element codes of NaN inputs differ (torchao: 0x3 for E2M1);
     the NaN scale makes the block NaN either way. Checked against stored torchao vectors
-    (``tests/golden/presets/torchao_mx_*.npz``).
+    (``fp4sim/golden/data/presets/torchao_mx_*.npz``).
 ``TORCHAO_NVFP4`` / ``TORCHAO_NVFP4_SINGLE`` — torchao ``nvfp4_quantize`` with a per-tensor scale
     ``amax/2688`` (decode form) / without one: block scale ``(amax_b/6)/g`` clamped to
     [2^-6, 448] then RNE to E4M3; elements ``x · ((1/g)/s)``. Checked against stored vectors.

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fp4sim import golden
 from fp4sim.formats.layouts import (
     ScaleLayout,
     blocked_offset,
@@ -30,7 +30,7 @@ from fp4sim.formats.layouts import (
     to_swizzled_8x4,
 )
 
-PRESETS = Path(__file__).resolve().parent.parent / "golden" / "presets"
+PRESETS = golden.DATA_DIR / "presets"
 LAYOUTS = tuple(ScaleLayout)
 
 

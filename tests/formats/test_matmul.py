@@ -149,13 +149,14 @@ def test_bad_input():
 
 def test_hopper_model_against_h200_measurements():
     import json
-    import pathlib
 
     import ml_dtypes
 
     from fp4sim.formats.matmul import HOPPER_FP8_MODEL
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "golden" / "wgmma_fp8_h200.npz"
+    from fp4sim.golden import DATA_DIR
+
+    path = DATA_DIR / "wgmma_fp8_h200.npz"
     d = np.load(path)
     assert json.loads(bytes(d["meta"]).decode())["jax"] == "0.11.2"
     e4 = ml_dtypes.float8_e4m3fn

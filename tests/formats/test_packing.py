@@ -3,17 +3,17 @@ pairing, torchao's packed bytes, hypothesis round trips, NumPy == jit bits, and 
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fp4sim import golden
 from fp4sim.formats import E2M1, E2M3, E3M2, E4M3, UE8M0
 from fp4sim.formats.packing import NibbleOrder, pack, pack_group_size, packed_length, unpack
 
-PRESETS = Path(__file__).resolve().parent.parent / "golden" / "presets"
+PRESETS = golden.DATA_DIR / "presets"
 FP6 = (E2M3, E3M2)
 FP4_ORDERS = tuple(NibbleOrder)
 

@@ -3,13 +3,13 @@ quantizer, and an independent transcription of the OCP/microxcaling algorithm.""
 
 from __future__ import annotations
 
-import pathlib
 
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
 
+from fp4sim import golden
 from fp4sim.formats import codec
 from fp4sim.formats.blocks import GlobalScale, ScaleRule, dequantize, quantize
 from fp4sim.formats.presets import (
@@ -28,7 +28,7 @@ from fp4sim.formats.presets import (
     preset,
 )
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden" / "presets"
+GOLDEN = golden.DATA_DIR / "presets"
 MODES = {"floor": ScaleRule.FLOOR, "rceil": ScaleRule.RCEIL, "ceil": ScaleRule.CEIL,
          "even": ScaleRule.EVEN}
 
@@ -165,7 +165,7 @@ def test_preset_registry():
 @pytest.mark.optional
 def test_torchao_direct():
     torchao = pytest.importorskip("torchao", reason="torchao is not installed in this venv "
-                                  "(it needs torch; vectors from it are stored in tests/golden)")
+                                  "(it needs torch; vectors from it are stored in fp4sim/golden/data/presets)")
     import torch
     from torchao.prototype.mx_formats.mx_tensor import to_mx
 

@@ -1,8 +1,8 @@
 """``python -m fp4sim bench SUITE``: dispatch to the benchmark suites in :mod:`fp4sim.benchmarks`.
 
-Every suite measures side by side in one run and reports ratios (DESIGN.md §5); absolute times
-are printed for the record but only GPU ones are claims. Each suite module exposes
-``add_arguments(parser)`` and ``run(args) -> int``.
+Every suite measures side by side in one run and reports ratios; absolute times are printed for
+the record but only GPU ones are claims. Each suite module exposes ``add_arguments(parser)`` and
+``run(args) -> int``; :data:`SUITES` lists them with their one-line help.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+
+__all__ = ["SUITES", "add_arguments", "run"]
 
 SUITES: dict[str, str] = {
     "formats": "element encode/decode on this CPU: NumPy and jitted JAX vs an ml_dtypes cast",

@@ -1,0 +1,92 @@
+"""The report's building blocks: :class:`Table`, :class:`Section` and the value formatting.
+
+:func:`format_value` renders one table cell, :func:`percent` a share, :func:`to_jsonable` turns
+the numbers of a section (NumPy scalars and arrays, tuples as keys) into JSON values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Table", "Section", "format_value", "percent", "to_jsonable"]
+
+
+# --- report building blocks -------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Table:
+    """A Markdown table with a caption and the seed statement it is set beside."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    seed: str = ""  # what the seed reported, with its citation
+    note: str = ""
+
+    def markdown(self) -> str:
+        head = "| " + " | ".join(self.columns) + " |"
+        rule = "|" + "|".join("---" for _ in self.columns) + "|"
+        body = ["| " + " | ".join(format_value(v) for v in row) + " |" for row in self.rows]
+        parts = [f"**{self.title}**", ""]
+        if self.seed:
+            parts += [f"*Seed:* {self.seed}", ""]
+        parts += [head, rule, *body]
+        if self.note:
+            parts += ["", self.note]
+        return "\n".join(parts)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Section:
+    """One part of the report: prose, tables, figure names and the numbers recorded in JSON."""
+
+    key: str
+    title: str
+    intro: str
+    tables: tuple[Table, ...] = ()
+    figures: tuple[str, ...] = ()  # names in fp4sim.figures.FIGURES
+    numbers: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def format_value(v: Any) -> str:
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        if math.isnan(v):
+            return "NaN"
+        if math.isinf(v):
+            return "∞" if v > 0 else "−∞"
+        if v == 0:
+            return "−0" if math.copysign(1.0, v) < 0 else "0"
+        if abs(v) >= 1e5 or abs(v) < 1e-3:
+            return f"{v:.4g}"
+        return f"{v:.6g}"
+    return str(v)
+
+
+def percent(x: float) -> str:
+    return f"{100 * x:.2f} %"
+
+
+def to_jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): to_jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [to_jsonable(x) for x in v]
+    if isinstance(v, (np.bool_, bool)):
+        return bool(v)
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        return v if math.isfinite(v) else str(v)
+    if isinstance(v, np.ndarray):
+        return to_jsonable(v.tolist())
+    return v
