@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["namespace", "is_jax", "bitcast", "asarray_like", "to_numpy"]
+__all__ = ["namespace", "is_jax", "bitcast", "asarray_like", "to_numpy", "materialize"]
 
 
 def is_jax(x: Any) -> bool:
@@ -54,3 +54,15 @@ def asarray_like(value: Any, like: Any, dtype: Any = None) -> Any:
 def to_numpy(x: Any) -> np.ndarray:
     """A NumPy copy of a NumPy or (concrete) jax array."""
     return np.asarray(x)
+
+
+def materialize(x: Any) -> Any:
+    """``x`` (an array or a tuple of arrays) computed once: under jax an optimization barrier, so
+    that XLA does not re-fuse a long elementwise chain into every consumer (a pure performance
+    hint, no effect on bits); NumPy values pass unchanged."""
+    leaves = x if isinstance(x, tuple) else (x,)
+    if not any(is_jax(a) for a in leaves):
+        return x
+    from jax import lax
+
+    return lax.optimization_barrier(x)

@@ -1,7 +1,7 @@
 """Ordered float32 sums of products: when the plain loop gives the flushed chain's bits.
 
 This module owns the proof and the switch behind the emulator's fast sequential products. The
-emulator's float32 arithmetic flushes every result below 2^-126 (:mod:`fp4sim.attention._f32`),
+emulator's float32 arithmetic flushes every result below 2^-126 (:mod:`fp4sim.formats.f32`),
 so an ordered sum of products is, by definition, the *flushed chain*
 ``acc_0 = fl(a_0·b_0)``, ``acc_k = fl(acc_{k−1} + fl(a_k·b_k))`` (each step flushed, the
 multiply never fused into the add). :func:`plain_sum_is_exact` proves, from a few
@@ -21,19 +21,11 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from fp4sim._xp import bitcast, is_jax, namespace
-from fp4sim.attention import _f32
+from fp4sim._xp import bitcast, is_jax, materialize, namespace
+from fp4sim.formats import f32
 
 __all__ = ["OperandStats", "operand_stats", "quantized_stats", "plain_sum_is_exact",
            "plain_or_chain", "ordered_product"]
-
-
-def _barrier(x: Any) -> Any:
-    if not any(is_jax(a) for a in x):
-        return x
-    from jax import lax
-
-    return lax.optimization_barrier(x)
 
 
 class OperandStats(NamedTuple):
@@ -51,10 +43,10 @@ def operand_stats(x: Any) -> OperandStats:
     a = xp.abs(x)
     lo = xp.min(xp.where(a > 0, a, np.float32(np.inf)))
     # barriers: XLA CPU fuses sibling reductions into one slow multi-output loop (7x slower)
-    x, lo = _barrier((x, lo))
+    x, lo = materialize((x, lo))
     # NaN and ±Inf count as +Inf: XLA CPU's max reduction drops NaN (measured)
     hi = xp.max(xp.where(xp.isfinite(x), xp.abs(x), np.float32(np.inf)))
-    x, hi = _barrier((x, hi))
+    x, hi = materialize((x, hi))
     a = xp.abs(x)
     sig = (bitcast(x, np.int32) & np.int32(0x7FFFFF)) | np.int32(0x800000)
     lsb = (sig & -sig).astype(np.float32)  # a power of two <= 2^23: exact
@@ -109,12 +101,12 @@ def quantized_stats(exps: Any, live: Any, nonfinite: Any, elem: Any) -> OperandS
     any_live = e_lo < big
     lo_exp = e_lo + np.int32(c_min_exp)
     normal = lo_exp >= -126
-    lo = xp.where(any_live, xp.where(normal, _f32.pow2(xp.clip(lo_exp, -126, 127), e),
+    lo = xp.where(any_live, xp.where(normal, f32.pow2(xp.clip(lo_exp, -126, 127), e),
                                      np.float32(0.0)), np.float32(np.inf))
     lsb = xp.where(any_live, xp.where(normal, np.float32(2.0 ** (23 - elem.mbits)),
                                       np.float32(1.0)), np.float32(2.0**23))
     with np.errstate(over="ignore"):
-        top = np.float32(c_max) * _f32.pow2(xp.clip(e_hi, -126, 127), e)
+        top = np.float32(c_max) * f32.pow2(xp.clip(e_hi, -126, 127), e)
     hi = xp.where(xp.asarray(nonfinite), np.float32(np.inf),
                   xp.where(any_live, top, np.float32(0.0)))
     return OperandStats(xp.asarray(lo, dtype=np.float32), xp.asarray(hi, dtype=np.float32),
@@ -124,7 +116,7 @@ def quantized_stats(exps: Any, live: Any, nonfinite: Any, elem: Any) -> OperandS
 def plain_sum_is_exact(a_stats: OperandStats, b_stats: OperandStats, k: int) -> Any:
     """True (a boolean scalar) when the plain float32 sum ``acc + a_k·b_k`` of ``a @ b`` over
     ``k`` terms (any fusion of the multiply into the add allowed), in contraction order, gives
-    the bits of the flushed SEQUENTIAL chain after one final :func:`~fp4sim.attention._f32.ftz`:
+    the bits of the flushed SEQUENTIAL chain after one final :func:`~fp4sim.formats.f32.ftz`:
 
     1. short significands: ``lsb_a·lsb_b ≥ 2^24`` (E4M3 × E5M2: 2^20·2^21), so each product
        of two significands has at most 24 bits — every product is exact in float32 and
@@ -150,7 +142,7 @@ def plain_sum_is_exact(a_stats: OperandStats, b_stats: OperandStats, k: int) -> 
     log2k = max(0, (int(k) - 1).bit_length())
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         short = a_lsb * b_lsb >= np.float32(2.0**24)
-        small = _f32.ftz(a_min * b_min) >= np.float32(2.0**-103)
+        small = f32.ftz(a_min * b_min) >= np.float32(2.0**-103)
         large = a_max * b_max <= np.float32(2.0 ** (126 - log2k))
     return short & small & large
 

@@ -41,11 +41,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fp4sim._xp import bitcast, namespace
-from fp4sim.attention import _f32
+from fp4sim._xp import bitcast, materialize, namespace
+from fp4sim.formats import f32
 from fp4sim.attention import causal as sc
 from fp4sim.attention.backward import (BackwardTrace, DeltaSource, DsProbabilities, TrainingRecipe,
-                                       emulated_backward, materialize)
+                                       emulated_backward)
 from fp4sim.attention.converters import convert_tile
 from fp4sim.attention.exp2 import exp2_rn
 from fp4sim.attention.forward import (Operand, _masked_tile, attention_forward, log2_scores,
@@ -130,11 +130,11 @@ def _dequantized(xp: Any, op: tuple, block: int) -> Any:
     values, exps, post, post_exp = op
     x = values
     if exps is not None:
-        x = _f32.ldexp(x, xp.repeat(exps, block, axis=-1))
+        x = f32.ldexp_ftz(x, xp.repeat(exps, block, axis=-1))
     if post_exp is not None:
-        x = _f32.ldexp(x, post_exp[..., None])
+        x = f32.ldexp_ftz(x, post_exp[..., None])
     if post is not None:
-        x = _f32.mul(x, post[..., None])
+        x = f32.mul_ftz(x, post[..., None])
     return x
 
 
@@ -252,7 +252,7 @@ def _tile_anchors(xp: Any, u: Any, recipe: AttentionRecipe) -> list[Any]:
         if recipe.rescale_threshold == 0:
             m = xp.maximum(m, mt)
         else:
-            move = (m == -np.inf) | (mt > _f32.add(m, np.float32(recipe.rescale_threshold)))
+            move = (m == -np.inf) | (mt > f32.add_ftz(m, np.float32(recipe.rescale_threshold)))
             m = xp.where(move, xp.maximum(m, mt), m)
         out.append(m)
     return out
@@ -312,7 +312,7 @@ def rebuild_p(saved: SavedForward, recipe: AttentionRecipe, *,
     codes, scales, ks = flat(pt.codes), flat(pt.scales), flat(pt.k)
     p_hp = None
     if high_precision:
-        lse2 = _f32.mul(saved.lse, np.float32(math.log2(math.e)))
+        lse2 = f32.mul_ftz(saved.lse, np.float32(math.log2(math.e)))
         ok = xp.isfinite(lse2)[..., None]
         p_hp = xp.where(ok, exp2_rn(xp.where(ok, u[..., :skv] - lse2[..., None],
                                              np.float32(-np.inf))), np.float32(0.0))
@@ -334,9 +334,9 @@ def _normalized(xp: Any, saved: SavedForward, recipe: AttentionRecipe, pt: Any, 
     w = pt.values
     if pt.exps is not None or pt.factor_exp:
         e = xp.zeros(w.shape, np.int32) if pt.exps is None else _per_key(xp, pt.exps, pt.block)
-        w = _f32.ldexp(w, e + np.int32(pt.factor_exp))
+        w = f32.ldexp_ftz(w, e + np.int32(pt.factor_exp))
     if not mism and pt.pdiv != 1:
-        w = _f32.div(w, np.float32(pt.pdiv))
+        w = f32.div_ftz(w, np.float32(pt.pdiv))
     live = finite & fin[..., None]
     r = xp.where(live, exp2_rn(xp.where(live, anchors - m_fin[..., None], np.float32(0.0))),
                  np.float32(0.0))
@@ -345,7 +345,7 @@ def _normalized(xp: Any, saved: SavedForward, recipe: AttentionRecipe, pt: Any, 
 
     def norm(w: Any, rows: slice, tiles: slice) -> Any:  # these rows and tiles
         return xp.where(pos[..., rows, None, None],
-                        _f32.div(_f32.mul(w, r[..., rows, tiles, None]),
+                        f32.div_ftz(f32.mul_ftz(w, r[..., rows, tiles, None]),
                                  l_safe[..., rows, :, :]), np.float32(0.0))
 
     sq, n_tiles = w.shape[-3], w.shape[-2]

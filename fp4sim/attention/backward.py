@@ -61,7 +61,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fp4sim import _xp
-from fp4sim.attention import _f32, causal
+from fp4sim.attention import causal
+from fp4sim.formats import f32
 from fp4sim.attention._ordered import (OperandStats, operand_stats, plain_or_chain,
                                        plain_sum_is_exact)
 
@@ -158,7 +159,7 @@ def _matmul(a: Any, b: Any,
     on XLA CPU a transpose of a 2048² operand costs ~25 ms, more than its product loop).
 
     ``SEQUENTIAL``: ``acc_0 = fl(a_0 b_0)``, ``acc_k = fl(acc_{k−1} + fl(a_k b_k))`` with every
-    result below 2^-126 flushed (:mod:`fp4sim.attention._f32`, which also keeps XLA from fusing
+    result below 2^-126 flushed (:mod:`fp4sim.formats.f32`, which also keeps XLA from fusing
     the multiply into the add). When :func:`plain_sum_is_exact` holds for the operands, the same
     bits come from the unflushed ``acc + a_k·b_k`` (a fused multiply-add allowed) and one final
     flush of the result (proof there), about 3x faster; otherwise the flushed chain runs. A
@@ -188,10 +189,10 @@ def _matmul(a: Any, b: Any,
             acc = a[..., :, 0, None] * b[..., 0, None, :]
             for k in range(1, a.shape[-1]):
                 acc = acc + a[..., :, k, None] * b[..., k, None, :]
-            return _f32.ftz(acc)
-        acc = _f32.mul(a[..., :, 0, None], b[..., 0, None, :])
+            return f32.ftz(acc)
+        acc = f32.mul_ftz(a[..., :, 0, None], b[..., 0, None, :])
         for k in range(1, a.shape[-1]):
-            acc = _f32.add(acc, _f32.mul(a[..., :, k, None], b[..., k, None, :]))
+            acc = f32.add_ftz(acc, f32.mul_ftz(a[..., :, k, None], b[..., k, None, :]))
         return acc
     seq = _sequential_jax(transpose_a)
     if needed is None:
@@ -224,9 +225,9 @@ def _loop(a: Any, b: Any, plain: bool, needed: Any = None, transposed: bool = Fa
         def term(k: Any) -> Any:
             ak = lax.dynamic_index_in_dim(at, k, axis=at.ndim - 2, keepdims=False)[..., :, None]
             bk = lax.dynamic_index_in_dim(b, k, axis=b.ndim - 2, keepdims=True)
-            return _f32.mul(ak, bk)
+            return f32.mul_ftz(ak, bk)
 
-        return lax.fori_loop(1, at.shape[-2], lambda k, acc: _f32.add(acc, term(k)), term(0))
+        return lax.fori_loop(1, at.shape[-2], lambda k, acc: f32.add_ftz(acc, term(k)), term(0))
 
     n_k, n_i = a.shape[-2:] if transposed else a.shape[:-3:-1]
     n_j = b.shape[-1]
@@ -238,7 +239,7 @@ def _loop(a: Any, b: Any, plain: bool, needed: Any = None, transposed: bool = Fa
     rows = max([r for r in range(1, n_i + 1)
                 if n_i % r == 0 and r * cols * n_lead <= _BLOCK_ELEMENTS] or [1])
     if (rows, cols) == (n_i, n_j):
-        return _f32.ftz(_plain_block(a, b, transposed))
+        return f32.ftz(_plain_block(a, b, transposed))
     ni, nj = n_i // rows, n_j // cols
     nl = len(lead)
     bb = xp.moveaxis(xp.reshape(b, lead + (n_k, nj, cols)), -2, 0)  # (nj, ..., K, cols)
@@ -278,7 +279,7 @@ def _loop(a: Any, b: Any, plain: bool, needed: Any = None, transposed: bool = Fa
     out = xp.reshape(out, (ni, nj) + lead + (rows, cols))
     out = xp.moveaxis(out, (0, 1), (nl, nl + 1))  # (..., ni, nj, rows, cols)
     out = xp.swapaxes(out, -3, -2)  # (..., ni, rows, nj, cols)
-    return _f32.ftz(xp.reshape(out, lead + (n_i, n_j)))
+    return f32.ftz(xp.reshape(out, lead + (n_i, n_j)))
 
 
 def _plain_block(a: Any, b: Any, transposed: bool) -> Any:
@@ -335,17 +336,6 @@ def _sequential_jax(transposed: bool = False):
         return _loop(a, b, False, None, transposed)
 
     return plain_or_chain(plain, chain)
-
-
-def materialize(x: Any) -> Any:
-    """Under jax, an optimization barrier (XLA computes ``x`` once instead of re-fusing its
-    elementwise chain into every consumer); a performance hint with no effect on bits. ``x``
-    may be a tuple."""
-    if not any(_xp.is_jax(a) for a in (x if isinstance(x, tuple) else (x,))):
-        return x
-    from jax import lax
-
-    return lax.optimization_barrier(x)
 
 
 def _swap(x: Any) -> Any:
@@ -421,10 +411,10 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     d_out = xp.asarray(d_out, dtype=np.float32)
     seq = accumulation is BackwardAccumulation.SEQUENTIAL
     d_out_q, do_st = _quantized(fq, d_out, d_out_scaling, seq)
-    d_out_q = materialize(d_out_q)
+    d_out_q = _xp.materialize(d_out_q)
     d_out_delta = d_out if delta is DeltaSource.FLOAT_D_OUT else d_out_q
     p_dv, p_st = _quantized(fq, p, p_scaling, seq)
-    p_dv = materialize(p_dv)
+    p_dv = _xp.materialize(p_dv)
     p_ds = p if p_ds is None else p_ds
     st = {}
     if seq:  # each operand's statistics once, on its stored layout (not a transposed view)
@@ -433,18 +423,18 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     dv = _matmul(p_dv, d_out_q, accumulation, a_stats=st.get("p"), b_stats=st.get("do"),
                  transpose_a=True)
     needed = p_ds if dp_only_where_p and seq and xp is not np else None
-    dp = materialize(_matmul(d_out_q, _swap(v_hat), accumulation, a_stats=st.get("do"),
+    dp = _xp.materialize(_matmul(d_out_q, _swap(v_hat), accumulation, a_stats=st.get("do"),
                              b_stats=st.get("v"), needed=needed))
     o_d = xp.asarray(out if out_delta is None else out_delta, dtype=np.float32)
-    dlt = _f32.tree_sum(_f32.mul(d_out_delta, o_d), axis=-1)
-    ds = materialize(_f32.mul(p_ds, _f32.ftz(dp - dlt[..., None])))
+    dlt = f32.tree_sum_ftz(f32.mul_ftz(d_out_delta, o_d), axis=-1)
+    ds = _xp.materialize(f32.mul_ftz(p_ds, f32.ftz(dp - dlt[..., None])))
     ds_q, ds_st = _quantized(fq, ds, ds_scaling, seq)
-    ds_q = materialize(ds_q)
+    ds_q = _xp.materialize(ds_q)
     c = np.float32(softmax_scale)
-    dq = _f32.mul(c, _matmul(ds_q, k_hat, accumulation, a_stats=ds_st, b_stats=st.get("k")))
+    dq = f32.mul_ftz(c, _matmul(ds_q, k_hat, accumulation, a_stats=ds_st, b_stats=st.get("k")))
     if dq_scaling is not None:
         dq = fq(dq, dq_scaling)
-    dk = _f32.mul(c, _matmul(ds_q, q_hat, accumulation, a_stats=ds_st, b_stats=st.get("q"),
+    dk = f32.mul_ftz(c, _matmul(ds_q, q_hat, accumulation, a_stats=ds_st, b_stats=st.get("q"),
                              transpose_a=True))
     return BackwardTrace(Gradients(dq, dk, dv), d_out_q, d_out_delta, p_dv, p_ds, dp, dlt, ds,
                          ds_q)

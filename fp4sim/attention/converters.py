@@ -38,7 +38,7 @@ The converters (seed_algorithms.md §2), with the float32 evaluation order that 
 ``SchraudolphP``    (§2.9): code pattern ``floor(2^mb·fl(t + fl(scale_log2 − shift))) + bias·2^mb``.
 
 Sums over keys inside a converter (the mismatched denominators) use the fixed pairwise tree of
-:func:`fp4sim.attention._f32.tree_sum` over each scale group (or the whole tile), then add the
+:func:`fp4sim.formats.f32.tree_sum_ftz` over each scale group (or the whole tile), then add the
 groups in key order. NaN scores give NaN codes where the format has NaN and are otherwise
 carried by the forward (a row with a NaN score has NaN output; :mod:`fp4sim.attention.forward`).
 """
@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fp4sim._xp import bitcast, namespace
-from fp4sim.attention import _f32
+from fp4sim.formats import f32
 from fp4sim.attention.exp2 import exp2_model, exp2_rn
 from fp4sim.attention.recipe import (
     AffineP,
@@ -120,14 +120,14 @@ def _ceil_exp(xp: Any, m: Any, lo: int = -127, hi: int = 127) -> Any:
 def _group_sum(xp: Any, vals_b: Any, weight: Any = None, exps: Any = None) -> Any:
     """Σ_groups fl(weight_g · tree_sum_g(vals)) (or ``· 2^exps_g``), groups added in key order
     (float32, FTZ)."""
-    partial = _f32.tree_sum(vals_b, axis=-1)  # (..., rows, nb)
+    partial = f32.tree_sum_ftz(vals_b, axis=-1)  # (..., rows, nb)
     if weight is not None:
-        partial = _f32.mul(partial, weight)
+        partial = f32.mul_ftz(partial, weight)
     if exps is not None:
-        partial = _f32.ldexp(partial, exps)
+        partial = f32.ldexp_ftz(partial, exps)
     acc = partial[..., 0]
     for g in range(1, partial.shape[-1]):
-        acc = _f32.add(acc, partial[..., g])
+        acc = f32.add_ftz(acc, partial[..., g])
     return acc
 
 
@@ -172,7 +172,7 @@ def direct_p_payload(converter: Any, x: Any, *, exp2: Exp2Model = Exp2Model(),
     if isinstance(converter, ExactP):
         value = exp2_model(x, exp2, fragment=fragment, tile=tile) if x.ndim else exp2_rn(x)
     elif isinstance(converter, AffineP):
-        value = xp.maximum(_f32.mul(np.float32(converter.a), x) + np.float32(converter.b),
+        value = xp.maximum(f32.mul_ftz(np.float32(converter.a), x) + np.float32(converter.b),
                            np.float32(0.0))
     elif isinstance(converter, MitchellP):
         value = mitchell_exp2(x - np.float32(converter.shift))
@@ -232,9 +232,9 @@ def _convert_tile(recipe: AttentionRecipe, t: Any, need_mismatched: bool) -> PTi
                          mism, e)
         if fmt is PFormat.NVFP4:
             pb = _blocks(xp, p, 16)
-            sf_codes = encode(_f32.div(_block_max(xp, pb), np.float32(6.0)), UE4M3)
+            sf_codes = encode(f32.div_ftz(_block_max(xp, pb), np.float32(6.0)), UE4M3)
             sf = decode(sf_codes, UE4M3)[..., None]
-            q = encode(xp.where(sf > 0, _f32.div(pb, xp.where(sf > 0, sf, np.float32(1.0))),
+            q = encode(xp.where(sf > 0, f32.div_ftz(pb, xp.where(sf > 0, sf, np.float32(1.0))),
                                 np.float32(0.0)), E2M1, _E2M1_POLICY)
             vals = decode(q, E2M1) * sf  # exact: 2 x 4 significant bits
             return PTile(_unblock(xp, q), sf_codes, _unblock(xp, vals), None, 16, 0, 1.0, mism,
@@ -274,7 +274,7 @@ def _convert_tile(recipe: AttentionRecipe, t: Any, need_mismatched: bool) -> PTi
         tb = _blocks(xp, t, 16)
         phat = ex2(tb + LOG2_2688)
         am = exp2_rn(_block_max(xp, tb) + LOG2_448)[..., None]
-        q = encode(xp.where(am > 0, _f32.div(phat, xp.where(am > 0, am, np.float32(1.0))),
+        q = encode(xp.where(am > 0, f32.div_ftz(phat, xp.where(am > 0, am, np.float32(1.0))),
                             np.float32(0.0)), E2M1, _E2M1_POLICY)
         sf_codes = encode(am[..., 0], UE4M3)
         vals = decode(q, E2M1) * decode(sf_codes, UE4M3)[..., None]

@@ -1,7 +1,7 @@
 """exp2 models: a correctly rounded float32 exp2 and FA4's polynomial ex2 emulation, bit-exact.
 
 Both run on NumPy and under ``jax.jit`` with identical bits: they use only float32 operations
-whose results are exact or correctly rounded by construction (:mod:`fp4sim.attention._f32`),
+whose results are exact or correctly rounded by construction (:mod:`fp4sim.formats.f32`),
 integer bit manipulation, and flush-to-zero of results below 2^-126.
 
 :func:`exp2_rn` — "exact" exp2 of fp4sim (seed_algorithms.md §11 item 7): the float32 nearest
@@ -19,7 +19,7 @@ to float32 on millions of inputs, including every float32 in chosen intervals.
 ``xc = max(x, −127)``, ``n = floor(xc)``, ``f = fl(xc − n)``,
 ``p = fma(fma(fma(c3, f, c2), f, c1), f, c0)`` with the degree-3 coefficients ``POLY_EX2``, and
 the result bits ``(n << 23) + bits(p)`` (integer add into the exponent field). The FMAs are
-emulated exactly (:func:`fp4sim.attention._f32.fma`).
+emulated exactly (:func:`fp4sim.formats.f32.fma_ftz`).
 
 :func:`exp2_model` applies an :class:`~fp4sim.attention.recipe.Exp2Model` to a tile: FA4's
 schedule picks, per fragment and element pair, which elements use the polynomial.
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from fp4sim._xp import bitcast, namespace
-from fp4sim.attention import _f32
+from fp4sim.formats import f32
 from fp4sim.attention.recipe import Exp2Kind, Exp2Model
 
 __all__ = ["exp2_rn", "exp2_fa4", "exp2_model", "fa4_emulated_mask", "log2_f32", "POLY_EX2"]
@@ -67,7 +67,7 @@ _INV120 = np.float32(1 / 120)
 def exp2_rn(x: Any) -> Any:
     """Correctly rounded float32 ``2^x`` with flush-to-zero of results below 2^-126."""
     xp = namespace(x)
-    x = _f32.ftz(xp.asarray(x, dtype=np.float32))
+    x = f32.ftz(xp.asarray(x, dtype=np.float32))
     finite = xp.isfinite(x)
     xs = xp.where(finite, xp.clip(x, np.float32(-127.0), np.float32(128.0)), np.float32(0.0))
     n = xp.round(xs)  # half to even: exact integer
@@ -78,22 +78,22 @@ def exp2_rn(x: Any) -> Any:
     t0, t1, t2 = (xp.asarray(t)[ji] for t in (_T0, _T1, _T2))
 
     # w = s ln2 in double-float32
-    w, we = _f32.two_prod(s, _LN2_0)
-    we = _f32.add(we, _f32.mul(s, _LN2_1))
+    w, we = f32.two_prod_ftz(s, _LN2_0)
+    we = f32.add_ftz(we, f32.mul_ftz(s, _LN2_1))
     # delta = e^w - 1 = w + w^2/2 + w^3/6 + w^4/24 + w^5/120
-    q, qe = _f32.two_prod(w, w)
-    tail = _f32.mul(_f32.mul(q, w), _f32.add(_INV6, _f32.mul(w, _f32.add(_INV24, _f32.mul(w, _INV120)))))
-    small = _f32.add(_f32.add(we, _f32.add(_f32.mul(qe, np.float32(0.5)), _f32.mul(w, we))), tail)
-    d_hi, d_e = _f32.two_sum(w, _f32.mul(q, np.float32(0.5)))
-    d_lo = _f32.add(d_e, small)
-    d_hi, d_lo = _f32.two_sum(d_hi, d_lo)
+    q, qe = f32.two_prod_ftz(w, w)
+    tail = f32.mul_ftz(f32.mul_ftz(q, w), f32.add_ftz(_INV6, f32.mul_ftz(w, f32.add_ftz(_INV24, f32.mul_ftz(w, _INV120)))))
+    small = f32.add_ftz(f32.add_ftz(we, f32.add_ftz(f32.mul_ftz(qe, np.float32(0.5)), f32.mul_ftz(w, we))), tail)
+    d_hi, d_e = f32.two_sum_ftz(w, f32.mul_ftz(q, np.float32(0.5)))
+    d_lo = f32.add_ftz(d_e, small)
+    d_hi, d_lo = f32.two_sum_ftz(d_hi, d_lo)
     # 2^r = T (1 + delta)
-    m, me = _f32.two_prod(t0, d_hi)
-    c_small = _f32.add(_f32.add(me, _f32.mul(t0, d_lo)), _f32.add(_f32.mul(t1, d_hi), t2))
-    c_hi, c_e = _f32.two_sum(m, t1)
-    c_lo = _f32.add(c_e, c_small)
-    s_hi, s_e = _f32.two_sum(t0, c_hi)
-    res = _f32.add(s_hi, _f32.add(s_e, c_lo))  # one rounding of the double-float32 value
+    m, me = f32.two_prod_ftz(t0, d_hi)
+    c_small = f32.add_ftz(f32.add_ftz(me, f32.mul_ftz(t0, d_lo)), f32.add_ftz(f32.mul_ftz(t1, d_hi), t2))
+    c_hi, c_e = f32.two_sum_ftz(m, t1)
+    c_lo = f32.add_ftz(c_e, c_small)
+    s_hi, s_e = f32.two_sum_ftz(t0, c_hi)
+    res = f32.add_ftz(s_hi, f32.add_ftz(s_e, c_lo))  # one rounding of the double-float32 value
 
     # scale by 2^n on the bit pattern (exact; below 2^-126 -> 0, above max -> Inf)
     rb = bitcast(res, np.uint32).astype(np.int32)
@@ -111,15 +111,15 @@ def exp2_fa4(x: Any) -> Any:
     """FA4's polynomial ``ex2`` emulation, bit-exact (see the module docstring), flushed.
     Valid for x <= 127 (larger x wraps, as on the GPU); NaN gives NaN, −Inf gives +0."""
     xp = namespace(x)
-    x = _f32.ftz(xp.asarray(x, dtype=np.float32))
+    x = f32.ftz(xp.asarray(x, dtype=np.float32))
     xc = xp.maximum(xp.where(xp.isnan(x), np.float32(0.0), x), np.float32(-127.0))
     xc = xp.minimum(xc, np.float32(127.0))
     n = xp.floor(xc)
-    f = _f32.ftz(xc - n)
+    f = f32.ftz(xc - n)
     c0, c1, c2, c3 = POLY_EX2
-    p = _f32.fma(_f32.fma(_f32.fma(xp.full_like(f, c3), f, c2), f, c1), f, c0)
+    p = f32.fma_ftz(f32.fma_ftz(f32.fma_ftz(xp.full_like(f, c3), f, c2), f, c1), f, c0)
     bits = (n.astype(np.int32) << 23) + bitcast(p, np.uint32).astype(np.int32)
-    out = _f32.ftz(bitcast(bits.astype(np.uint32), np.float32))
+    out = f32.ftz(bitcast(bits.astype(np.uint32), np.float32))
     return xp.where(xp.isnan(x), x, out)
 
 
@@ -159,20 +159,20 @@ def log2_f32(x: Any) -> Any:
     ``2/ln2·atanh((m−1)/(m+1))`` to the 11th power. 0 gives −Inf, negative or NaN gives NaN,
     +Inf gives +Inf. Used for the LSE."""
     xp = namespace(x)
-    x = _f32.ftz(xp.asarray(x, dtype=np.float32))
+    x = f32.ftz(xp.asarray(x, dtype=np.float32))
     bits = bitcast(x, np.uint32)
     e = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32) - 127
     mant = bitcast((bits & np.uint32(0x7FFFFF)) | np.uint32(0x3F800000), np.float32)
     big = mant > np.float32(1.4142135)
     mant = xp.where(big, mant * np.float32(0.5), mant)
     e = xp.where(big, e + 1, e)
-    f = _f32.div(mant - np.float32(1.0), mant + np.float32(1.0))
-    f2 = _f32.mul(f, f)
+    f = f32.div_ftz(mant - np.float32(1.0), mant + np.float32(1.0))
+    f2 = f32.mul_ftz(f, f)
     poly = np.float32(1 / 11)
     for c in (1 / 9, 1 / 7, 1 / 5, 1 / 3, 1.0):
-        poly = _f32.add(_f32.mul(poly, f2), np.float32(c))
-    lm = _f32.mul(_f32.mul(f, poly), np.float32(2 / np.log(2)))
-    out = _f32.add(e.astype(np.float32), lm)
+        poly = f32.add_ftz(f32.mul_ftz(poly, f2), np.float32(c))
+    lm = f32.mul_ftz(f32.mul_ftz(f, poly), np.float32(2 / np.log(2)))
+    out = f32.add_ftz(e.astype(np.float32), lm)
     out = xp.where(x == 0, np.float32(-np.inf), out)
     out = xp.where(xp.isinf(x) & (x > 0), np.float32(np.inf), out)
     return xp.where((x < 0) | xp.isnan(x), np.float32(np.nan), out)

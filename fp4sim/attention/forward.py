@@ -4,7 +4,7 @@
 ``q (..., Sq, D)``, ``k (..., Skv, D)``, ``v (..., Skv, Dv)`` (float32; bfloat16/float16 are
 widened exactly, float64 is rounded to float32 first). It is written once against the array
 namespace (NumPy, or jax under ``jax.jit`` with the recipe static); the two give the same bits
-(every float32 operation goes through :mod:`fp4sim.attention._f32`). Everything that is
+(every float32 operation goes through :mod:`fp4sim.formats.f32`). Everything that is
 independent across key tiles (scores, conversion of P, the PV partial products, the tiles'
 denominators) is computed for all tiles at once as batched array operations; only what is
 sequential in a kernel is a loop over tiles: the running max and the rescale-and-add updates of
@@ -77,8 +77,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fp4sim._xp import is_jax, namespace
-from fp4sim.attention import _f32
+from fp4sim._xp import materialize, namespace
+from fp4sim.formats import f32
 from fp4sim.attention._ordered import operand_stats, ordered_product
 from fp4sim.attention.converters import PTile, convert_tile
 from fp4sim.attention.exp2 import exp2_rn, log2_f32
@@ -194,11 +194,11 @@ def hadamard(x: Any) -> Any:
     while h < d:
         y = xp.reshape(x, (*lead, d // (2 * h), 2, h))
         a, b = y[..., 0, :], y[..., 1, :]
-        x = xp.reshape(xp.stack([_f32.add(a, b), _f32.ftz(a - b)], axis=-2), (*lead, d))
+        x = xp.reshape(xp.stack([f32.add_ftz(a, b), f32.ftz(a - b)], axis=-2), (*lead, d))
         h *= 2
     if n % 2 == 0:
-        return _f32.ldexp(x, np.int32(-(n // 2)))
-    return _f32.mul(x, np.float32(2.0 ** (-n / 2)))
+        return f32.ldexp_ftz(x, np.int32(-(n // 2)))
+    return f32.mul_ftz(x, np.float32(2.0 ** (-n / 2)))
 
 
 # --- operands -------------------------------------------------------------------------------
@@ -219,7 +219,7 @@ def _quantize_qk(x: Any, recipe: AttentionRecipe) -> Operand:
     blk = recipe.qk_block
     if d % blk:
         raise ValueError(f"head dim {d} is not a multiple of the {fmt.name} scale block {blk}")
-    x = _f32.ftz(x)
+    x = f32.ftz(x)
     if fmt is QKFormat.FLOAT32:
         return Operand(x, None, None, None, d, False, 1.0, None)
     if fmt is QKFormat.BF16:
@@ -272,7 +272,7 @@ def _mxfp4_v(xp: Any, v: Any) -> tuple[Any, Any, Any]:
     e_field = (amax >> np.uint32(23)).astype(np.int32)
     e = e_field - 127 + ((amax & np.uint32(0x7FFFFF)) != 0).astype(np.int32)
     e = xp.where(amax == 0, np.int32(-127), xp.clip(e, -127, 127))
-    scaled = _f32.mul(_f32.ldexp(vb, -e[..., None, :]), np.float32(6.0))
+    scaled = f32.mul_ftz(f32.ldexp_ftz(vb, -e[..., None, :]), np.float32(6.0))
     codes = xp.reshape(encode(scaled, E2M1), v.shape)
     return codes, e, decode(codes, E2M1)
 
@@ -286,7 +286,7 @@ def quantize_v(v: Any, recipe: AttentionRecipe) -> Operand:
 def _quantize_v(v: Any, recipe: AttentionRecipe) -> Operand:
     xp = namespace(v)
     fmt = recipe.v
-    v = _f32.ftz(v)
+    v = f32.ftz(v)
     vb = recipe.v_block
     if v.shape[-2] % vb:
         raise ValueError(f"V has {v.shape[-2]} tokens, not a multiple of the {fmt.name} "
@@ -330,9 +330,9 @@ def _matmul(xp: Any, a: Any, b: Any) -> Any:
 
 def _seq_dot(a: Any, b: Any) -> Any:
     """Σ_d fl(a[..., i, d]·b[..., j, d]) in d order, float32 flushed: (..., I, J)."""
-    acc = _f32.mul(a[..., :, None, 0], b[..., None, :, 0])
+    acc = f32.mul_ftz(a[..., :, None, 0], b[..., None, :, 0])
     for d in range(1, a.shape[-1]):
-        acc = _f32.add(acc, _f32.mul(a[..., :, None, d], b[..., None, :, d]))
+        acc = f32.add_ftz(acc, f32.mul_ftz(a[..., :, None, d], b[..., None, :, d]))
     return acc
 
 
@@ -362,7 +362,7 @@ def _scores(q: Operand, k: Operand, kbt: Any) -> Any:
         # summation order cannot matter; the barrier keeps the ordered block sum separate
         qb = xp.moveaxis(xp.reshape(q.values, q.values.shape[:-1] + (nb, blk)), -2, -3)
         # no subnormal is possible (multiples of 2^-20), so a plain barrier replaces ftz
-        parts = _materialize(_matmul(xp, qb, kbt))  # (..., nb, Sq, Sk)
+        parts = materialize(_matmul(xp, qb, kbt))  # (..., nb, Sq, Sk)
         parts = [parts[..., b, :, :] for b in range(nb)]
     else:
         parts = [_seq_dot(q.values[..., b * blk:(b + 1) * blk], k.values[..., b * blk:(b + 1) * blk])
@@ -370,24 +370,24 @@ def _scores(q: Operand, k: Operand, kbt: Any) -> Any:
     acc = None
     for b, part in enumerate(parts):
         if q.exps is not None:
-            part = _f32.ldexp(part, q.exps[..., :, None, b] + k.exps[..., None, :, b])
+            part = f32.ldexp_ftz(part, q.exps[..., :, None, b] + k.exps[..., None, :, b])
         if acc is None:
             acc = part
         elif q.exact and q.exps is None:
             acc = acc + part  # multiples of 2^-20 (FP4 x UE4M3 squared): never subnormal
         else:
-            acc = _f32.add(acc, part)
+            acc = f32.add_ftz(acc, part)
     if q.post_exp is not None:
-        acc = _f32.ldexp(acc, q.post_exp[..., :, None] + k.post_exp[..., None, :])
+        acc = f32.ldexp_ftz(acc, q.post_exp[..., :, None] + k.post_exp[..., None, :])
     if q.post is not None:
-        acc = _f32.mul(acc, _f32.mul(q.post[..., :, None], k.post[..., None, :]))
+        acc = f32.mul_ftz(acc, f32.mul_ftz(q.post[..., :, None], k.post[..., None, :]))
     return acc
 
 
 def log2_scores(z: Any, c: Any, valid: Any) -> Any:
     """``u = fl(z·c)`` with masked keys −inf."""
     xp = namespace(z)
-    return xp.where(valid, _f32.mul(z, c), np.float32(-np.inf))
+    return xp.where(valid, f32.mul_ftz(z, c), np.float32(-np.inf))
 
 
 def _group_partials(xp: Any, p: PTile, v_vals: Any, v_exps: Any, v_block: int, v_exact: bool,
@@ -416,15 +416,15 @@ def _group_partials(xp: Any, p: PTile, v_vals: Any, v_exps: Any, v_block: int, v
         e = np.int32(p.factor_exp)
         if p.exps is not None:
             e = xp.repeat(p.exps + e, pb, axis=-1)
-        pvals = _f32.ldexp(pvals, e)
+        pvals = f32.ldexp_ftz(pvals, e)
     if v_exps is not None:
-        vvals = _f32.ldexp(vvals, xp.repeat(v_exps, vb, axis=-2))
+        vvals = f32.ldexp_ftz(vvals, xp.repeat(v_exps, vb, axis=-2))
     pr = xp.moveaxis(xp.reshape(pvals, (*lead, sq, nt, ns, sub)), -4, -2)  # (.., nt, ns, Sq, sub)
     vr = xp.reshape(vvals, (*lead, nt, ns, sub, dv))
     # computed once: otherwise XLA re-fuses the scaling into every broadcast use of the loop
-    pr, vr = _materialize((pr, vr))
+    pr, vr = materialize((pr, vr))
     if exact:
-        parts = _f32.ftz(_matmul(xp, pr, vr))  # every entry exact
+        parts = f32.ftz(_matmul(xp, pr, vr))  # every entry exact
     else:
         # each sub-block's ordered float32 sum: the plain loop where it is proven to give the
         # flushed chain's bits (short significands, no tiny product, no overflow; e.g. E4M3 P
@@ -435,20 +435,20 @@ def _group_partials(xp: Any, p: PTile, v_vals: Any, v_exps: Any, v_block: int, v
     ng = ns // per_group
     if not exact:
         # a barrier: fused with the group sums below, XLA CPU runs the chain ~7x slower
-        parts = _materialize(parts)
+        parts = materialize(parts)
     parts = xp.reshape(parts, (*lead, nt, ng, per_group, sq, dv))
     g = parts[..., 0, :, :]
     for j in range(1, per_group):
-        g = _f32.add(g, parts[..., j, :, :])
+        g = f32.add_ftz(g, parts[..., j, :, :])
     return g
 
 
 def _pv_chain(pr: Any, vr: Any) -> Any:
     """Σ_j fl(pr[..., :, j]·vr[..., j, :]) in j order, every step flushed (the definition):
     pr (..., I, sub), vr (..., sub, Dv)."""
-    parts = _f32.mul(pr[..., :, 0, None], vr[..., 0, None, :])
+    parts = f32.mul_ftz(pr[..., :, 0, None], vr[..., 0, None, :])
     for j in range(1, pr.shape[-1]):
-        parts = _f32.add(parts, _f32.mul(pr[..., :, j, None], vr[..., j, None, :]))
+        parts = f32.add_ftz(parts, f32.mul_ftz(pr[..., :, j, None], vr[..., j, None, :]))
     return parts
 
 
@@ -459,18 +459,7 @@ def _pv_plain(pr: Any, vr: Any) -> Any:
     parts = pr[..., :, 0, None] * vr[..., 0, None, :]
     for j in range(1, pr.shape[-1]):
         parts = parts + pr[..., :, j, None] * vr[..., j, None, :]
-    return _f32.ftz(parts)
-
-
-def _materialize(x: Any) -> Any:
-    """Under jax, an optimization barrier: XLA computes ``x`` once instead of re-fusing its
-    long elementwise chain into every consumer (a pure performance hint; no effect on bits)."""
-    leaves = x if isinstance(x, tuple) else (x,)
-    if not any(is_jax(a) for a in leaves):
-        return x
-    from jax import lax
-
-    return lax.optimization_barrier(x)
+    return f32.ftz(parts)
 
 
 def _row(x: Any) -> Any:
@@ -496,17 +485,17 @@ def _masked_tile(recipe: AttentionRecipe, tile: int, mism: bool) -> PTile | None
 def _consistent_denominator(xp: Any, p: PTile, n: int) -> Any:
     gb = p.block if p.block > 1 else (32 if n % 32 == 0 else n)
     vb = xp.reshape(p.values, (*p.values.shape[:-1], n // gb, gb))
-    sums = _f32.tree_sum(vb, axis=-1)  # (..., nb)
+    sums = f32.tree_sum_ftz(vb, axis=-1)  # (..., nb)
     if p.exps is not None or p.factor_exp:
         e = p.exps if p.exps is not None else xp.zeros(sums.shape, dtype=np.int32)
         per = block_denominator(sums, e + np.int32(p.factor_exp), p.pdiv)
     elif p.pdiv != 1:
-        per = _f32.div(sums, np.float32(p.pdiv))
+        per = f32.div_ftz(sums, np.float32(p.pdiv))
     else:
         per = sums
     acc = per[..., 0]
     for b in range(1, per.shape[-1]):
-        acc = _f32.add(acc, per[..., b])
+        acc = f32.add_ftz(acc, per[..., b])
     return acc
 
 
@@ -571,7 +560,7 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
     lead = q.shape[:-2]
     skv_pad = n_tiles * tile
 
-    kbt = _materialize(_key_blocks(kop))  # loop-invariant: transposed once, not per row block
+    kbt = materialize(_key_blocks(kop))  # loop-invariant: transposed once, not per row block
     # V's statistics for the ordered PV sums, once for all keys (unscaled V values only)
     v_stats = operand_stats(vop.values) if vop.exps is None else None
     # causal: the trailing key tiles that every row of a row block masks are skipped (below)
@@ -599,7 +588,7 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
                               post=cut(kop.post, -1), post_exp=cut(kop.post_exp, -1))
             kb, ks = cut(kbt, -1), cut(kseg, -1)
         # 1-2. scores of all keys, the log2 domain, the masks
-        z = _materialize(_scores(qo, ko, kb))  # (..., Sq, ku)
+        z = materialize(_scores(qo, ko, kb))  # (..., Sq, ku)
         rows = row_ids[:, None]
         cols = xp.arange(ku, dtype=np.int32)[None, :]
         valid = (cols < np.int32(skv)) & (rows < np.int32(sq))
@@ -607,7 +596,7 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
             valid = valid & (cols <= rows + np.int32(skv - sq))
         if qseg is not None:
             valid = valid & (qs[..., :, None] == ks[..., None, :])
-        u = _materialize(log2_scores(z, c, valid))
+        u = materialize(log2_scores(z, c, valid))
         nanf = xp.any(xp.isnan(u) | (u == np.inf), axis=-1)  # NaN or +Inf score: NaN row
         ut = xp.reshape(u, (*lead, nrows, ntu, tile))
         mt = xp.max(xp.where(xp.isnan(ut) | (ut == np.inf), np.float32(-np.inf), ut), axis=-1)
@@ -619,7 +608,7 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
             if recipe.rescale_threshold == 0:
                 m_new = xp.maximum(m, mt[..., i])
             else:
-                move = (m == -np.inf) | (mt[..., i] > _f32.add(m, np.float32(recipe.rescale_threshold)))
+                move = (m == -np.inf) | (mt[..., i] > f32.add_ftz(m, np.float32(recipe.rescale_threshold)))
                 m_new = xp.where(move, xp.maximum(m, mt[..., i]), m)
             prevs.append(m)
             anchors.append(m_new)
@@ -632,8 +621,8 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
 
         # 3. P of every tile
         t = xp.where(finite[..., None], ut - safe[..., None], np.float32(-np.inf))
-        p = convert_tile(recipe, _materialize(t), need_mismatched=mism)
-        p = p._replace(**dict(zip(("codes", "values", "exps", "mismatched"), _materialize(
+        p = convert_tile(recipe, materialize(t), need_mismatched=mism)
+        p = p._replace(**dict(zip(("codes", "values", "exps", "mismatched"), materialize(
             (p.codes, p.values, p.exps, p.mismatched)))))
 
         # 4-5. PV partials and tile denominators, then the sequential online-softmax updates
@@ -642,28 +631,28 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
         if vop.exps is not None:
             v_exps = xp.reshape(vop.exps[..., :ku // vop.block, :],
                                 (*lead, ntu, tile // vop.block, vop.exps.shape[-1]))
-        g = _materialize(_group_partials(xp, p, v_vals, v_exps, vop.block, vop.exact,
+        g = materialize(_group_partials(xp, p, v_vals, v_exps, vop.block, vop.exact,
                                          recipe.pv_group, p_fp4, v_stats))
         lt = p.mismatched if mism else _consistent_denominator(xp, p, tile)  # (..., Sq, nt)
         acc = xp.zeros(lead + (nrows, dv), dtype=np.float32)
         den = xp.zeros(lead + (nrows,), dtype=np.float32)
         for i in range(ntu):
-            acc = _f32.mul(acc, r[..., i, None])
+            acc = f32.mul_ftz(acc, r[..., i, None])
             for j in range(g.shape[-3]):
-                acc = _f32.add(acc, g[..., i, j, :, :])
-            den = _f32.add(_f32.mul(den, r[..., i]), lt[..., i])
+                acc = f32.add_ftz(acc, g[..., i, j, :, :])
+            den = f32.add_ftz(f32.mul_ftz(den, r[..., i]), lt[..., i])
         if ntu < n_tiles:
             # the skipped tiles: r = 1 (or 0 with acc = 0), P = +0 and a zero denominator, so
             # each would add fl(0·v) partials: +0, or NaN in a column where V (with its block
             # scales) holds Inf/NaN; one add of their ordered column sums does exactly that
             vs = vop.values[..., ku:, :]
             if vop.exps is not None:
-                vs = _f32.ldexp(vs, xp.repeat(vop.exps[..., ku // vop.block:, :], vop.block,
+                vs = f32.ldexp_ftz(vs, xp.repeat(vop.exps[..., ku // vop.block:, :], vop.block,
                                               axis=-2))
-            zs = xp.sum(_f32.mul(np.float32(0.0), vs), axis=-2)  # (..., Dv): +0 or NaN
-            acc = _f32.add(acc, zs[..., None, :])
+            zs = xp.sum(f32.mul_ftz(np.float32(0.0), vs), axis=-2)  # (..., Dv): +0 or NaN
+            acc = f32.add_ftz(acc, zs[..., None, :])
         # per-row values computed once (else fused into, and recomputed for, every column)
-        den, m = _materialize((den, m))
+        den, m = materialize((den, m))
 
         unit = converter_unit(recipe)
         if mism:
@@ -671,19 +660,19 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
         else:
             pdiv = 6.0 if recipe.p_format is PFormat.MXFP4 else 1.0
             a_div, lse_unit = pdiv * vop.div, unit / pdiv
-        num = acc if a_div == 1 else _f32.div(acc, np.float32(a_div))
+        num = acc if a_div == 1 else f32.div_ftz(acc, np.float32(a_div))
         pos = den > 0
         out = xp.where(pos[..., None],
-                       _f32.div(num, xp.where(pos, den, np.float32(1.0))[..., None]),
+                       f32.div_ftz(num, xp.where(pos, den, np.float32(1.0))[..., None]),
                        np.float32(0.0))
         l2 = log2_f32(den)
         if lse_unit != 1:
-            l2 = _f32.ftz(l2 - np.float32(math.log2(lse_unit)))
-        lse = xp.where(pos, _f32.mul(_f32.add(m, l2), _LN2), np.float32(-np.inf))
+            l2 = f32.ftz(l2 - np.float32(math.log2(lse_unit)))
+        lse = xp.where(pos, f32.mul_ftz(f32.add_ftz(m, l2), _LN2), np.float32(-np.inf))
         out = xp.where(nanf[..., None], np.float32(np.nan), out)
         lse = xp.where(nanf, np.float32(np.nan), lse)
         if not return_intermediates:
-            return _materialize((out, lse))
+            return materialize((out, lse))
 
         def flat(x: Any, fill: Any) -> Any:  # (..., Sq, ntu, w) -> (..., Sq, n_tiles*w)
             if x is None:
@@ -699,7 +688,7 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
             anchors = xp.concatenate(
                 [anchors, xp.broadcast_to(m[..., None], m.shape + (n_tiles - ntu,))], axis=-1)
         mk = masked if masked is not None else PTile(None, None, None, None, 0, 0, 1.0, None, None)
-        return _materialize((out, lse, anchors, flat(p.codes, _row(mk.codes)),
+        return materialize((out, lse, anchors, flat(p.codes, _row(mk.codes)),
                              flat(p.scales, _row(mk.scales)), flat(p.k, _row(mk.k)), acc, den))
 
     chunk = _ROW_CHUNK

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fp4sim._xp import namespace
-from fp4sim.attention import _f32
+from fp4sim.formats import f32
 from fp4sim.attention.recipe import Normalization
 
 __all__ = ["NormalizerOrder", "Normalized", "normalize", "block_denominator",
@@ -90,20 +90,20 @@ def block_denominator(payload_sum: Any, exps: Any, div: float,
     xp = namespace(payload_sum, exps)
     d = np.float32(div)
     if order is NormalizerOrder.PAYLOAD_SUM_FIRST:
-        s = payload_sum if div == 1 else _f32.div(payload_sum, d)
-        return _f32.ldexp(s, exps)
+        s = payload_sum if div == 1 else f32.div_ftz(payload_sum, d)
+        return f32.ldexp_ftz(s, exps)
     if order is NormalizerOrder.SCALE_FIRST:
-        alpha = _f32.ldexp(xp.ones_like(xp.asarray(payload_sum, dtype=np.float32)), exps)
-        a6 = alpha if div == 1 else _f32.div(alpha, d)
-        return _f32.mul(a6, payload_sum)
+        alpha = f32.ldexp_ftz(xp.ones_like(xp.asarray(payload_sum, dtype=np.float32)), exps)
+        a6 = alpha if div == 1 else f32.div_ftz(alpha, d)
+        return f32.mul_ftz(a6, payload_sum)
     if payloads is None:
         raise ValueError("order=PER_ELEMENT needs payloads= (..., block)")
-    per = _f32.ldexp(payloads, xp.asarray(exps)[..., None])
+    per = f32.ldexp_ftz(payloads, xp.asarray(exps)[..., None])
     if div != 1:
-        per = _f32.div(per, d)
+        per = f32.div_ftz(per, d)
     acc = per[..., 0]
     for j in range(1, per.shape[-1]):
-        acc = _f32.add(acc, per[..., j])
+        acc = f32.add_ftz(acc, per[..., j])
     return acc
 
 
@@ -111,6 +111,6 @@ def represented_output(numerator: Any, denominator: Any, div: float) -> Any:
     """``fl(fl(numerator / div) / denominator)`` (``div`` = 36, 6 or 1), flushed; a zero
     denominator gives 0 (fully masked rows)."""
     xp = namespace(numerator, denominator)
-    a = numerator if div == 1 else _f32.div(numerator, np.float32(div))
+    a = numerator if div == 1 else f32.div_ftz(numerator, np.float32(div))
     safe = xp.where(denominator > 0, denominator, np.float32(1.0))
-    return xp.where(denominator > 0, _f32.div(a, safe), np.float32(0.0))
+    return xp.where(denominator > 0, f32.div_ftz(a, safe), np.float32(0.0))

@@ -30,7 +30,7 @@ Fields of :class:`AttentionRecipe`:
   this many log2 units (FA4/HAO use 0 with quantized P, cuDNN's reference 4.0, §2.5).
 * Flush-to-zero is modelled, not optional: all float32 arithmetic of the emulator (softmax,
   normalizer, rescale, accumulation) flushes results below 2^-126 to zero, like ``.ftz`` SIMT
-  instructions, explicitly, so NumPy and XLA agree (:mod:`fp4sim.attention._f32`). The order of
+  instructions, explicitly, so NumPy and XLA agree (:mod:`fp4sim.formats.f32`). The order of
   the consistent normalizer that survives it (§4.3) is the forward's; the unsafe orders are in
   :mod:`fp4sim.attention.normalization`.
 * ``hadamard``: rotate Q and K by the orthonormal Walsh-Hadamard matrix along the head

@@ -72,7 +72,7 @@ global_encode_scale=None, pack=False) -> QuantizedArray``; ``dequantize(q) -> fl
 ``global_decode_scale(amax, fmt)``, ``global_encode_scale(amax, fmt)``
     The NVFP4 FP32 factors (torchao/JAX decode form ``amax/2688``; TE encode form).
 ``ldexp_f32``, ``mul_f32``, ``div_f32``
-    The exact, FTZ-proof float32 steps below.
+    The exact, FTZ-proof float32 steps of :mod:`fp4sim.formats.f32` (re-exported here).
 
 Exactness and platforms
 =======================
@@ -105,8 +105,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fp4sim._xp import bitcast, is_jax, namespace
+from fp4sim._xp import bitcast, is_jax, materialize, namespace
 from fp4sim.formats import codec
+from fp4sim.formats.f32 import bitlen, compose, div_f32, f32_bits, ldexp_f32, mul_f32, split
 from fp4sim.formats.spec import (
     DEFAULT_POLICY,
     E2M1,
@@ -303,237 +304,7 @@ BLOCK_FORMATS = (MXFP4, MXFP6_E2M3, MXFP6_E3M2, MXFP8_E4M3, MXFP8_E5M2, NVFP4, N
                  FP8_E4M3_PER_TENSOR)
 
 
-# --- exact float32 helpers (integer arithmetic on bit patterns) -----------------------------
 _U = np.uint32
-
-
-def _bitlen(xp: Any, v: Any) -> Any:
-    """Bit length of uint32 ``v`` (0 for 0) as int32 (exact on both backends)."""
-    if xp is np:
-        return np.frexp(v.astype(np.float64))[1].astype(np.int32)
-    from jax import lax
-
-    return (32 - lax.clz(v)).astype(np.int32)
-
-
-def _split(xp: Any, bits: Any) -> tuple[Any, Any, Any]:
-    """(sign, significand, exponent) with |x| = sig · 2^exp for finite float32 bits."""
-    field = ((bits >> _U(23)) & _U(0xFF)).astype(np.int32)
-    mant = bits & _U(0x7FFFFF)
-    sig = xp.where(field == 0, mant, mant | _U(0x800000))
-    exp = xp.where(field == 0, np.int32(-149), field - np.int32(150))
-    return bits >> _U(31), sig, exp
-
-
-def _compose(xp: Any, sign: Any, sig: Any, exp: Any) -> Any:
-    """float32 bits of (-1)^sign · sig · 2^exp, correctly rounded (RNE); sig < 2^31 uint32."""
-    n = _bitlen(xp, sig)
-    q = xp.maximum(exp + n - 24, np.int32(-149))  # exponent of the last kept bit
-    shift = q - exp
-    rs = xp.clip(shift, 1, 31).astype(np.uint32)
-    kept = sig >> rs
-    rem = sig & ((_U(1) << rs) - _U(1))
-    half = _U(1) << (rs - _U(1))
-    up = (rem > half) | ((rem == half) & ((kept & _U(1)) == 1))
-    rounded = kept + up.astype(np.uint32)
-    rounded = xp.where(shift >= 32, _U(0), rounded)
-    ls = xp.clip(-shift, 0, 31).astype(np.uint32)
-    m = xp.where(shift > 0, rounded, sig << ls)
-    carry = m >= _U(1 << 24)
-    m = xp.where(carry, m >> _U(1), m)
-    q = q + carry.astype(np.int32)
-    field = q + 150
-    normal = (xp.clip(field, 0, 255).astype(np.uint32) << _U(23)) | (m & _U(0x7FFFFF))
-    mag = xp.where(m < _U(1 << 23), m, xp.where(field >= 255, _U(0x7F800000), normal))
-    mag = xp.where(sig == 0, _U(0), mag)
-    return (sign << _U(31)) | mag
-
-
-def _stage(x: Any) -> Any:
-    """Materialize ``x`` under jax (an optimization barrier), so XLA does not duplicate the long
-    integer chains below into every consumer (that made NVFP4 compiles take minutes)."""
-    if is_jax(x):
-        from jax import lax
-
-        return lax.optimization_barrier(x)
-    return x
-
-
-def _f32_bits(xp: Any, x: Any) -> Any:
-    return bitcast(xp.asarray(x, dtype=np.float32), np.uint32)
-
-
-def ldexp_f32(x: Any, k: Any) -> Any:
-    """``x · 2^k`` for float32 ``x`` and int ``k``, correctly rounded, FTZ-proof (integer ops)."""
-    xp = namespace(x, k)
-    bits = _f32_bits(xp, x)
-    sign, sig, exp = _split(xp, bits)
-    k = xp.clip(xp.asarray(k, dtype=np.int32), -400, 400)
-    out = _compose(xp, sign, sig, exp + k)
-    special = (bits & _U(0x7F800000)) == _U(0x7F800000)
-    return bitcast(xp.where(special, bits, out), np.float32)
-
-
-def _mul_operand(xp: Any, x: Any) -> tuple[Any, Any, Any, Any, Any]:
-    """``(m, e, proxy, plain, bits)`` of float32 ``x``: ``|x| = m·2^e`` with ``m`` a float32 in
-    [1, 2) when ``x`` is finite and nonzero (``plain``; garbage otherwise), ``proxy`` = ±1 there
-    and ``x`` itself for zeros, Inf and NaN. A subnormal is normalized through the exact, normal
-    float32 of its integer significand (no flush-to-zero can touch it)."""
-    u, i = np.uint32, np.int32
-    bits = bitcast(x, u)
-    mag = bits & u(0x7FFFFFFF)
-    sub = bitcast(mag.astype(i).astype(np.float32), u) - u(149 << 23)  # exponent may wrap < 0
-    mag = xp.where(mag <= u(0x7FFFFF), sub, mag)
-    e = (bitcast(mag, i) >> 23) - 127
-    m = bitcast(u(0x3F800000) | (mag & u(0x7FFFFF)), np.float32)
-    plain = ((bits & u(0x7FFFFFFF)) != 0) & ((bits & u(0x7F800000)) != u(0x7F800000))
-    proxy = xp.where(plain, bitcast((bits & u(0x80000000)) | u(0x3F800000), np.float32), x)
-    return m, e, proxy, plain, bits
-
-
-def _mul_f32(xp: Any, a: Any, b: Any) -> Any:
-    # Each operand is prepared at its own shape (a per-block factor once per block), then the
-    # significands are multiplied natively in [1, 4) (exact IEEE rounding to 24 bits: normal in,
-    # normal out) and the exponent is applied with integers, rounding again only when the result
-    # is subnormal.
-    u = np.uint32
-    ma, ea, pa, plain_a, ab = _mul_operand(xp, xp.asarray(a, dtype=np.float32))
-    mb, eb, pb, plain_b, bb = _mul_operand(xp, xp.asarray(b, dtype=np.float32))
-    with np.errstate(all="ignore"):  # lanes holding zeros/Inf/NaN are replaced below
-        p = bitcast(ma * mb, u)
-    field = ((p >> u(23)) & u(0xFF)).astype(np.int32) + ea + eb  # biased exponent of a·b
-    mant = p & u(0x7FFFFF)
-    normal = (xp.clip(field, 1, 254).astype(u) << u(23)) | mant
-    s = xp.clip(1 - field, 1, 25).astype(u)  # subnormal result: drop s bits, ties to even
-    sig = mant | u(0x800000)
-    sub = (sig + ((u(1) << (s - u(1))) - u(1)) + ((sig >> s) & u(1))) >> s
-    mag = xp.where(field >= 1, xp.where(field >= 255, u(0x7F800000), normal), sub)
-    res = bitcast(((ab ^ bb) & u(0x80000000)) | mag, np.float32)
-    with np.errstate(all="ignore"):  # 0/0, Inf*0 are the IEEE special cases we want
-        special = pa * pb
-    return _stage(xp.where(plain_a & plain_b, res, special))
-
-
-def mul_f32(a: Any, b: Any) -> Any:
-    """IEEE float32 ``a·b`` (RNE), also for subnormal operands on FTZ backends (see module doc)."""
-    return _mul_f32(namespace(a, b), a, b)
-
-
-def div_f32(a: Any, b: Any) -> Any:
-    """IEEE float32 ``a/b`` (RNE, gradual underflow), exact on both paths and every backend.
-
-    No float division is involved (the significand quotient is an estimate corrected exactly
-    with integers, :func:`_quotient25`), so the result cannot depend on the backend: XLA CPU
-    rewrites ``a / broadcast(b)`` into ``a * (1/b)`` and flushes subnormals, and on the H200 the
-    jitted float32 division differed from IEEE in the last bit (measured 2026-11-29). NaN
-    results follow one rule (:func:`_nan_quotient_bits`). Checked on the H200 on 2026-11-29: 0
-    of 16.6 M random bit-pattern quotients differ from IEEE."""
-    xp = namespace(a, b)
-    a = xp.asarray(a, dtype=np.float32)
-    b = xp.asarray(b, dtype=np.float32)
-    a, b = xp.broadcast_arrays(a, b)
-    return _div_rn_bits(xp, a, b)
-
-
-def _div_rn_bits(xp: Any, a: Any, b: Any) -> Any:
-    """IEEE float32 ``a / b`` (round to nearest even, subnormal results kept), exact.
-
-    Significands (subnormal operands normalized with a count of leading zeros) give a quotient
-    of 25 bits (24 + the round bit) and a sticky bit, found exactly by :func:`_quotient25`; the
-    result is then rounded like any IEEE division, including gradual underflow (the caller
-    flushes)."""
-    u = np.uint32
-    ab, bb = bitcast(a, u), bitcast(b, u)
-    sign = (ab ^ bb) & u(0x80000000)
-    ea = ((ab >> u(23)) & u(0xFF)).astype(np.int32)
-    eb = ((bb >> u(23)) & u(0xFF)).astype(np.int32)
-    fa, fb = ab & u(0x7FFFFF), bb & u(0x7FFFFF)
-    zero_a, zero_b = (ab & u(0x7FFFFFFF)) == 0, (bb & u(0x7FFFFFFF)) == 0
-    inf_a, inf_b = (ea == 255) & (fa == 0), (eb == 255) & (fb == 0)
-    nan_a, nan_b = (ea == 255) & (fa != 0), (eb == 255) & (fb != 0)
-
-    def significand(e: Any, f: Any) -> tuple[Any, Any]:
-        m = xp.where(e == 0, f, f | u(1 << 23))
-        exp = xp.where(e == 0, 1, e) - 127
-        shift = xp.maximum(24 - _bitlen(xp, m), 0)  # normalize into [2^23, 2^24)
-        return m << shift.astype(u), exp - shift
-
-    ma, xa = significand(ea, fa)
-    mb, xb = significand(eb, fb)
-    mb = xp.where(zero_b | (eb == 255), u(1 << 23), mb)  # keep the division defined
-    ma = xp.where(zero_a | (ea == 255), u(1 << 23), ma)
-    lower = ma < mb  # quotient below 1: take one more dividend bit
-    num = xp.where(lower, ma << u(1), ma)  # now num / mb in [1, 2)
-    e = xa - xb - lower.astype(np.int32)  # unbiased exponent of the quotient
-    quo, rem = _quotient25(xp, num, mb)
-    sticky = (rem != 0).astype(u)
-    biased = e + 127
-    # gradual underflow: shift the 25-bit quotient right by s extra places (s = 0 when normal)
-    s = xp.clip(1 - biased, 0, 26).astype(u)
-    sticky = sticky | ((quo & ((u(1) << s) - u(1))) != 0).astype(u)
-    quo = quo >> s
-    mant = quo >> u(1)
-    rnd = quo & u(1)
-    mant = mant + (rnd & (sticky | (mant & u(1))))  # ties to even; a carry moves up a binade
-    # assemble: normal results carry the exponent field (biased - 1) + the hidden bit in mant;
-    # subnormal ones (biased < 1) have field 0 and their mant already shifted
-    field = xp.where(biased >= 1, biased - 1, 0).astype(u)
-    out = sign | ((field << u(23)) + mant)
-    overflow = (biased >= 1) & (biased - 1 + (mant >> u(23)).astype(np.int32) >= 255)
-    out = xp.where(overflow, sign | u(0x7F800000), out)
-    out = xp.where(inf_a | zero_b, sign | u(0x7F800000), out)
-    out = xp.where(zero_a | inf_b, sign, out)
-    special_nan = nan_a | nan_b | (zero_a & zero_b) | (inf_a & inf_b)
-    # No float division anywhere in this graph: with one present, XLA CPU returned the float
-    # quotient (flushed operands) in lanes where the select chose the integer result.
-    return bitcast(xp.where(special_nan, _nan_quotient_bits(xp, ab, bb), out), np.float32)
-
-
-def _quotient25(xp: Any, num: Any, mb: Any) -> tuple[Any, Any]:
-    """``(q, r)`` with ``num·2^24 = q·mb + r``, ``0 <= r < mb``, for uint32 ``mb`` in
-    [2^23, 2^24) and ``num`` in [mb, 2·mb): the 25-bit quotient in [2^24, 2^25).
-
-    Exact, with no integer division (which vectorizes nowhere). A float32 estimate comes first:
-    the reciprocal of ``y = mb·2^-23`` in [1, 2) from a linear start (relative error below
-    1/17) and three Newton steps ``r += r·(1 − y·r)``, then ``q ≈ num·2·r``, within a few units
-    of the truth. Whatever rounding, FMA contraction or flushing a backend applies, the rest is
-    exact integer arithmetic: the remainder ``num·2^24 − q·mb`` is far below 2^31 in magnitude,
-    so the wrapping uint32 product gives it exactly (mod 2^32, read as int32); one float step
-    ``q += ⌊r_rem/mb⌋`` (estimate off by at most one) and one ±1 fix put it in [0, mb)."""
-    with np.errstate(over="ignore"):  # NumPy scalars warn on the intended uint32 wrap-around
-        return _quotient25_body(xp, num, mb)
-
-
-def _quotient25_body(xp: Any, num: Any, mb: Any) -> tuple[Any, Any]:
-    u, i = np.uint32, np.int32
-    y = bitcast(u(0x3F800000) | (mb & u(0x7FFFFF)), np.float32)  # mb·2^-23, exact
-    r = np.float32(24.0 / 17.0) - np.float32(8.0 / 17.0) * y
-    for _ in range(3):
-        r = r + r * (np.float32(1.0) - y * r)
-    q = (num.astype(np.float32) * (np.float32(2.0) * r)).astype(u)  # num < 2^25 and even if >= 2^24
-    rem = bitcast((num << u(24)) - q * mb, i)  # exact: |num·2^24 − q·mb| < 2^31
-
-    def correct(q: Any, rem: Any) -> tuple[Any, Any]:
-        d = xp.floor(rem.astype(np.float32) * r * np.float32(2.0 ** -23)).astype(i)
-        return bitcast(bitcast(q, i) + d, u), rem - d * bitcast(mb, i)
-
-    q, rem = correct(q, rem)  # now −mb <= rem < 2·mb
-    mbi = bitcast(mb, i)
-    neg, big = rem < 0, rem >= mbi
-    q = xp.where(neg, q - u(1), xp.where(big, q + u(1), q))
-    rem = xp.where(neg, rem + mbi, xp.where(big, rem - mbi, rem))
-    return q, bitcast(rem, u)
-
-
-def _nan_quotient_bits(xp: Any, ab: Any, bb: Any) -> Any:
-    """The NaN that a NaN-producing division returns, as bits, by one rule on every platform
-    (x86 SSE's): a NaN ``a`` quieted, else a NaN ``b`` quieted, else the default NaN 0xFFC00000
-    (0/0, Inf/Inf)."""
-    u = np.uint32
-    quiet = u(0x00400000)
-    nan_a = (ab & u(0x7FFFFFFF)) > u(0x7F800000)
-    nan_b = (bb & u(0x7FFFFFFF)) > u(0x7F800000)
-    return xp.where(nan_a, ab | quiet, xp.where(nan_b, bb | quiet, u(0xFFC00000)))
 
 
 # --- geometry ---------------------------------------------------------------------------------
@@ -763,7 +534,7 @@ def _pow2_scale_code(xp: Any, amax_bits: Any, fmt: BlockFormat, rule: ScaleRule)
             d = div_f32(amax, np.float32(fmt.elem.max))
         else:
             d = mul_f32(amax, np.float32(1.0) / np.float32(fmt.elem.max))
-        code = _ue8m0_from_descale(xp, _f32_bits(xp, d))
+        code = _ue8m0_from_descale(xp, f32_bits(xp, d))
     else:
         if rule is ScaleRule.EVEN:
             half = _U(1 << (23 - fmt.elem.mbits - 1))
@@ -808,7 +579,7 @@ def _block_amax_bits(xp: Any, bits: Any, blocked: tuple[int, ...]) -> Any:
             a = xp.max(xp.reshape(a, tuple(a.shape[:-1]) + (f, b // f)), axis=-2)
         a = xp.max(a, axis=-1, keepdims=True)
     # materialized: otherwise XLA fuses the max tree into every element's consumer
-    return _stage(xp.reshape(a, tuple(1 if i in red else n for i, n in enumerate(blocked))))
+    return materialize(xp.reshape(a, tuple(1 if i in red else n for i, n in enumerate(blocked))))
 
 
 def _tensor_amax_bits(xp: Any, bits: Any) -> Any:
@@ -823,7 +594,7 @@ def _tensor_amax_bits(xp: Any, bits: Any) -> Any:
         h = a.shape[0] // 2
         top = xp.maximum(a[:h], a[h:2 * h])
         a = xp.concatenate([top, a[2 * h:]]) if a.shape[0] % 2 else top
-    return xp.max(_stage(a))
+    return xp.max(materialize(a))
 
 
 def global_decode_scale(amax: Any, fmt: BlockFormat = NVFP4) -> Any:
@@ -965,7 +736,7 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
             xb = mul_f32(xb, s_enc_b)
             amax_bits = _block_amax_bits(xp, bitcast(xp.reshape(xb, shape), np.uint32), blocked)
         # materialized once: the scale chain is not redone per element or per consumer
-        code = _stage(_pow2_scale_code(xp, amax_bits, fmt, fmt.rule))
+        code = materialize(_pow2_scale_code(xp, amax_bits, fmt, fmt.rule))
         e = code - 127
         if fmt.arithmetic is Arithmetic.JAX:  # code 0xFF decodes to +Inf: x/Inf
             xb = xp.where(code == 255, div_f32(xb, np.float32(np.inf)), xb)
@@ -990,7 +761,7 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
     if g_dec is not None:
         g_dec = xp.asarray(g_dec, dtype=np.float32)
     if pack:  # materialize the codes first: XLA would otherwise re-run the encoder per nibble
-        codes = _stage(codes)
+        codes = materialize(codes)
     q = QuantizedArray(codes, scales, g_dec, fmt, geometry, axis, False)
     block_amax = None
     if fmt.pow2 and g_dec is None:
@@ -1015,8 +786,8 @@ def _to_blocked(xp: Any, g: Any, shape: tuple[int, ...], blocked: tuple[int, ...
 def _clip_scale(xp: Any, v: Any, lo: float, hi: Any) -> Any:
     """``clip(v, lo, hi)`` for float32 ``v >= +0`` or NaN (kept), compared as bit patterns: a
     float max/min would see a float32-subnormal ``v`` as 0 where XLA flushes (XLA CPU's DAZ)."""
-    vb = _f32_bits(xp, v)
-    lo_b, hi_b = _f32_bits(np, lo), _f32_bits(np, hi)
+    vb = f32_bits(xp, v)
+    lo_b, hi_b = f32_bits(np, lo), f32_bits(np, hi)
     out = xp.where(vb < lo_b, lo_b, xp.where((vb > hi_b) & (vb <= _U(0x7F800000)), hi_b, vb))
     return bitcast(out, np.float32)
 
@@ -1069,13 +840,13 @@ def scale_exponents(q: QuantizedArray) -> Any:
 def _mul_exact_small(xp: Any, v: Any, g: Any) -> Any:
     """Correctly rounded float32 v·g for v with <= 8 significant bits and any float32 g."""
     vb, gb = bitcast(v, np.uint32), bitcast(g, np.uint32)
-    _, sv, ev = _split(xp, vb)
-    _, sg, eg = _split(xp, gb)
-    nv = _bitlen(xp, sv)
+    _, sv, ev = split(xp, vb)
+    _, sg, eg = split(xp, gb)
+    nv = bitlen(xp, sv)
     sh = xp.clip(nv - 8, 0, 31).astype(np.uint32)  # v's significand has <= 8 bits: drop zeros
     sv = sv >> sh
     ev = ev + sh.astype(np.int32)
-    out = _compose(xp, (vb ^ gb) >> _U(31), sv * sg, ev + eg)
+    out = compose(xp, (vb ^ gb) >> _U(31), sv * sg, ev + eg)
     plain = ((vb & _U(0x7FFFFFFF)) != 0) & ((gb & _U(0x7FFFFFFF)) != 0) & \
         ((vb & _U(0x7F800000)) != _U(0x7F800000)) & ((gb & _U(0x7F800000)) != _U(0x7F800000))
     return xp.where(plain, bitcast(out, np.float32), mul_f32(v, g))

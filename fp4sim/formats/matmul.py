@@ -49,15 +49,8 @@ from typing import Any
 import numpy as np
 
 from fp4sim._xp import bitcast, namespace
-from fp4sim.formats.blocks import (
-    QuantizedArray,
-    block_extents,
-    expand_scales,
-    _compose,
-    _split,
-    ldexp_f32,
-    mul_f32,
-)
+from fp4sim.formats.blocks import QuantizedArray, block_extents, expand_scales
+from fp4sim.formats.f32 import bitlen, compose, ldexp_f32, mul_f32, split
 
 __all__ = ["Accumulation", "Align", "BLayout", "WgmmaFp8Model", "HOPPER_FP8_MODEL",
            "scaled_matmul", "wgmma_fp8_dot"]
@@ -263,8 +256,8 @@ def scaled_matmul(a: QuantizedArray, b: QuantizedArray, *,
 
 def _exponent(xp: Any, x: Any) -> Any:
     """floor(log2|x|) of float32 ``x`` as int32 (-1000 for zero), from the bits."""
-    _, sig, exp = _split(xp, bitcast(x, np.uint32))
-    return xp.where(sig == 0, np.int32(-1000), exp + _bitlen_i(xp, sig) - 1)
+    _, sig, exp = split(xp, bitcast(x, np.uint32))
+    return xp.where(sig == 0, np.int32(-1000), exp + bitlen(xp, sig) - 1)
 
 
 def wgmma_fp8_dot(a: Any, b: Any, model: WgmmaFp8Model = HOPPER_FP8_MODEL) -> Any:
@@ -302,7 +295,7 @@ def _aligned_sum(xp: Any, terms: Any, top: Any, frac_bits: int,
     toward zero to ``out_frac_bits`` bits below the sum's own leading bit (if given); float32
     result (correctly rounded; +0 for a zero sum)."""
     bits = bitcast(terms, np.uint32)
-    sign, sig, exp = _split(xp, bits)
+    sign, sig, exp = split(xp, bits)
     emax = xp.max(top, axis=-1, keepdims=True)
     lsb = emax - frac_bits  # exponent of the last kept bit
     shift = lsb - exp  # > 0: drop bits (truncate), <= 0: exact left shift
@@ -314,13 +307,7 @@ def _aligned_sum(xp: Any, terms: Any, top: Any, frac_bits: int,
     neg = (total < 0).astype(np.uint32)
     mag = xp.abs(total).astype(np.uint32)
     if out_frac_bits is not None:
-        drop = xp.clip(_bitlen_i(xp, mag) - 1 - out_frac_bits, 0, 31).astype(np.uint32)
+        drop = xp.clip(bitlen(xp, mag) - 1 - out_frac_bits, 0, 31).astype(np.uint32)
         mag = (mag >> drop) << drop
-    out = _compose(xp, neg, mag, lsb[..., 0])
+    out = compose(xp, neg, mag, lsb[..., 0])
     return bitcast(out, np.float32)
-
-
-def _bitlen_i(xp, sig):
-    from fp4sim.formats.blocks import _bitlen
-
-    return _bitlen(xp, sig)

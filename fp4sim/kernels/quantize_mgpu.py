@@ -1090,6 +1090,7 @@ def _nv_params(amax_bits: Any, fmt: BlockFormat, global_scale: Any, global_encod
     import jax.numpy as jnp
 
     from fp4sim.formats import blocks
+    from fp4sim.formats.f32 import div_f32, mul_f32
 
     one = np.float32(1.0)
     g_dec = s_enc = None
@@ -1103,19 +1104,19 @@ def _nv_params(amax_bits: Any, fmt: BlockFormat, global_scale: Any, global_encod
                              f"{np.shape(given)}")
         if global_scale is not None:
             g_dec = jnp.asarray(global_scale, jnp.float32)
-            s_enc = blocks.div_f32(one, g_dec)
+            s_enc = div_f32(one, g_dec)
         else:
             s_enc = jnp.asarray(global_encode_scale, jnp.float32)
-            g_dec = blocks.div_f32(one, s_enc)
+            g_dec = div_f32(one, s_enc)
     elif fmt.global_scale is GlobalScale.PER_TENSOR:
         amax_t = _f32(amax_bits)
         s_enc = blocks.global_encode_scale(amax_t, fmt)
-        g_dec = blocks.div_f32(one, s_enc)
+        g_dec = div_f32(one, s_enc)
     elif global_scale is not None or global_encode_scale is not None:
         raise ValueError(f"global_scale/global_encode_scale given but {fmt.name}.global_scale is "
                          f"{fmt.global_scale.name}")
     inv_m = one / np.float32(fmt.elem.max)
-    k = jnp.asarray(inv_m) if s_enc is None else blocks.mul_f32(s_enc, inv_m)
+    k = jnp.asarray(inv_m) if s_enc is None else mul_f32(s_enc, inv_m)
     g = jnp.asarray(one) if g_dec is None else g_dec
     kb = _bits(jnp.asarray(k, jnp.float32))
     field = (kb >> _U(23)).astype(jnp.int32)
@@ -1125,7 +1126,7 @@ def _nv_params(amax_bits: Any, fmt: BlockFormat, global_scale: Any, global_encod
     # fl(1/fl(s_j·g)) for the eight UE4M3 significands s_j = 1 + j/8, by the emulator's exact
     # division: the kernel's per-block 1/fl(s·g) is R[j(s)]·2^-e(s), exactly (see _nv_block).
     sig = jnp.asarray(1.0 + np.arange(8, dtype=np.float32) / np.float32(8.0), jnp.float32)
-    recip = blocks.div_f32(one, sig if g_dec is None else blocks.mul_f32(sig, g_dec))
+    recip = div_f32(one, sig if g_dec is None else mul_f32(sig, g_dec))
     params = jnp.concatenate([
         jnp.stack([k_m, k_e.astype(jnp.uint32), _bits(jnp.asarray(g, jnp.float32)),
                    nan.astype(jnp.uint32)]), _bits(recip)])

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from fp4sim.attention import _f32
+from fp4sim.formats import f32
 from fp4sim.attention.exp2 import POLY_EX2, exp2_fa4, exp2_model, exp2_rn, fa4_emulated_mask, \
     log2_f32
 from fp4sim.attention.recipe import Exp2Kind, Exp2Model
@@ -76,11 +76,11 @@ def test_fma_emulation_is_exact():
     b = rng.standard_normal(n).astype(np.float32)
     c = np.concatenate([rng.standard_normal(n // 2), -(a[n // 2:].astype(np.float64)
                                                           * b[n // 2:])]).astype(np.float32)
-    got = _f32.fma(a, b, c)
+    got = f32.fma_ftz(a, b, c)
     want = np.array([_rn_f32(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
                      for x, y, z in zip(a, b, c)], dtype=np.float32)
     np.testing.assert_array_equal(_bits(got), _bits(want))
-    np.testing.assert_array_equal(_bits(jax.jit(_f32.fma)(a, b, c)), _bits(got))
+    np.testing.assert_array_equal(_bits(jax.jit(f32.fma_ftz)(a, b, c)), _bits(got))
     # a*b+c written plainly is NOT what the emulation gives on every input (FMA differs)
     assert np.any(_bits((a * b) + c) != _bits(got))
 
@@ -182,7 +182,7 @@ def _division_operands(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def test_f32_division_under_jit_is_ieee_from_integer_ops():
     """div_f32 divides with integers on both paths; it must equal IEEE float32 division (NumPy's
-    native one) bit for bit, NaN positions aside, and _f32.div must agree NumPy vs jit."""
+    native one) bit for bit, NaN positions aside, and f32.div_ftz must agree NumPy vs jit."""
     from fp4sim.formats.blocks import div_f32
 
     a, b = _division_operands(400_000, 4)
@@ -194,8 +194,8 @@ def test_f32_division_under_jit_is_ieee_from_integer_ops():
     np.testing.assert_array_equal(np.isnan(got), nan)
     np.testing.assert_array_equal(_bits(got[~nan]), _bits(want[~nan]))
     # NaN results carry one documented payload rule on both paths, and NumPy == jit in every bit
-    flushed = np.asarray(jax.jit(_f32.div)(a, b))
-    np.testing.assert_array_equal(_bits(flushed), _bits(_f32.div(a, b)))
+    flushed = np.asarray(jax.jit(f32.div_ftz)(a, b))
+    np.testing.assert_array_equal(_bits(flushed), _bits(f32.div_ftz(a, b)))
     nan_a = np.isnan(a)
     np.testing.assert_array_equal(_bits(got[nan_a]), _bits(a[nan_a]) | 0x00400000)
     assert set(_bits(got[nan & ~np.isnan(a) & ~np.isnan(b)]).tolist()) == {0xFFC00000}
@@ -206,10 +206,10 @@ def test_f32_division_under_jit_is_ieee_from_integer_ops():
 
 def test_f32_ftz_on_bits():
     x = np.array([1e-39, -1e-39, -0.0, 2.0**-126, np.nan, -np.inf, 3.0], np.float32)
-    y = _f32.ftz(x)
+    y = f32.ftz(x)
     np.testing.assert_array_equal(_bits(y[:3]), [0, 0, 0])
     assert y[3] == np.float32(2.0**-126) and np.isnan(y[4]) and y[5] == -np.inf and y[6] == 3
-    np.testing.assert_array_equal(_bits(jax.jit(_f32.ftz)(x)), _bits(y))
+    np.testing.assert_array_equal(_bits(jax.jit(f32.ftz)(x)), _bits(y))
 
 
 from hypothesis import given, settings  # noqa: E402

@@ -1,4 +1,4 @@
-"""The exact quotient behind ``formats.blocks.div_f32``: every divisor significand.
+"""The exact quotient behind ``formats.f32.div_f32``: every divisor significand.
 
 ``_quotient25`` replaces long division with a float32 reciprocal estimate and exact integer
 corrections; its correctness claim ("whatever the estimate's rounding, the result is exact")
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4sim.formats import blocks as B
+from fp4sim.formats import f32 as B
 
 _MB = np.arange(1 << 23, 1 << 24, dtype=np.uint32)  # every normalized divisor significand
 
