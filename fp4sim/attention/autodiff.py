@@ -46,9 +46,9 @@ from fp4sim.formats import f32
 from fp4sim.attention import causal as sc
 from fp4sim.attention.backward import (BackwardTrace, DeltaSource, DsProbabilities, TrainingRecipe,
                                        emulated_backward)
-from fp4sim.attention.converters import convert_tile
+from fp4sim.attention.converters import PTile, convert_tile
 from fp4sim.attention.exp2 import exp2_rn
-from fp4sim.attention.forward import (Operand, _masked_tile, attention_forward, log2_scores,
+from fp4sim.attention.forward import (Operand, attention_forward, log2_scores, masked_tile,
                                       score_scale, scores)
 from fp4sim.attention.recipe import (
     AffineP,
@@ -62,7 +62,7 @@ from fp4sim.attention.recipe import (
 )
 from fp4sim.formats.blocks import MXFP8_E4M3
 from fp4sim.formats.codec import decode
-from fp4sim.formats.spec import E2M1, E4M3, UE4M3
+from fp4sim.formats.spec import UE8M0
 
 __all__ = [
     "SavedForward",
@@ -375,10 +375,10 @@ _SPAN_ROWS = 128  # query rows per causal span of P̃'s normalization
 @functools.lru_cache(maxsize=None)
 def _masked_tile_is_zero(recipe: AttentionRecipe) -> bool:
     """Whether ``recipe``'s converter gives MMA values +0 for a key tile masked for the whole
-    row (``t = −inf``): :func:`fp4sim.attention.forward._masked_tile`, the forward's own check
+    row (``t = −inf``): :func:`fp4sim.attention.forward.masked_tile`, the forward's own check
     before it skips such tiles."""
     mism = recipe.normalization is Normalization.MISMATCHED
-    return _masked_tile(recipe, recipe.block_kv, mism) is not None
+    return masked_tile(recipe, recipe.block_kv, mism) is not None
 
 
 def _causal_spans(recipe: AttentionRecipe, is_causal: bool, sq: int, skv: int,
@@ -408,24 +408,15 @@ def _causal_spans(recipe: AttentionRecipe, is_causal: bool, sq: int, skv: int,
     return spans
 
 
-@functools.lru_cache(maxsize=None)
-def _tile_meta(recipe: AttentionRecipe) -> Any:
-    """The converter's constants (block, factor_exp, pdiv, whether it has block exponents):
-    one masked NumPy row through :func:`convert_tile`."""
-    with np.errstate(all="ignore"):
-        return convert_tile(recipe, np.full((1, recipe.block_kv), -np.inf, dtype=np.float32))
-
-
 def _values_from_codes(xp: Any, recipe: AttentionRecipe, codes: Any, scales: Any) -> Any:
     """The float32 MMA values of P codes (the converters' ``values``): the decoded payload,
     times the decoded UE4M3 block scale for NVFP4 P (exact)."""
     fmt = recipe.p_format
-    if fmt is PFormat.MXFP4:
-        return decode(codes, E2M1)
-    if fmt in (PFormat.MXFP8, PFormat.FP8):
-        return decode(codes, E4M3)
-    if fmt is PFormat.NVFP4:
-        return decode(codes, E2M1) * _per_key(xp, decode(scales, UE4M3), 16)
+    if fmt.element is not None:
+        values = decode(codes, fmt.element)
+        if fmt.scale is not None and fmt.scale is not UE8M0:  # NVFP4: UE4M3 folded in, exact
+            values = values * _per_key(xp, decode(scales, fmt.scale), fmt.block)
+        return values
     if fmt is PFormat.BF16:
         return bitcast(xp.asarray(codes).astype(np.uint32) << np.uint32(16), np.float32)
     return bitcast(codes, np.float32)  # FLOAT32: the codes are the bit patterns
@@ -449,7 +440,7 @@ def p_from_forward(saved: SavedForward, recipe: AttentionRecipe) -> RebuiltP:
     tile = recipe.block_kv
     skv = saved.k_hat.shape[-2]
     n_tiles = saved.fwd_codes.shape[-1] // tile
-    meta = _tile_meta(recipe)
+    fmt = recipe.p_format
 
     def tiles(a):  # (..., Sq, n_tiles * w) -> (..., Sq, n_tiles, w)
         if a is None:
@@ -458,8 +449,10 @@ def p_from_forward(saved: SavedForward, recipe: AttentionRecipe) -> RebuiltP:
 
     codes = tiles(saved.fwd_codes)
     values = _values_from_codes(xp, recipe, codes, tiles(saved.fwd_scales))
-    exps = None if meta.exps is None else tiles(saved.fwd_k)
-    pt = meta._replace(codes=codes, values=values, exps=exps)
+    exps = tiles(saved.fwd_k) if fmt.block_exponents else None
+    # the constants the converter and the P format declare (what convert_tile puts in its PTile)
+    pt = PTile(codes, None, values, exps, fmt.block, recipe.converter.factor_exp(fmt),
+               fmt.divisor, None, None)
     anchors = saved.tile_anchors
     if anchors is None:
         anchors = saved.fwd_anchors[..., ::tile]

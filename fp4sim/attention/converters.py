@@ -200,9 +200,14 @@ def _convert_tile(recipe: AttentionRecipe, t: Any, need_mismatched: bool) -> PTi
     def ex2(v: Any) -> Any:
         return exp2_model(v, recipe.exp2, fragment=recipe.fragment, tile=tile)
 
+    def tile_of(codes: Any, scales: Any, values: Any, exps: Any, mism: Any, k: Any) -> PTile:
+        # the P format's and the converter's declared constants (recipe.PFormat, converters)
+        return PTile(codes, scales, values, exps, fmt.block, conv.factor_exp(fmt), fmt.divisor,
+                     mism, k)
+
     # --- Direct-P family: E2M1 with a power-of-two amplitude per 32 keys -----------------
     if fmt is PFormat.MXFP4:
-        tb = _blocks(xp, t, 32)
+        tb = _blocks(xp, t, fmt.block)
         if recipe.block_exponent is BlockExponent.BLOCK_MAX_CEIL:
             k = _ceil_exp(xp, _block_max(xp, tb))
         else:
@@ -211,16 +216,15 @@ def _convert_tile(recipe: AttentionRecipe, t: Any, need_mismatched: bool) -> PTi
         codes = direct_p_payload(conv, x, exp2=recipe.exp2, fragment=recipe.fragment, tile=tile)
         mism = None
         if need_mismatched:
-            mism = _group_sum(xp, _blocks(xp, ex2(x), 32), exps=k)
-        return PTile(codes, (k + 127).astype(np.uint8), decode(codes, E2M1), k, 32, 0, 6.0,
-                     mism, k)
+            mism = _group_sum(xp, _blocks(xp, ex2(x), fmt.block), exps=k)
+        return tile_of(codes, (k + 127).astype(np.uint8), decode(codes, E2M1), k, mism, k)
 
     if isinstance(conv, ExactP):
         p = ex2(t)
         mism = _group_sum(xp, _blocks(xp, p, 32 if tile % 32 == 0 else tile)) \
             if need_mismatched else None
         if fmt is PFormat.MXFP8:
-            tb = _blocks(xp, t, 32)
+            tb = _blocks(xp, t, fmt.block)
             e = _ceil_exp(xp, _block_max(xp, tb) - LOG2_448)
             pb = ex2(tb - e[..., None].astype(np.float32))
             codes = _unblock(xp, encode(pb, E4M3))
@@ -228,29 +232,27 @@ def _convert_tile(recipe: AttentionRecipe, t: Any, need_mismatched: bool) -> PTi
                 from jax import lax
 
                 codes = lax.optimization_barrier(codes)
-            return PTile(codes, (e + 127).astype(np.uint8), decode(codes, E4M3), e, 32, 0, 1.0,
-                         mism, e)
+            return tile_of(codes, (e + 127).astype(np.uint8), decode(codes, E4M3), e, mism, e)
         if fmt is PFormat.NVFP4:
-            pb = _blocks(xp, p, 16)
+            pb = _blocks(xp, p, fmt.block)
             sf_codes = encode(f32.div_ftz(_block_max(xp, pb), np.float32(6.0)), UE4M3)
             sf = decode(sf_codes, UE4M3)[..., None]
             q = encode(xp.where(sf > 0, f32.div_ftz(pb, xp.where(sf > 0, sf, np.float32(1.0))),
                                 np.float32(0.0)), E2M1, _E2M1_POLICY)
             vals = decode(q, E2M1) * sf  # exact: 2 x 4 significant bits
-            return PTile(_unblock(xp, q), sf_codes, _unblock(xp, vals), None, 16, 0, 1.0, mism,
-                         None)
+            return tile_of(_unblock(xp, q), sf_codes, _unblock(xp, vals), None, mism, None)
         if fmt is PFormat.FP8:
             codes = encode(p, E4M3)
-            return PTile(codes, None, decode(codes, E4M3), None, 1, 0, 1.0, mism, None)
+            return tile_of(codes, None, decode(codes, E4M3), None, mism, None)
         if fmt is PFormat.BF16:
             codes = bf16_round(p)
-            return PTile(codes, None, _bf16_values(xp, codes), None, 1, 0, 1.0, mism, None)
+            return tile_of(codes, None, _bf16_values(xp, codes), None, mism, None)
         # FLOAT32
-        return PTile(bitcast(p, np.uint32), None, p, None, 1, 0, 1.0, mism, None)
+        return tile_of(bitcast(p, np.uint32), None, p, None, mism, None)
 
     if isinstance(conv, LogGroupP):
-        off, g = (LOG2_6, 16) if fmt is PFormat.NVFP4 else (LOG2_448, 32)
-        sb = _blocks(xp, t + off, g)
+        off = LOG2_6 if fmt is PFormat.NVFP4 else LOG2_448
+        sb = _blocks(xp, t + off, fmt.block)
         mg = _block_max(xp, sb)
         mg = xp.where(xp.isnan(mg), mg, xp.maximum(mg, np.float32(conv.clamp)))
         b = mg - off
@@ -264,14 +266,13 @@ def _convert_tile(recipe: AttentionRecipe, t: Any, need_mismatched: bool) -> PTi
             q = encode(P, E2M1, _E2M1_POLICY)
             sf_codes = encode(sf, UE4M3)
             vals = decode(q, E2M1) * decode(sf_codes, UE4M3)[..., None]
-            return PTile(_unblock(xp, q), sf_codes, _unblock(xp, vals), None, 16, 0, 1.0, mism,
-                         None)
+            return tile_of(_unblock(xp, q), sf_codes, _unblock(xp, vals), None, mism, None)
         q = encode(P, E4M3)
-        return PTile(_unblock(xp, q), (bi + 127).astype(np.uint8), _unblock(xp, decode(q, E4M3)),
-                     bi, 32, 0, 1.0, mism, bi)
+        return tile_of(_unblock(xp, q), (bi + 127).astype(np.uint8),
+                       _unblock(xp, decode(q, E4M3)), bi, mism, bi)
 
     if isinstance(conv, SageTwoLevelP):
-        tb = _blocks(xp, t, 16)
+        tb = _blocks(xp, t, fmt.block)
         phat = ex2(tb + LOG2_2688)
         am = exp2_rn(_block_max(xp, tb) + LOG2_448)[..., None]
         q = encode(xp.where(am > 0, f32.div_ftz(phat, xp.where(am > 0, am, np.float32(1.0))),
@@ -279,15 +280,14 @@ def _convert_tile(recipe: AttentionRecipe, t: Any, need_mismatched: bool) -> PTi
         sf_codes = encode(am[..., 0], UE4M3)
         vals = decode(q, E2M1) * decode(sf_codes, UE4M3)[..., None]
         mism = _group_sum(xp, phat) if need_mismatched else None
-        return PTile(_unblock(xp, q), sf_codes, _unblock(xp, vals), None, 16, 0, 1.0, mism, None)
+        return tile_of(_unblock(xp, q), sf_codes, _unblock(xp, vals), None, mism, None)
 
     if isinstance(conv, FixedScaleP):
         p = ex2(t)
         codes = encode(p * np.float32(conv.scale), E4M3)  # power-of-two scale: exact
-        fe = -int(round(math.log2(conv.scale)))
         mism = _group_sum(xp, _blocks(xp, p, 32 if tile % 32 == 0 else tile)) \
             if need_mismatched else None
-        return PTile(codes, None, decode(codes, E4M3), None, 1, fe, 1.0, mism, None)
+        return tile_of(codes, None, decode(codes, E4M3), None, mism, None)
 
     if isinstance(conv, SchraudolphP):
         mb, bias, top = (7, 127, 0x7F7F) if fmt is PFormat.BF16 else (3, 7, 0x7E)
@@ -311,6 +311,6 @@ def _convert_tile(recipe: AttentionRecipe, t: Any, need_mismatched: bool) -> PTi
             lin = xp.where(y >= np.float32(-126.0), bitcast(i23.astype(np.uint32), np.float32),
                            np.float32(0.0))
             mism = _group_sum(xp, _blocks(xp, lin, 32 if tile % 32 == 0 else tile))
-        return PTile(codes, None, vals, None, 1, -conv.scale_log2, 1.0, mism, None)
+        return tile_of(codes, None, vals, None, mism, None)
 
     raise TypeError(f"recipe.converter={conv!r} is not a known converter")  # pragma: no cover

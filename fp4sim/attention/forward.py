@@ -21,7 +21,7 @@ normalizer before the final division (else recomputed per column) and each row b
 block-transposed copy for the score products is made once, outside the row loop.
 
 Causal masking: a row block computes only the key tiles its last row can see. A tile masked for
-every row of the block has ``t = −inf``, so P = +0 (for every converter; :func:`_masked_tile`
+every row of the block has ``t = −inf``, so P = +0 (for every converter; :func:`masked_tile`
 checks this once per recipe, else nothing is skipped), the running max stays (r = 1, or r = 0
 while the accumulators are still 0) and its denominator is +0: processing it changes nothing but
 the accumulator columns where a 0·Inf (or 0·NaN) partial gives NaN, which one add of the skipped
@@ -82,16 +82,14 @@ from fp4sim.formats import f32
 from fp4sim.attention._ordered import operand_stats, ordered_product
 from fp4sim.attention.converters import PTile, convert_tile
 from fp4sim.attention.exp2 import exp2_rn, log2_f32
-from fp4sim.attention.normalization import block_denominator
+from fp4sim.attention.normalization import block_denominator, represented_output
 from fp4sim.attention.reference import check_qkv_shapes
 from fp4sim.attention.recipe import (
     AttentionRecipe,
     QKGlobalScale,
-    LogGroupP,
     Normalization,
     PFormat,
     QKFormat,
-    SageTwoLevelP,
     VFormat,
 )
 from fp4sim.formats import blocks
@@ -100,7 +98,7 @@ from fp4sim.formats.spec import E2M1, E4M3
 
 __all__ = ["Operand", "ForwardResult", "ForwardIntermediates", "quantize_qk", "quantize_v",
            "scores", "log2_scores", "attention_forward", "hadamard", "score_scale",
-           "converter_unit"]
+           "converter_unit", "masked_tile"]
 
 _LN2 = np.float32(math.log(2.0))
 _ROW_CHUNK = 128  # query rows per chunk under jax (rows are independent)
@@ -170,15 +168,9 @@ def score_scale(head_dim: int, softmax_scale: float | None) -> np.float32:
 
 
 def converter_unit(recipe: AttentionRecipe) -> float:
-    """Constant ratio between the converter's MMA units and probabilities."""
-    conv = recipe.converter
-    if isinstance(conv, LogGroupP):
-        return 6.0 if recipe.p_format is PFormat.NVFP4 else 448.0
-    if isinstance(conv, SageTwoLevelP):
-        return 2688.0
-    if recipe.p_format is PFormat.MXFP4:
-        return 6.0
-    return 1.0
+    """Constant ratio between the converter's MMA units and probabilities (declared by the
+    converter: ``recipe.converter.unit(recipe.p_format)``)."""
+    return recipe.converter.unit(recipe.p_format)
 
 
 def hadamard(x: Any) -> Any:
@@ -466,7 +458,7 @@ def _row(x: Any) -> Any:
     return None if x is None else np.asarray(x)[0]
 
 
-def _masked_tile(recipe: AttentionRecipe, tile: int, mism: bool) -> PTile | None:
+def masked_tile(recipe: AttentionRecipe, tile: int, mism: bool) -> PTile | None:
     """P of a key tile masked for the whole row (``t = −inf``), computed once on NumPy, when
     skipping such a tile is exact: every MMA value +0 and a +0 denominator (true for every
     converter; checked here, else None and nothing is skipped). A skipped tile then leaves the
@@ -497,6 +489,205 @@ def _consistent_denominator(xp: Any, p: PTile, n: int) -> Any:
     for b in range(1, per.shape[-1]):
         acc = f32.add_ftz(acc, per[..., b])
     return acc
+
+
+# --- one block of query rows: the forward's steps (rows are independent) ---------------------
+class _Problem(NamedTuple):
+    """What every block of query rows of one :func:`attention_forward` call shares."""
+
+    recipe: AttentionRecipe
+    c: Any  # float32 score scale softmax_scale·log2(e)
+    causal: bool
+    sq: int  # query rows
+    skv: int  # keys before padding to whole tiles
+    dv: int
+    lead: tuple[int, ...]  # batch/head axes
+    k: Operand  # quantized K, padded to whole tiles
+    kbt: Any  # K's block-transposed values for the exact score product (or None)
+    kseg: Any  # key segment ids (padded with -1) or None
+    v: Operand  # quantized V, padded
+    v_stats: Any  # V's OperandStats for the ordered PV sums (or None: computed per call)
+    masked: PTile | None  # P of a fully masked tile when skipping it is exact (causal), else None
+    mismatched: bool  # normalization is MISMATCHED
+    p_fp4: bool  # P is an FP4 format (MXFP4 or NVFP4)
+    intermediates: bool  # return the intermediates too
+
+    @property
+    def tile(self) -> int:
+        return self.recipe.block_kv
+
+    @property
+    def n_tiles(self) -> int:
+        return self.k.values.shape[-2] // self.recipe.block_kv
+
+
+def _row_block(pb: _Problem, qo: Operand, qs: Any, row_ids: Any, ntu: int) -> tuple:
+    """Everything for a set of query rows (module docstring, steps 1-5 and the final output),
+    computed on the first ``ntu`` key tiles; the other tiles are masked for all these rows
+    (:func:`masked_tile`)."""
+    xp = namespace(qo.values)
+    ko, kb, ks = _first_tiles(pb, ntu)
+    u, nanf = _row_log2_scores(pb, qo, ko, kb, qs, ks, row_ids, ntu)
+    ut = xp.reshape(u, (*pb.lead, qo.values.shape[-2], ntu, pb.tile))
+    anchors, prevs, m = _running_max(pb, ut)
+    finite = anchors > -np.inf
+    safe = xp.where(finite, anchors, np.float32(0.0))
+    r = xp.where(prevs > -np.inf, exp2_rn(prevs - safe), np.float32(0.0))
+    p = _tile_probabilities(pb, ut, finite, safe)
+    acc, den = _accumulate(pb, p, r, ntu)
+    out, lse = _finish(pb, acc, den, m, nanf)
+    if not pb.intermediates:
+        return materialize((out, lse))
+    return _with_intermediates(pb, out, lse, anchors, m, p, acc, den, ntu)
+
+
+def _first_tiles(pb: _Problem, ntu: int) -> tuple[Operand, Any, Any]:
+    """K (its operand, block-transposed values and segment ids) cut to the first ``ntu`` tiles."""
+    if ntu == pb.n_tiles:
+        return pb.k, pb.kbt, pb.kseg
+    ku = ntu * pb.tile
+
+    def cut(x: Any, axis: int) -> Any:  # the first ku keys along axis -1 or -2
+        if x is None:
+            return None
+        return x[(Ellipsis, slice(0, ku)) + (slice(None),) * (-1 - axis)]
+
+    k = pb.k
+    ko = k._replace(values=cut(k.values, -2), exps=cut(k.exps, -2), post=cut(k.post, -1),
+                    post_exp=cut(k.post_exp, -1))
+    return ko, cut(pb.kbt, -1), cut(pb.kseg, -1)
+
+
+def _row_log2_scores(pb: _Problem, qo: Operand, ko: Operand, kb: Any, qs: Any, ks: Any,
+                     row_ids: Any, ntu: int) -> tuple[Any, Any]:
+    """Steps 1-2: ``u = fl(z·c)`` of these rows against the first ``ntu`` tiles, masked keys
+    −inf; and which rows hold a NaN or +Inf score (their output is NaN)."""
+    xp = namespace(qo.values)
+    ku = ntu * pb.tile
+    z = materialize(_scores(qo, ko, kb))  # (..., rows, ku)
+    rows = row_ids[:, None]
+    cols = xp.arange(ku, dtype=np.int32)[None, :]
+    valid = (cols < np.int32(pb.skv)) & (rows < np.int32(pb.sq))
+    if pb.causal:
+        valid = valid & (cols <= rows + np.int32(pb.skv - pb.sq))
+    if qs is not None:
+        valid = valid & (qs[..., :, None] == ks[..., None, :])
+    u = materialize(log2_scores(z, pb.c, valid))
+    nanf = xp.any(xp.isnan(u) | (u == np.inf), axis=-1)  # NaN or +Inf score: NaN row
+    return u, nanf
+
+
+def _running_max(pb: _Problem, ut: Any) -> tuple[Any, Any, Any]:
+    """Step 2's running max over the tiles of ``ut`` (..., rows, tiles, tile): the anchor
+    ``m'`` each tile uses, the anchor before it, and the final one."""
+    xp = namespace(ut)
+    mt = xp.max(xp.where(xp.isnan(ut) | (ut == np.inf), np.float32(-np.inf), ut), axis=-1)
+    threshold = pb.recipe.rescale_threshold
+    m = xp.full(mt.shape[:-1], -np.inf, dtype=np.float32)
+    anchors, prevs = [], []
+    for i in range(mt.shape[-1]):
+        if threshold == 0:
+            m_new = xp.maximum(m, mt[..., i])
+        else:
+            move = (m == -np.inf) | (mt[..., i] > f32.add_ftz(m, np.float32(threshold)))
+            m_new = xp.where(move, xp.maximum(m, mt[..., i]), m)
+        prevs.append(m)
+        anchors.append(m_new)
+        m = m_new
+    return xp.stack(anchors, axis=-1), xp.stack(prevs, axis=-1), m
+
+
+def _tile_probabilities(pb: _Problem, ut: Any, finite: Any, safe: Any) -> PTile:
+    """Step 3: ``t = fl(u − m')`` of every tile and its P (:func:`convert_tile`)."""
+    xp = namespace(ut)
+    t = xp.where(finite[..., None], ut - safe[..., None], np.float32(-np.inf))
+    p = convert_tile(pb.recipe, materialize(t), need_mismatched=pb.mismatched)
+    return p._replace(**dict(zip(("codes", "values", "exps", "mismatched"), materialize(
+        (p.codes, p.values, p.exps, p.mismatched)))))
+
+
+def _accumulate(pb: _Problem, p: PTile, r: Any, ntu: int) -> tuple[Any, Any]:
+    """Steps 4-5: the PV partials and tile denominators of every tile, then the sequential
+    online-softmax updates ``A ← fl(A·r) + partials``, ``L ← fl(fl(L·r) + L_tile)``; the
+    skipped tiles' fl(0·v) column sums last."""
+    xp = namespace(p.values)
+    vop, tile, lead, dv = pb.v, pb.tile, pb.lead, pb.dv
+    nrows = p.values.shape[-3]
+    ku = ntu * tile
+    v_vals = xp.reshape(vop.values[..., :ku, :], (*lead, ntu, tile, dv))
+    v_exps = None
+    if vop.exps is not None:
+        v_exps = xp.reshape(vop.exps[..., :ku // vop.block, :],
+                            (*lead, ntu, tile // vop.block, vop.exps.shape[-1]))
+    g = materialize(_group_partials(xp, p, v_vals, v_exps, vop.block, vop.exact,
+                                    pb.recipe.pv_group, pb.p_fp4, pb.v_stats))
+    lt = p.mismatched if pb.mismatched else _consistent_denominator(xp, p, tile)  # (..., Sq, nt)
+    acc = xp.zeros(lead + (nrows, dv), dtype=np.float32)
+    den = xp.zeros(lead + (nrows,), dtype=np.float32)
+    for i in range(ntu):
+        acc = f32.mul_ftz(acc, r[..., i, None])
+        for j in range(g.shape[-3]):
+            acc = f32.add_ftz(acc, g[..., i, j, :, :])
+        den = f32.add_ftz(f32.mul_ftz(den, r[..., i]), lt[..., i])
+    if ntu < pb.n_tiles:
+        # the skipped tiles: r = 1 (or 0 with acc = 0), P = +0 and a zero denominator, so
+        # each would add fl(0·v) partials: +0, or NaN in a column where V (with its block
+        # scales) holds Inf/NaN; one add of their ordered column sums does exactly that
+        vs = vop.values[..., ku:, :]
+        if vop.exps is not None:
+            vs = f32.ldexp_ftz(vs, xp.repeat(vop.exps[..., ku // vop.block:, :], vop.block,
+                                             axis=-2))
+        zs = xp.sum(f32.mul_ftz(np.float32(0.0), vs), axis=-2)  # (..., Dv): +0 or NaN
+        acc = f32.add_ftz(acc, zs[..., None, :])
+    return acc, den
+
+
+def _finish(pb: _Problem, acc: Any, den: Any, m: Any, nanf: Any) -> tuple[Any, Any]:
+    """``O = represented_output(A, L, div)`` and the natural-log LSE (module docstring)."""
+    xp = namespace(acc)
+    # per-row values computed once (else fused into, and recomputed for, every column)
+    den, m = materialize((den, m))
+    recipe = pb.recipe
+    unit = converter_unit(recipe)
+    if pb.mismatched:
+        a_div, lse_unit = pb.v.div, unit
+    else:
+        pdiv = recipe.p_format.divisor
+        a_div, lse_unit = pdiv * pb.v.div, unit / pdiv
+    out = represented_output(acc, den[..., None], a_div)
+    pos = den > 0
+    l2 = log2_f32(den)
+    if lse_unit != 1:
+        l2 = f32.ftz(l2 - np.float32(math.log2(lse_unit)))
+    lse = xp.where(pos, f32.mul_ftz(f32.add_ftz(m, l2), _LN2), np.float32(-np.inf))
+    out = xp.where(nanf[..., None], np.float32(np.nan), out)
+    lse = xp.where(nanf, np.float32(np.nan), lse)
+    return out, lse
+
+
+def _with_intermediates(pb: _Problem, out: Any, lse: Any, anchors: Any, m: Any, p: PTile,
+                        acc: Any, den: Any, ntu: int) -> tuple:
+    """The row block's outputs with its intermediates, the skipped tiles filled in."""
+    xp = namespace(out)
+    n_tiles = pb.n_tiles
+
+    def flat(x: Any, fill: Any) -> Any:  # (..., Sq, ntu, w) -> (..., Sq, n_tiles*w)
+        if x is None:
+            return None
+        x = xp.reshape(x, x.shape[:-2] + (-1,))
+        if ntu == n_tiles:
+            return x
+        fill = xp.broadcast_to(xp.asarray(np.tile(fill, n_tiles - ntu)),
+                               x.shape[:-1] + (fill.shape[-1] * (n_tiles - ntu),))
+        return xp.concatenate([x, fill], axis=-1)
+
+    if ntu < n_tiles:  # a skipped tile's anchor is the running max, unchanged
+        anchors = xp.concatenate(
+            [anchors, xp.broadcast_to(m[..., None], m.shape + (n_tiles - ntu,))], axis=-1)
+    mk = pb.masked if pb.masked is not None else PTile(None, None, None, None, 0, 0, 1.0, None,
+                                                       None)
+    return materialize((out, lse, anchors, flat(p.codes, _row(mk.codes)),
+                        flat(p.scales, _row(mk.scales)), flat(p.k, _row(mk.k)), acc, den))
 
 
 # --- the forward ----------------------------------------------------------------------------
@@ -558,13 +749,16 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
     mism = recipe.normalization is Normalization.MISMATCHED
     p_fp4 = recipe.p_format in (PFormat.MXFP4, PFormat.NVFP4)
     lead = q.shape[:-2]
-    skv_pad = n_tiles * tile
 
     kbt = materialize(_key_blocks(kop))  # loop-invariant: transposed once, not per row block
     # V's statistics for the ordered PV sums, once for all keys (unscaled V values only)
     v_stats = operand_stats(vop.values) if vop.exps is None else None
     # causal: the trailing key tiles that every row of a row block masks are skipped (below)
-    masked = _masked_tile(recipe, tile, mism) if causal else None
+    masked = masked_tile(recipe, tile, mism) if causal else None
+
+    pb = _Problem(recipe=recipe, c=c, causal=causal, sq=sq, skv=skv, dv=dv, lead=lead, k=kop,
+                  kbt=kbt, kseg=kseg, v=vop, v_stats=v_stats, masked=masked, mismatched=mism,
+                  p_fp4=p_fp4, intermediates=return_intermediates)
 
     def tiles_needed(r1: int) -> int:
         """Key tiles the rows before ``r1`` can see (all of them unless causal)."""
@@ -574,122 +768,7 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
         return max(1, min(n_tiles, last // tile + 1)) if last >= 0 else 1
 
     def rows_fn(qo: Operand, qs: Any, row_ids: Any, ntu: int) -> tuple:
-        """Everything for a set of query rows (rows are independent), computed on the first
-        ``ntu`` key tiles; the other tiles are masked for all these rows (see _masked_tile)."""
-        nrows = qo.values.shape[-2]
-        ku = ntu * tile
-        ko, kb, ks = kop, kbt, kseg
-        if ntu < n_tiles:
-            def cut(x: Any, axis: int) -> Any:  # the first ku keys along axis -1 or -2
-                if x is None:
-                    return None
-                return x[(Ellipsis, slice(0, ku)) + (slice(None),) * (-1 - axis)]
-            ko = kop._replace(values=cut(kop.values, -2), exps=cut(kop.exps, -2),
-                              post=cut(kop.post, -1), post_exp=cut(kop.post_exp, -1))
-            kb, ks = cut(kbt, -1), cut(kseg, -1)
-        # 1-2. scores of all keys, the log2 domain, the masks
-        z = materialize(_scores(qo, ko, kb))  # (..., Sq, ku)
-        rows = row_ids[:, None]
-        cols = xp.arange(ku, dtype=np.int32)[None, :]
-        valid = (cols < np.int32(skv)) & (rows < np.int32(sq))
-        if causal:
-            valid = valid & (cols <= rows + np.int32(skv - sq))
-        if qseg is not None:
-            valid = valid & (qs[..., :, None] == ks[..., None, :])
-        u = materialize(log2_scores(z, c, valid))
-        nanf = xp.any(xp.isnan(u) | (u == np.inf), axis=-1)  # NaN or +Inf score: NaN row
-        ut = xp.reshape(u, (*lead, nrows, ntu, tile))
-        mt = xp.max(xp.where(xp.isnan(ut) | (ut == np.inf), np.float32(-np.inf), ut), axis=-1)
-
-        # the running max (anchor) of every tile and the rescale factors
-        m = xp.full(lead + (nrows,), -np.inf, dtype=np.float32)
-        anchors, prevs = [], []
-        for i in range(ntu):
-            if recipe.rescale_threshold == 0:
-                m_new = xp.maximum(m, mt[..., i])
-            else:
-                move = (m == -np.inf) | (mt[..., i] > f32.add_ftz(m, np.float32(recipe.rescale_threshold)))
-                m_new = xp.where(move, xp.maximum(m, mt[..., i]), m)
-            prevs.append(m)
-            anchors.append(m_new)
-            m = m_new
-        anchors = xp.stack(anchors, axis=-1)  # (..., Sq, nt)
-        prevs = xp.stack(prevs, axis=-1)
-        finite = anchors > -np.inf
-        safe = xp.where(finite, anchors, np.float32(0.0))
-        r = xp.where(prevs > -np.inf, exp2_rn(prevs - safe), np.float32(0.0))
-
-        # 3. P of every tile
-        t = xp.where(finite[..., None], ut - safe[..., None], np.float32(-np.inf))
-        p = convert_tile(recipe, materialize(t), need_mismatched=mism)
-        p = p._replace(**dict(zip(("codes", "values", "exps", "mismatched"), materialize(
-            (p.codes, p.values, p.exps, p.mismatched)))))
-
-        # 4-5. PV partials and tile denominators, then the sequential online-softmax updates
-        v_vals = xp.reshape(vop.values[..., :ku, :], (*lead, ntu, tile, dv))
-        v_exps = None
-        if vop.exps is not None:
-            v_exps = xp.reshape(vop.exps[..., :ku // vop.block, :],
-                                (*lead, ntu, tile // vop.block, vop.exps.shape[-1]))
-        g = materialize(_group_partials(xp, p, v_vals, v_exps, vop.block, vop.exact,
-                                         recipe.pv_group, p_fp4, v_stats))
-        lt = p.mismatched if mism else _consistent_denominator(xp, p, tile)  # (..., Sq, nt)
-        acc = xp.zeros(lead + (nrows, dv), dtype=np.float32)
-        den = xp.zeros(lead + (nrows,), dtype=np.float32)
-        for i in range(ntu):
-            acc = f32.mul_ftz(acc, r[..., i, None])
-            for j in range(g.shape[-3]):
-                acc = f32.add_ftz(acc, g[..., i, j, :, :])
-            den = f32.add_ftz(f32.mul_ftz(den, r[..., i]), lt[..., i])
-        if ntu < n_tiles:
-            # the skipped tiles: r = 1 (or 0 with acc = 0), P = +0 and a zero denominator, so
-            # each would add fl(0·v) partials: +0, or NaN in a column where V (with its block
-            # scales) holds Inf/NaN; one add of their ordered column sums does exactly that
-            vs = vop.values[..., ku:, :]
-            if vop.exps is not None:
-                vs = f32.ldexp_ftz(vs, xp.repeat(vop.exps[..., ku // vop.block:, :], vop.block,
-                                              axis=-2))
-            zs = xp.sum(f32.mul_ftz(np.float32(0.0), vs), axis=-2)  # (..., Dv): +0 or NaN
-            acc = f32.add_ftz(acc, zs[..., None, :])
-        # per-row values computed once (else fused into, and recomputed for, every column)
-        den, m = materialize((den, m))
-
-        unit = converter_unit(recipe)
-        if mism:
-            a_div, lse_unit = vop.div, unit
-        else:
-            pdiv = 6.0 if recipe.p_format is PFormat.MXFP4 else 1.0
-            a_div, lse_unit = pdiv * vop.div, unit / pdiv
-        num = acc if a_div == 1 else f32.div_ftz(acc, np.float32(a_div))
-        pos = den > 0
-        out = xp.where(pos[..., None],
-                       f32.div_ftz(num, xp.where(pos, den, np.float32(1.0))[..., None]),
-                       np.float32(0.0))
-        l2 = log2_f32(den)
-        if lse_unit != 1:
-            l2 = f32.ftz(l2 - np.float32(math.log2(lse_unit)))
-        lse = xp.where(pos, f32.mul_ftz(f32.add_ftz(m, l2), _LN2), np.float32(-np.inf))
-        out = xp.where(nanf[..., None], np.float32(np.nan), out)
-        lse = xp.where(nanf, np.float32(np.nan), lse)
-        if not return_intermediates:
-            return materialize((out, lse))
-
-        def flat(x: Any, fill: Any) -> Any:  # (..., Sq, ntu, w) -> (..., Sq, n_tiles*w)
-            if x is None:
-                return None
-            x = xp.reshape(x, x.shape[:-2] + (-1,))
-            if ntu == n_tiles:
-                return x
-            fill = xp.broadcast_to(xp.asarray(np.tile(fill, n_tiles - ntu)),
-                                   x.shape[:-1] + (fill.shape[-1] * (n_tiles - ntu),))
-            return xp.concatenate([x, fill], axis=-1)
-
-        if ntu < n_tiles:  # a skipped tile's anchor is the running max, unchanged
-            anchors = xp.concatenate(
-                [anchors, xp.broadcast_to(m[..., None], m.shape + (n_tiles - ntu,))], axis=-1)
-        mk = masked if masked is not None else PTile(None, None, None, None, 0, 0, 1.0, None, None)
-        return materialize((out, lse, anchors, flat(p.codes, _row(mk.codes)),
-                             flat(p.scales, _row(mk.scales)), flat(p.k, _row(mk.k)), acc, den))
+        return _row_block(pb, qo, qs, row_ids, ntu)
 
     chunk = _ROW_CHUNK
     if xp is np:

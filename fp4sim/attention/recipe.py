@@ -60,6 +60,8 @@ import enum
 import math
 from typing import Any, Union
 
+from fp4sim.formats.spec import E2M1, E4M3, UE4M3, UE8M0, FloatFormat
+
 __all__ = [
     "QKFormat",
     "QKGlobalScale",
@@ -150,6 +152,30 @@ class PFormat(enum.Enum):
         """Keys per scale block (1 for formats without block scales)."""
         return {PFormat.MXFP8: 32, PFormat.MXFP4: 32, PFormat.NVFP4: 16}.get(self, 1)
 
+    @property
+    def element(self) -> FloatFormat | None:
+        """The element format of P's codes (None: BF16 bit patterns or float32 bits)."""
+        return {PFormat.FP8: E4M3, PFormat.MXFP8: E4M3, PFormat.MXFP4: E2M1,
+                PFormat.NVFP4: E2M1}.get(self)
+
+    @property
+    def scale(self) -> FloatFormat | None:
+        """The block scale format of P (UE8M0 for MXFP4/MXFP8, UE4M3 for NVFP4, else None)."""
+        return {PFormat.MXFP8: UE8M0, PFormat.MXFP4: UE8M0, PFormat.NVFP4: UE4M3}.get(self)
+
+    @property
+    def divisor(self) -> float:
+        """The payload convention's constant divisor: 6 for MXFP4 P (Direct-P's ``α·q/6``: the
+        largest E2M1 payload 6 stands for the block amplitude ``α = 2^k_B``), else 1. The
+        represented weight of key j is ``values_j · 2^(exps_B + factor_exp) / divisor``."""
+        return 6.0 if self is PFormat.MXFP4 else 1.0
+
+    @property
+    def block_exponents(self) -> bool:
+        """Whether P tiles carry an int32 power-of-two exponent per block (UE8M0 scales: MXFP4's
+        amplitude ``k_B``, MXFP8's ``e_B``); NVFP4's UE4M3 scales are folded into the values."""
+        return self in (PFormat.MXFP4, PFormat.MXFP8)
+
 
 class BlockExponent(enum.Enum):
     """How the Direct-P amplitude exponent ``k_B`` of a P block is chosen."""
@@ -216,13 +242,32 @@ class Exp2Model:
         _check_int("Exp2Model", "native_last_fragments", self.native_last_fragments, 0)
 
 
+class _ConverterFacts:
+    """The constants every converter declares (used by the forward, the backward's rebuild of P
+    and the kernels, instead of rediscovering them): :meth:`factor_exp`, the fixed power of two
+    of its P values (``−log2`` of a fixed P scale), and :meth:`unit`, the constant ratio between
+    its MMA units and probabilities."""
+
+    __slots__ = ()
+
+    def factor_exp(self, p_format: PFormat) -> int:
+        """The constant power-of-two exponent applied to every P value (0 unless a fixed scale)."""
+        return 0
+
+    def unit(self, p_format: PFormat) -> float:
+        """Constant ratio between the converter's MMA units (``values · 2^exps · 2^factor_exp``)
+        and probabilities: the payload divisor of ``p_format`` (6 for MXFP4) unless the
+        converter scales P by a constant of its own."""
+        return p_format.divisor
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class ExactP:
+class ExactP(_ConverterFacts):
     """exp2 (per :class:`Exp2Model`) then round-to-nearest-even into the P format (§2.1)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class AffineP:
+class AffineP(_ConverterFacts):
     """Direct-P affine classifier ``payload = RN_E2M1_sat(max(0, a·x + b))`` (§2.7).
 
     ``x = fl(t + fl(log2(6) − k_B))``; ``a·x + b`` is evaluated as ``fl(fl(a·x) + b)``.
@@ -237,7 +282,7 @@ class AffineP:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class MitchellP:
+class MitchellP(_ConverterFacts):
     """Mitchell-P: ``y = fl(x − shift)``, value ``bitcast_f32(floor(y·2^23) + 127·2^23)``
     (= ``2^floor(y)·(1 + frac(y))``), then ``RN_E2M1_sat`` (§2.8)."""
 
@@ -248,7 +293,7 @@ class MitchellP:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class SchraudolphP:
+class SchraudolphP(_ConverterFacts):
     """Schraudolph's integer exp2 for 8/16-bit P (§2.9): the code bit pattern is
     ``floor(2^mbits·(t + scale_log2 − shift)) + bias·2^mbits`` clamped to [0, largest finite],
     for P in BF16 (mbits 7, bias 127) or E4M3 (mbits 3, bias 7). ``scale_log2`` is a fixed
@@ -262,9 +307,12 @@ class SchraudolphP:
         _check_float("SchraudolphP", "shift", self.shift)
         _check_int("SchraudolphP", "scale_log2", self.scale_log2, -64, 64)
 
+    def factor_exp(self, p_format: PFormat) -> int:
+        return -self.scale_log2
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class LogGroupP:
+class LogGroupP(_ConverterFacts):
     """HAO's log-domain group quantizer (§2.2). ``offset`` log2(6) (NVFP4 P) or log2(448)
     (MXFP8 P) is implied by the P format; ``clamp`` is the fully-masked-group guard (−100)."""
 
@@ -273,14 +321,22 @@ class LogGroupP:
     def __post_init__(self) -> None:
         _check_float("LogGroupP", "clamp", self.clamp)
 
+    def unit(self, p_format: PFormat) -> float:
+        """6 (NVFP4 P: payloads scaled to the E2M1 max) or 448 (MXFP8 P: to the E4M3 max)."""
+        return 6.0 if p_format is PFormat.NVFP4 else 448.0
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class SageTwoLevelP:
+class SageTwoLevelP(_ConverterFacts):
     """SageAttention3's two-level P quantizer (§2.3): row factor 448·6, per-16 E4M3 scale."""
 
+    def unit(self, p_format: PFormat) -> float:
+        """2688 = 448·6: P is scaled by the row factor before its two-level quantization."""
+        return 2688.0
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class FixedScaleP:
+class FixedScaleP(_ConverterFacts):
     """cuDNN's fixed-scale FP8 P (§2.5): ``E4M3(p·scale)``; ``scale`` a power of two."""
 
     scale: float = 16.0
@@ -290,6 +346,9 @@ class FixedScaleP:
         m, _ = math.frexp(self.scale)
         if m != 0.5:
             raise ValueError(f"FixedScaleP.scale={self.scale!r} must be a power of two")
+
+    def factor_exp(self, p_format: PFormat) -> int:
+        return -int(round(math.log2(self.scale)))
 
 
 Converter = Union[ExactP, AffineP, MitchellP, SchraudolphP, LogGroupP, SageTwoLevelP, FixedScaleP]

@@ -214,3 +214,27 @@ def test_direct_p_payloads_are_monotone_codes(xs):
         codes = direct_p_payload(conv, x)
         assert codes.max() <= 7  # non-negative E2M1 magnitudes only
         assert np.all(np.diff(_vals(codes)) >= 0), conv
+
+
+_PAIRS = [(R.ExactP(), f) for f in R.PFormat] + [
+    (R.AffineP(), R.PFormat.MXFP4), (R.MitchellP(), R.PFormat.MXFP4),
+    (R.SchraudolphP(), R.PFormat.BF16), (R.SchraudolphP(scale_log2=8), R.PFormat.FP8),
+    (R.LogGroupP(), R.PFormat.NVFP4), (R.LogGroupP(), R.PFormat.MXFP8),
+    (R.SageTwoLevelP(), R.PFormat.NVFP4), (R.FixedScaleP(scale=16.0), R.PFormat.FP8),
+    (R.FixedScaleP(scale=256.0), R.PFormat.FP8)]
+
+
+@pytest.mark.parametrize("conv, fmt", _PAIRS, ids=lambda x: getattr(x, "name", type(x).__name__))
+def test_p_tiles_carry_the_declared_constants(conv, fmt):
+    """The block, fixed exponent, payload divisor and block exponents of every converter's P
+    tile are the facts its P format and converter declare (the backward and the kernels read
+    the declarations instead of converting a probe tile)."""
+    recipe = R.AttentionRecipe(converter=conv, p_format=fmt)
+    t = (np.random.default_rng(0).standard_normal((3, 128)) * 4).astype(np.float32)
+    t = t - t.max(axis=-1, keepdims=True)
+    t[2, 50:] = -np.inf
+    p = convert_tile(recipe, t, need_mismatched=True)
+    assert (p.block, p.factor_exp, p.pdiv) == (fmt.block, conv.factor_exp(fmt), fmt.divisor)
+    assert (p.exps is not None) == fmt.block_exponents
+    if fmt.element is not None:
+        np.testing.assert_array_equal(np.asarray(p.codes).max() < fmt.element.num_codes, True)

@@ -1,7 +1,7 @@
 """Causal key-tile skipping in the forward emulator: bit-exact against computing every tile.
 
 A row block skips the trailing key tiles that causal masking hides from all its rows
-(``fp4sim.attention.forward._masked_tile``); the result must be the same bits as processing
+(``fp4sim.attention.forward.masked_tile``); the result must be the same bits as processing
 those tiles (P = +0, r = 1, a zero denominator), including the NaN that a 0·Inf partial puts
 into a V column holding Inf/NaN. The reference here is the NumPy forward with skipping disabled.
 """
@@ -62,12 +62,12 @@ def test_causal_skipping_is_exact(name, rec, specials, monkeypatch):
         v[0, 230, 7] = np.nan
         v[0, 240, 9] = -np.inf
     with monkeypatch.context() as m:
-        m.setattr(fwd, "_masked_tile", lambda *a, **kw: None)  # process every tile
+        m.setattr(fwd, "masked_tile", lambda *a, **kw: None)  # process every tile
         want = _fields(fwd.attention_forward(q, k, v, rec, causal=True,
                                              return_intermediates=True))
     monkeypatch.setattr(fwd, "_NP_ROW_CHUNK", 24)  # NumPy: 5 row blocks, 3..5 tiles each
     monkeypatch.setattr(fwd, "_ROW_CHUNK", 16)  # jit: 7 row blocks in 4 groups
-    assert fwd._masked_tile(rec, rec.block_kv, rec.normalization is R.Normalization.MISMATCHED)
+    assert fwd.masked_tile(rec, rec.block_kv, rec.normalization is R.Normalization.MISMATCHED)
     _assert_same(_fields(fwd.attention_forward(q, k, v, rec, causal=True,
                                                return_intermediates=True)), want)
     got = jax.jit(lambda q, k, v: _fields(fwd.attention_forward(
@@ -79,11 +79,11 @@ def test_causal_skipping_is_exact(name, rec, specials, monkeypatch):
 
 
 @pytest.mark.parametrize("name", sorted(R.PRESETS))
-def test_every_preset_can_skip_masked_tiles(name):
+def test_every_preset_can_skipmasked_tiles(name):
     """A fully masked tile gives +0 MMA values and a +0 denominator for every preset, so
     skipping is active (not silently disabled) everywhere."""
     rec = R.PRESETS[name]
     mism = rec.normalization is R.Normalization.MISMATCHED
-    p = fwd._masked_tile(rec, rec.block_kv, mism)
+    p = fwd.masked_tile(rec, rec.block_kv, mism)
     assert p is not None
     assert p.codes.shape == (1, rec.block_kv)
