@@ -15,4 +15,6 @@ from fp4sim.formats import *  # noqa: F401,F403
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", *_formats.__all__, *_attention.__all__]
+# (bf16_round is exported by both: formats.codec owns it, attention re-exports it)
+__all__ = ["__version__", *_formats.__all__,
+           *[n for n in _attention.__all__ if n not in _formats.__all__]]

@@ -20,12 +20,12 @@ from fp4sim.attention.exp2 import (  # noqa: E402
 )
 from fp4sim.attention.converters import (  # noqa: E402
     PTile,
-    bf16_round,
     convert_tile,
     direct_p_coordinate,
     direct_p_payload,
     mitchell_exp2,
 )
+from fp4sim.formats.codec import bf16_round  # noqa: E402  (its home: formats.codec)
 from fp4sim.attention.normalization import (  # noqa: E402
     Normalized,
     NormalizerOrder,

@@ -61,7 +61,7 @@ from fp4sim.attention.recipe import (
     VFormat,
 )
 from fp4sim.formats.blocks import MXFP8_E4M3
-from fp4sim.formats.codec import decode
+from fp4sim.formats.codec import bf16_values, decode
 from fp4sim.formats.spec import UE8M0
 
 __all__ = [
@@ -418,7 +418,7 @@ def _values_from_codes(xp: Any, recipe: AttentionRecipe, codes: Any, scales: Any
             values = values * _per_key(xp, decode(scales, fmt.scale), fmt.block)
         return values
     if fmt is PFormat.BF16:
-        return bitcast(xp.asarray(codes).astype(np.uint32) << np.uint32(16), np.float32)
+        return bf16_values(codes)
     return bitcast(codes, np.float32)  # FLOAT32: the codes are the bit patterns
 
 
@@ -649,7 +649,7 @@ LEAK_TABLE: dict[str, TrainingRecipe] = {
     "V MXFP8 32-token RCEIL": _leak_row("V MXFP8 32-token RCEIL", sc.MXFP8_TOKENS_RCEIL),
     "V MXFP8 32-token OCP floor": _leak_row("V MXFP8 32-token OCP floor",
                                             sc.MXFP8_TOKENS_FLOOR),
-    "V MXFP4 32-token": _leak_row("V MXFP4 32-token", sc.MXFP4_TOKENS),
+    "V MXFP4 32-token": _leak_row("V MXFP4 32-token", sc.MXFP4_TOKENS_RCEIL),
     "V NVFP4 16-token": _leak_row("V NVFP4 16-token", sc.NVFP4_TOKENS),
     "V per-tensor FP8 amax/448": _leak_row("V per-tensor FP8 amax/448",
                                            sc.FP8_PER_TENSOR_AMAX),

@@ -73,7 +73,8 @@ __all__ = [
     "TOKEN_BLOCK_POW2",
     "MXFP8_TOKENS_RCEIL",
     "MXFP8_TOKENS_FLOOR",
-    "MXFP4_TOKENS",
+    "MXFP4_TOKENS_RCEIL",
+    "v_scaling",
     "NVFP4_TOKENS",
     "FP8_PER_TENSOR_AMAX",
     "PER_TENSOR_POW2",
@@ -208,12 +209,12 @@ def fake_quantize_stats(x: Any, scaling: OperandScaling) -> tuple[Any, Any]:
     fmt = scaling.effective_format
     xp = namespace(x)
     saturating = fmt is not None and \
-        blocks._elem_policy(fmt).overflow is Overflow.SATURATE
+        blocks.element_policy(fmt).overflow is Overflow.SATURATE
     if saturating and fmt.scale is None and fmt.global_scale is GlobalScale.NONE:
         # a plain cast: c = encode(x), y = decode(c), one "block" with exponent 0
         y = fake_quantize(x, scaling)
         bits = xp.asarray(x, dtype=np.float32)
-        nonfinite = blocks._tensor_amax_bits(xp, bitcast(bits, np.uint32)) >= np.uint32(0x7F800000)
+        nonfinite = blocks.tensor_amax_bits(xp, bitcast(bits, np.uint32)) >= np.uint32(0x7F800000)
         return y, quantized_stats(xp.zeros((), np.int32), True, nonfinite, fmt.elem)
     if not (saturating and fmt.pow2 and fmt.global_scale is GlobalScale.NONE):
         y = fake_quantize(x, scaling)
@@ -357,8 +358,9 @@ MXFP8_TOKENS_RCEIL = OperandScaling(name="MXFP8 32 tokens RCEIL", fmt=MXFP8_E4M3
 MXFP8_TOKENS_FLOOR = OperandScaling(name="MXFP8 32 tokens OCP floor", fmt=MXFP8_E4M3, axis=-2,
                                     rule=ScaleRule.FLOOR)
 """OCP floor exponent with the clamp at 448, per 32 tokens of one column."""
-MXFP4_TOKENS = OperandScaling(name="MXFP4 32 tokens RCEIL", fmt=MXFP4, axis=-2)
-"""E2M1 elements, UE8M0 per 32 tokens of one column (rounded up)."""
+MXFP4_TOKENS_RCEIL = OperandScaling(name="MXFP4 32 tokens RCEIL", fmt=MXFP4, axis=-2)
+"""E2M1 elements, UE8M0 per 32 tokens of one column (rounded up: OCP MX with the RCEIL rule).
+Not the forward's ``VFormat.MXFP4_TOKENS``, Direct-P's amplitude rule (β·q/6)."""
 NVFP4_TOKENS = OperandScaling(name="NVFP4 16 tokens", fmt=NVFP4_SINGLE, axis=-2)
 """E2M1 elements, UE4M3 scale per 16 tokens of one column (no FP32 factor)."""
 FP8_PER_TENSOR_AMAX = OperandScaling(name="FP8 per-tensor amax/448", fmt=FP8_E4M3_PER_TENSOR,
@@ -392,7 +394,7 @@ DS_PER_ROW = OperandScaling(name="dS per query row pow2", fmt=MXFP8_E4M3,
 
 V_OPTIONS: tuple[OperandScaling, ...] = (
     FLOAT32, E4M3_CAST, PER_TOKEN_POW2, TOKEN_BLOCK_POW2, MXFP8_TOKENS_RCEIL, MXFP8_TOKENS_FLOOR,
-    MXFP4_TOKENS, NVFP4_TOKENS, FP8_PER_TENSOR_AMAX, PER_TENSOR_POW2,
+    MXFP4_TOKENS_RCEIL, NVFP4_TOKENS, FP8_PER_TENSOR_AMAX, PER_TENSOR_POW2,
 )
 """The V scalings of the leak table (seed_algorithms.md §6.3), safest first."""
 
@@ -408,12 +410,34 @@ def qk_scaling(recipe: Any) -> OperandScaling:
         return FLOAT32
     if fmt is QKFormat.BF16:
         return OperandScaling(name="BF16 cast")  # element-wise rounding: no scale at all
-    if fmt is QKFormat.FP8_PER_TENSOR:
-        return OperandScaling(name="FP8 per-tensor amax/448 (Q/K)", fmt=FP8_E4M3_PER_TENSOR,
-                              geometry=Geometry.PER_TENSOR)
+    if fmt is QKFormat.FP8_PER_TENSOR:  # one FP32 factor over the tensor, no block scale
+        return _FP8_PER_TENSOR_QK
     if fmt is QKFormat.MXFP8:
         return MXFP8_HEAD_DIM
     if fmt is QKFormat.TOKEN_BLOCK_FP8:
         return TOKEN_BLOCK_POW2
     return {QKGlobal.NONE: NVFP4_HEAD_DIM, QKGlobal.PER_TENSOR: NVFP4_HEAD_DIM_PER_TENSOR,
             QKGlobal.PER_TOKEN: NVFP4_HEAD_DIM_PER_TOKEN}[recipe.qk_global]
+
+
+_FP8_PER_TENSOR_QK = OperandScaling(name="FP8 per-tensor amax/448 (Q/K)", fmt=FP8_E4M3_PER_TENSOR)
+_V_SCALINGS = {"FP8": E4M3_CAST, "MXFP8_TOKENS": MXFP8_TOKENS_RCEIL,
+               "NVFP4_TOKENS": NVFP4_TOKENS, "TOKEN_BLOCK_FP8": TOKEN_BLOCK_POW2}
+
+
+def v_scaling(recipe: Any) -> OperandScaling:
+    """The :class:`OperandScaling` of an AttentionRecipe's V format, as
+    :func:`fp4sim.attention.forward.quantize_v` applies it. ``FLOAT32`` and ``BF16`` have no
+    scale (``FLOAT32`` / an element rounding); ``MXFP4_TOKENS`` is Direct-P's amplitude rule,
+    which is no block format (``ValueError``; see :func:`fp4sim.attention.forward.quantize_v`)."""
+    from fp4sim.attention.recipe import VFormat
+
+    fmt = recipe.v
+    if fmt is VFormat.FLOAT32:
+        return FLOAT32
+    if fmt is VFormat.BF16:
+        return OperandScaling(name="BF16 cast")
+    if fmt.name not in _V_SCALINGS:
+        raise ValueError(f"recipe.v={fmt.name} is Direct-P's amplitude rule (value β·q/6), not a "
+                         f"block format; allowed: FLOAT32, BF16, {', '.join(_V_SCALINGS)}")
+    return _V_SCALINGS[fmt.name]

@@ -66,7 +66,7 @@ from fp4sim.attention.recipe import (
     SageTwoLevelP,
     SchraudolphP,
 )
-from fp4sim.formats.codec import decode, encode
+from fp4sim.formats.codec import bf16_round, bf16_values, decode, encode
 from fp4sim.formats.spec import E2M1, E4M3, UE4M3, NanPolicy, Policy
 
 __all__ = ["PTile", "convert_tile", "direct_p_payload", "direct_p_coordinate", "bf16_round",
@@ -129,20 +129,6 @@ def _group_sum(xp: Any, vals_b: Any, weight: Any = None, exps: Any = None) -> An
     for g in range(1, partial.shape[-1]):
         acc = f32.add_ftz(acc, partial[..., g])
     return acc
-
-
-def bf16_round(x: Any) -> Any:
-    """uint16 bfloat16 patterns of float32 ``x``, round to nearest even (NaN stays NaN)."""
-    xp = namespace(x)
-    b = bitcast(xp.asarray(x, dtype=np.float32), np.uint32)
-    rounded = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-    nan = (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    out = xp.where(nan, (b >> np.uint32(16)) | np.uint32(0x40), rounded)
-    return out.astype(np.uint16)
-
-
-def _bf16_values(xp: Any, codes: Any) -> Any:
-    return bitcast(codes.astype(np.uint32) << np.uint32(16), np.float32)
 
 
 def mitchell_exp2(y: Any) -> Any:
@@ -246,7 +232,7 @@ def _convert_tile(recipe: AttentionRecipe, t: Any, need_mismatched: bool) -> PTi
             return tile_of(codes, None, decode(codes, E4M3), None, mism, None)
         if fmt is PFormat.BF16:
             codes = bf16_round(p)
-            return tile_of(codes, None, _bf16_values(xp, codes), None, mism, None)
+            return tile_of(codes, None, bf16_values(codes), None, mism, None)
         # FLOAT32
         return tile_of(bitcast(p, np.uint32), None, p, None, mism, None)
 
@@ -299,7 +285,7 @@ def _convert_tile(recipe: AttentionRecipe, t: Any, need_mismatched: bool) -> PTi
         i = xp.where(xp.isnan(t), np.int32(top), i)
         if fmt is PFormat.BF16:
             codes = i.astype(np.uint16)
-            vals = _bf16_values(xp, codes)
+            vals = bf16_values(codes)
         else:
             codes = i.astype(np.uint8)
             vals = decode(codes, E4M3)

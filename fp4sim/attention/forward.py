@@ -79,6 +79,7 @@ import numpy as np
 
 from fp4sim._xp import materialize, namespace
 from fp4sim.formats import f32
+from fp4sim.attention import causal
 from fp4sim.attention._ordered import operand_stats, ordered_product
 from fp4sim.attention.converters import PTile, convert_tile
 from fp4sim.attention.exp2 import exp2_rn, log2_f32
@@ -86,14 +87,13 @@ from fp4sim.attention.normalization import block_denominator, represented_output
 from fp4sim.attention.reference import check_qkv_shapes
 from fp4sim.attention.recipe import (
     AttentionRecipe,
-    QKGlobalScale,
     Normalization,
     PFormat,
     QKFormat,
     VFormat,
 )
 from fp4sim.formats import blocks
-from fp4sim.formats.codec import decode, encode
+from fp4sim.formats.codec import bf16_round, bf16_values, decode, encode
 from fp4sim.formats.spec import E2M1, E4M3
 
 __all__ = ["Operand", "ForwardResult", "ForwardIntermediates", "quantize_qk", "quantize_v",
@@ -215,26 +215,18 @@ def _quantize_qk(x: Any, recipe: AttentionRecipe) -> Operand:
     if fmt is QKFormat.FLOAT32:
         return Operand(x, None, None, None, d, False, 1.0, None)
     if fmt is QKFormat.BF16:
-        from fp4sim.attention.converters import bf16_round
-
-        from fp4sim._xp import bitcast
-
         c = bf16_round(x)
-        return Operand(bitcast(c.astype(np.uint32) << np.uint32(16), np.float32), None, None,
-                       None, d, False, 1.0, c)
+        return Operand(bf16_values(c), None, None, None, d, False, 1.0, c)
+    if fmt is QKFormat.TOKEN_BLOCK_FP8 and x.shape[-2] % 32:
+        raise ValueError(f"token-block Q/K need a multiple of 32 tokens; got {x.shape[-2]}")
+    q = causal.quantize_operand(x, causal.qk_scaling(recipe))  # the declared Q/K scaling
     if fmt is QKFormat.FP8_PER_TENSOR:
-        q = blocks.quantize(x, blocks.FP8_E4M3_PER_TENSOR)
         g = xp.broadcast_to(xp.reshape(q.global_scale, (1,) * (x.ndim - 1)), x.shape[:-1])
         return Operand(decode(q.codes, E4M3), None, g, None, d, False, 1.0, q)
     if fmt is QKFormat.MXFP8:
-        q = blocks.quantize(x, blocks.MXFP8, axis=-1)
         return Operand(decode(q.codes, E4M3), blocks.scale_exponents(q), None, None, 32, False,
                        1.0, q)
     if fmt is QKFormat.NVFP4:
-        nv = {QKGlobalScale.NONE: blocks.NVFP4_SINGLE, QKGlobalScale.PER_TENSOR: blocks.NVFP4,
-              QKGlobalScale.PER_TOKEN: blocks.NVFP4.replace(
-                  global_scale=blocks.GlobalScale.PER_ROW)}[recipe.qk_global]
-        q = blocks.quantize(x, nv, axis=-1)
         vals = decode(q.codes, E2M1) * _expand_last(xp, q.scale_values(), 16)  # exact
         post = None
         if q.global_scale is not None:
@@ -245,16 +237,17 @@ def _quantize_qk(x: Any, recipe: AttentionRecipe) -> Operand:
                                    x.shape[:-1])
         return Operand(vals, None, post, None, 16, True, 1.0, q)
     # TOKEN_BLOCK_FP8
-    if x.shape[-2] % 32:
-        raise ValueError(f"token-block Q/K need a multiple of 32 tokens; got {x.shape[-2]}")
-    q = blocks.quantize(x, blocks.MXFP8, axis=-2, geometry=blocks.Geometry.TOKEN_BLOCK)
     pe = xp.repeat(blocks.scale_exponents(q)[..., 0], 32, axis=-1)
     return Operand(decode(q.codes, E4M3), None, None, pe, d, False, 1.0, q)
 
 
 def _mxfp4_v(xp: Any, v: Any) -> tuple[Any, Any, Any]:
-    """Direct-P V convention: per 32 tokens and column, β = 2^ceil(log2 amax), payload
-    RN_E2M1(fl(6·fl(v/β))), value β·q/6."""
+    """Direct-P's V rule (``VFormat.MXFP4_TOKENS``): per 32 tokens and column,
+    β = 2^ceil(log2 amax), payload RN_E2M1(fl(6·fl(v/β))) in flushed float32, value β·q/6.
+
+    Not a :func:`fp4sim.formats.blocks.quantize` rule: MXFP4 with RCEIL scales
+    (``causal.MXFP4_TOKENS_RCEIL``) rounds ``v/2^ceil(log2(amax/6))`` once, onto a grid that
+    differs from this one by the factor β/6 (not a power of two), so the codes differ."""
     from fp4sim._xp import bitcast
 
     *lead, s, dv = v.shape
@@ -286,27 +279,18 @@ def _quantize_v(v: Any, recipe: AttentionRecipe) -> Operand:
     if fmt is VFormat.FLOAT32:
         return Operand(v, None, None, None, 1, False, 1.0, None)
     if fmt is VFormat.BF16:
-        from fp4sim._xp import bitcast
-        from fp4sim.attention.converters import bf16_round
-
         c = bf16_round(v)
-        return Operand(bitcast(c.astype(np.uint32) << np.uint32(16), np.float32), None, None,
-                       None, 1, False, 1.0, c)
-    if fmt is VFormat.FP8:
-        c = encode(v, E4M3)
-        return Operand(decode(c, E4M3), None, None, None, 1, False, 1.0, c)
-    if fmt is VFormat.MXFP4_TOKENS:
+        return Operand(bf16_values(c), None, None, None, 1, False, 1.0, c)
+    if fmt is VFormat.MXFP4_TOKENS:  # Direct-P's amplitude rule (not a blocks.quantize rule)
         codes, e, vals = _mxfp4_v(xp, v)
         return Operand(vals, e, None, None, 32, True, 6.0, (codes, e))
+    q = causal.quantize_operand(v, causal.v_scaling(recipe))  # the declared V scaling
+    if fmt is VFormat.FP8:
+        return Operand(decode(q.codes, E4M3), None, None, None, 1, False, 1.0, q)
     if fmt is VFormat.NVFP4_TOKENS:
-        q = blocks.quantize(v, blocks.NVFP4_SINGLE, axis=-2)
         vals = decode(q.codes, E2M1) * xp.repeat(q.scale_values(), 16, axis=-2)
         return Operand(vals, None, None, None, 16, True, 1.0, q)
-    if fmt is VFormat.MXFP8_TOKENS:
-        q = blocks.quantize(v, blocks.MXFP8, axis=-2)
-        return Operand(decode(q.codes, E4M3), blocks.scale_exponents(q), None, None, 32, False,
-                       1.0, q)
-    q = blocks.quantize(v, blocks.MXFP8, axis=-2, geometry=blocks.Geometry.TOKEN_BLOCK)
+    # MXFP8_TOKENS, TOKEN_BLOCK_FP8: E4M3 with a power-of-two exponent per block
     return Operand(decode(q.codes, E4M3), blocks.scale_exponents(q), None, None, 32, False,
                    1.0, q)
 

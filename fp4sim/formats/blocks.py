@@ -100,6 +100,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+from types import ModuleType
 from typing import Any
 
 import ml_dtypes
@@ -152,6 +153,8 @@ __all__ = [
     "ldexp_f32",
     "mul_f32",
     "div_f32",
+    "element_policy",
+    "tensor_amax_bits",
 ]
 
 
@@ -265,7 +268,7 @@ class BlockFormat:
                              f"allowed for {self.scale}: NEAREST, RCEIL")
         if not (isinstance(self.min_scale, float) and self.min_scale >= 0.0):
             raise ValueError(f"BlockFormat.min_scale={self.min_scale!r} must be a float >= 0")
-        codec.check_policy(self.elem, _elem_policy(self))
+        codec.check_policy(self.elem, element_policy(self))
 
     @property
     def pow2(self) -> bool:
@@ -280,9 +283,10 @@ class BlockFormat:
         return self.name
 
 
-def _elem_policy(fmt: BlockFormat) -> Policy:
-    # Formats without NaN cannot PROPAGATE; in a block the NaN is carried by the scale, so the
-    # element code of a NaN input is +0 (what TransformerEngine's reference gives).
+def element_policy(fmt: BlockFormat) -> Policy:
+    """The policy ``quantize`` encodes ``fmt``'s elements with: ``fmt.policy``, except that an
+    element format without NaN cannot PROPAGATE (or RAISE): in a block the NaN is carried by the
+    scale, so the element code of a NaN input is +0 (what TransformerEngine's reference gives)."""
     if not fmt.elem.has_nan and fmt.policy.nan in (NanPolicy.PROPAGATE, NanPolicy.RAISE):
         return dataclasses.replace(fmt.policy, nan=NanPolicy.ZERO)
     return fmt.policy
@@ -582,8 +586,8 @@ def _block_amax_bits(xp: Any, bits: Any, blocked: tuple[int, ...]) -> Any:
     return materialize(xp.reshape(a, tuple(1 if i in red else n for i, n in enumerate(blocked))))
 
 
-def _tensor_amax_bits(xp: Any, bits: Any) -> Any:
-    """Max-abs bits of the whole array: rows of 4096 (or fewer) elements maxed pairwise (halves
+def tensor_amax_bits(xp: ModuleType, bits: Any) -> Any:
+    """Max-abs bits (uint32) of the whole array of float32 bit patterns ``bits``: rows of 4096 (or fewer) elements maxed pairwise (halves
     of the row range, which XLA CPU vectorizes; its full reduction is ~4x slower), then one row."""
     mag = bits & _U(0x7FFFFFFF)
     cols = math.gcd(int(np.prod(mag.shape)), 4096)
@@ -628,10 +632,8 @@ def _as_f32(x: Any) -> Any:
     dt = np.dtype(x.dtype)
     if dt == np.float32:
         return x
-    if dt == np.dtype(ml_dtypes.bfloat16):
-        return bitcast(bitcast(x, np.uint16).astype(np.uint32) << _U(16), np.float32)
-    if dt == np.float16:
-        return bitcast(codec._source_bits(xp, x)[0], np.float32)
+    if dt in (np.dtype(ml_dtypes.bfloat16), np.float16):
+        return codec.widen_to_f32(x)
     raise TypeError(f"x has dtype {dt}; allowed: float32, bfloat16, float16 "
                     f"(round float64 to float32 yourself)")
 
@@ -697,7 +699,7 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
             g_dec = div_f32(np.float32(1.0), s_enc)
     elif gmode is not GlobalScale.NONE:
         if gmode is GlobalScale.PER_TENSOR:
-            amax_t = _tensor_amax_bits(xp, bits)
+            amax_t = tensor_amax_bits(xp, bits)
         else:
             if any(b != 1 for d, b in enumerate(ext) if d - len(shape) != axis):
                 raise ValueError(f"a PER_ROW FP32 factor (amax over axis={axis}) needs blocks that "
@@ -720,7 +722,7 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
 
     # --- block scales and scaled elements ---------------------------------------------------
     scales = shift = None
-    policy = _elem_policy(fmt)
+    policy = element_policy(fmt)
     if fmt.scale is None:
         if g_dec is None:
             y = xb

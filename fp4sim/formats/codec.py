@@ -105,6 +105,9 @@ __all__ = [
     "FormatInfo",
     "finfo",
     "check_policy",
+    "widen_to_f32",
+    "bf16_round",
+    "bf16_values",
 ]
 
 
@@ -260,6 +263,34 @@ def _source_bits(xp: Any, values: Any) -> tuple[Any, _Source]:
         return sign | mag, _F32
     raise TypeError(f"values has dtype {dtype}; allowed: {_ALLOWED_DTYPES} "
                     f"(integer arrays are codes: use decode)")
+
+
+def widen_to_f32(values: Any) -> Any:
+    """float32 ``values`` of a bfloat16, float16 or float32 array, widened exactly (integer
+    operations on the bit patterns: float16 subnormals become float32 normals, no FTZ)."""
+    xp = namespace(values)
+    values = xp.asarray(values)
+    if np.dtype(values.dtype) == np.float64:
+        raise TypeError("values has dtype float64; allowed: float32, bfloat16, float16 "
+                        "(widening is exact; round float64 to float32 yourself)")
+    return bitcast(_source_bits(xp, values)[0], np.float32)
+
+
+def bf16_round(x: Any) -> Any:
+    """uint16 bfloat16 bit patterns of float32 ``x``, rounded to nearest even (NaN stays a
+    quiet NaN with its sign; Inf stays Inf)."""
+    xp = namespace(x)
+    b = bitcast(xp.asarray(x, dtype=np.float32), np.uint32)
+    rounded = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    nan = (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    out = xp.where(nan, (b >> np.uint32(16)) | np.uint32(0x40), rounded)
+    return out.astype(np.uint16)
+
+
+def bf16_values(codes: Any) -> Any:
+    """float32 values of uint16 bfloat16 bit patterns (exact)."""
+    xp = namespace(codes)
+    return bitcast(xp.asarray(codes).astype(np.uint32) << np.uint32(16), np.float32)
 
 
 def _ilog2_small(xp: Any, m: Any, nbits: int) -> Any:
