@@ -65,21 +65,15 @@ __all__ += list(_recipe.__all__) + [
 ]
 
 # --- training path (backward, autodiff, causal-safe scaling, leak probe, consistency) ---------
+# (TrainingRecipe, its enums, TRAINING_PRESETS, LEAK_TABLE, training_preset: from recipe above)
 from fp4sim.attention.autodiff import (  # noqa: E402
-    LEAK_TABLE,
-    TRAINING_PRESETS,
     emulated_attention,
     rebuild_p,
     training_backward,
     training_forward,
-    training_preset,
 )
 from fp4sim.attention.backward import (  # noqa: E402
-    BackwardAccumulation,
-    DeltaSource,
-    DsProbabilities,
     Gradients,
-    TrainingRecipe,
     attention_grad_reference,
     emulated_backward,
     softmax_grad,
@@ -99,9 +93,7 @@ from fp4sim.attention.consistency import (  # noqa: E402
 from fp4sim.attention.leak import LeakReport, leak_probe  # noqa: E402
 
 __all__ += [
-    "LEAK_TABLE", "TRAINING_PRESETS", "emulated_attention", "rebuild_p", "training_backward",
-    "training_forward", "training_preset", "BackwardAccumulation", "DeltaSource",
-    "DsProbabilities", "Gradients", "TrainingRecipe",
+    "emulated_attention", "rebuild_p", "training_backward", "training_forward", "Gradients",
     "attention_grad_reference", "emulated_backward", "softmax_grad", "LeakClass",
     "OperandScaling", "fake_quantize_segmented", "leak_class", "ConsistencyReport", "Mismatch",
     "check_consistency", "with_mismatch", "LeakReport", "leak_probe",

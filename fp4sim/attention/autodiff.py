@@ -50,17 +50,16 @@ from fp4sim.attention.converters import PTile, convert_tile
 from fp4sim.attention.exp2 import exp2_rn
 from fp4sim.attention.forward import (Operand, attention_forward, log2_scores, masked_tile,
                                       score_scale, scores)
-from fp4sim.attention.recipe import (
-    AffineP,
+from fp4sim.attention.recipe import (  # the named training recipes are re-exported here
+    LEAK_TABLE,
+    P_MXFP8_KEYS,
+    TRAINING_PRESETS,
     AttentionRecipe,
     ExactP,
-    FixedScaleP,
     Normalization,
     PFormat,
-    QKFormat,
-    VFormat,
+    training_preset,
 )
-from fp4sim.formats.blocks import MXFP8_E4M3
 from fp4sim.formats.codec import bf16_values, decode
 from fp4sim.formats.spec import UE8M0
 
@@ -564,108 +563,3 @@ def emulated_attention(q: Any, k: Any, v: Any, recipe: TrainingRecipe, *,
     if seg is None:
         seg = jnp.zeros(q.shape[:-1], jnp.int32)  # unused (segmented=False)
     return f(q, k, v, seg)
-
-
-# --- named recipes ----------------------------------------------------------------------------
-P_MXFP8_KEYS = sc.OperandScaling(name="P MXFP8 32 keys", fmt=MXFP8_E4M3, axis=-1)
-"""P as the dV operand: E4M3 with one UE8M0 (rounded up) per 32 keys of a query row."""
-
-_F32_FWD = AttentionRecipe(qk=QKFormat.FLOAT32, converter=ExactP(), p_format=PFormat.FLOAT32,
-                           v=VFormat.FLOAT32, normalization=Normalization.EXACT, block_kv=64,
-                           pv_group=32)
-_FP8_P_FWD = AttentionRecipe(qk=QKFormat.NVFP4, converter=ExactP(), p_format=PFormat.MXFP8,
-                             v=VFormat.FLOAT32, normalization=Normalization.CONSISTENT,
-                             block_kv=64)
-_FP4_P_FWD = _FP8_P_FWD.replace(p_format=PFormat.MXFP4)
-
-
-def _route(name: str, fwd: AttentionRecipe, *, v=sc.TOKEN_BLOCK_POW2, d_out=sc.E5M2_CAST,
-           p_backward=P_MXFP8_KEYS, ds=sc.DS_SQUARE_RCEIL,
-           delta=DeltaSource.QUANTIZED_D_OUT) -> TrainingRecipe:
-    return TrainingRecipe(name=name, forward=fwd, v=v, d_out=d_out, p_backward=p_backward, ds=ds,
-                          delta=delta)
-
-
-TRAINING_PRESETS: dict[str, TrainingRecipe] = {
-    "float32": _route("float32", _F32_FWD, v=sc.FLOAT32, d_out=sc.FLOAT32,
-                      p_backward=sc.FLOAT32, ds=sc.FLOAT32),
-    "direct_p_fp8_training": _route("direct_p_fp8_training", _FP8_P_FWD),
-    "direct_p_fp4_forward": _route("direct_p_fp4_forward", _FP4_P_FWD),
-    "direct_p_affine_fp4": _route("direct_p_affine_fp4", _FP4_P_FWD.replace(converter=AffineP())),
-    "flamia_mxfp8_training": _route("flamia_mxfp8_training", _FP8_P_FWD.replace(qk=QKFormat.MXFP8)),
-    "cudnn_mxfp8_like": _route(
-        "cudnn_mxfp8_like",
-        AttentionRecipe(qk=QKFormat.MXFP8, converter=FixedScaleP(scale=16.0),
-                        p_format=PFormat.FP8, v=VFormat.FLOAT32,
-                        normalization=Normalization.MISMATCHED, rescale_threshold=4.0,
-                        block_kv=64),
-        v=sc.MXFP8_TOKENS_RCEIL, d_out=sc.MXFP8_HEAD_DIM,
-        ds=sc.OperandScaling(name="dS MXFP8 32 keys", fmt=MXFP8_E4M3, axis=-1)),
-    "attn_qat_nvfp4": TrainingRecipe(
-        name="attn_qat_nvfp4",
-        forward=AttentionRecipe(qk=QKFormat.NVFP4, converter=ExactP(), p_format=PFormat.NVFP4,
-                                v=VFormat.FLOAT32, normalization=Normalization.MISMATCHED,
-                                block_kv=64),
-        v=sc.NVFP4_HEAD_DIM, d_out=sc.FLOAT32, p_backward=sc.FLOAT32, ds=sc.FLOAT32,
-        delta=DeltaSource.HIGH_PRECISION_OUTPUT,
-        ds_probabilities=DsProbabilities.HIGH_PRECISION),
-}
-"""Training routes (forward + backward formats), key tiles of 64:
-
-* ``float32`` — every format float32: matches the float64 reference to float32 accuracy.
-* ``direct_p_fp8_training`` [B] — the seeds' FP8 P/V route: NVFP4 Q/K per token (UE4M3, no FP32
-  factor), exact MXFP8 P, consistent normalization, token-block (32 × D, power of two) E4M3 V,
-  E5M2 dO, MXFP8 P (32 keys) for dV, 32×32 power-of-two E4M3 dS.
-* ``direct_p_fp4_forward`` — the same with 4-bit P (Direct-P, exact converter, MXFP4) forward.
-* ``direct_p_affine_fp4`` — the same with the affine Direct-P classifier (1.5x + 1.2).
-* ``flamia_mxfp8_training`` [B, reconstructed] — MXFP8 Q/K, otherwise as the FP8 route.
-* ``cudnn_mxfp8_like`` [C, approximated] — MXFP8 Q/K/V (V per 32 tokens, RCEIL), P = E4M3(16p)
-  with rescale threshold 4 and the mismatched normalizer, MXFP8 dO, dS 1×32 along keys (one copy
-  for dQ and dK here; cuDNN keeps a second copy along queries for dK).
-* ``attn_qat_nvfp4`` [C:code, approximated] — Attn-QAT: NVFP4 Q/K/V (V per token along the head
-  dim), NVFP4 P (16 keys, UE4M3, exact exp2) with the mismatched normalizer; backward: dV from
-  the forward's quantized P, dS from the *unquantized* p with ``D = rowsum(dO ∘ O_hp)`` (its
-  principle 2); dO and dS float32 (BF16 in the original).
-
-Measured gradient error (rel-L2 of dQ, dK, dV vs float64; Gaussian Q/K/V/dO, N = 128,
-d = 64, causal, seed 0, NumPy): float32 3.1e-7 / 3.6e-7 / 3.0e-7; direct_p_fp8_training
-0.171 / 0.173 / 0.120; direct_p_fp4_forward 0.218 / 0.223 / 0.155; direct_p_affine_fp4
-0.350 / 0.359 / 0.304; flamia_mxfp8_training 0.080 / 0.081 / 0.068; cudnn_mxfp8_like
-0.062 / 0.063 / 0.051; attn_qat_nvfp4 0.181 / 0.186 / 0.135. The NVFP4 Q/K routes are dominated by E2M1 Q/K (unit roundoff 2^-2).
-"""
-
-
-def _leak_row(name: str, v: sc.OperandScaling, ds: sc.OperandScaling = sc.DS_PER_ROW
-              ) -> TrainingRecipe:
-    return _route(name, _FP4_P_FWD, v=v, ds=ds)
-
-
-LEAK_TABLE: dict[str, TrainingRecipe] = {
-    "V unquantized": _leak_row("V unquantized", sc.FLOAT32),
-    "V per-token pow2 (exact option)": _leak_row("V per-token pow2 (exact option)",
-                                                 sc.PER_TOKEN_POW2),
-    "V token-block 32xD ceil E4M3": _leak_row("V token-block 32xD ceil E4M3",
-                                              sc.TOKEN_BLOCK_POW2),
-    "V MXFP8 32-token RCEIL": _leak_row("V MXFP8 32-token RCEIL", sc.MXFP8_TOKENS_RCEIL),
-    "V MXFP8 32-token OCP floor": _leak_row("V MXFP8 32-token OCP floor",
-                                            sc.MXFP8_TOKENS_FLOOR),
-    "V MXFP4 32-token": _leak_row("V MXFP4 32-token", sc.MXFP4_TOKENS_RCEIL),
-    "V NVFP4 16-token": _leak_row("V NVFP4 16-token", sc.NVFP4_TOKENS),
-    "V per-tensor FP8 amax/448": _leak_row("V per-tensor FP8 amax/448",
-                                           sc.FP8_PER_TENSOR_AMAX),
-    "V per-tensor pow2": _leak_row("V per-tensor pow2", sc.PER_TENSOR_POW2),
-    "dS 32x32 floor (V per-token)": _leak_row("dS 32x32 floor (V per-token)",
-                                              sc.PER_TOKEN_POW2, sc.DS_SQUARE_FLOOR),
-}
-"""The rows of seed_algorithms.md §6.3 in order: NVFP4 Q/K per token (UE4M3, no FP32 factor),
-exact MXFP4 P with consistent normalization, E5M2 dO, the listed V scaling, and the exact
-per-query-row dS option (except the last row, which uses 32×32 OCP-floor dS tiles)."""
-
-
-def training_preset(name: str) -> TrainingRecipe:
-    """The :data:`TRAINING_PRESETS` or :data:`LEAK_TABLE` entry called ``name``."""
-    for table in (TRAINING_PRESETS, LEAK_TABLE):
-        if name in table:
-            return table[name]
-    raise ValueError(f"recipe={name!r} is unknown; allowed: "
-                     f"{sorted(TRAINING_PRESETS) + sorted(LEAK_TABLE)}")

@@ -52,8 +52,6 @@ carry the same id). A fully masked row has O = 0, LSE = −inf and zero gradient
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import functools
 import math
 from typing import Any, NamedTuple
@@ -62,8 +60,14 @@ import numpy as np
 
 from fp4sim import _xp
 from fp4sim.attention import causal
+from fp4sim.attention.recipe import (  # defined with every recipe; re-exported here
+    BackwardAccumulation,
+    DeltaSource,
+    DsProbabilities,
+    TrainingRecipe,
+)
 from fp4sim.formats import f32
-from fp4sim.attention._ordered import (OperandStats, operand_stats, plain_or_chain,
+from fp4sim.attention._ordered import (operand_stats, plain_or_chain,
                                        plain_sum_is_exact)
 
 __all__ = [
@@ -126,30 +130,6 @@ def attention_grad_reference(q: Any, k: Any, v: Any, d_out: Any, *,
 
 
 # --- the emulated backward --------------------------------------------------------------------
-class DeltaSource(enum.Enum):
-    """Which dO and which O the row term ``D = rowsum(dO ∘ O)`` uses."""
-
-    QUANTIZED_D_OUT = "quantized_d_out"  # the same quantized dO copy as dP, the forward's O
-    FLOAT_D_OUT = "float_d_out"  # the float32 dO while dP uses the quantized copy (a mismatch)
-    HIGH_PRECISION_OUTPUT = "high_precision_output"  # quantized dO, and O_hp = Σ p V̂ / Σ p from
-    #                                                  the unquantized p (Attn-QAT principle 2)
-
-
-class DsProbabilities(enum.Enum):
-    """Which P the softmax gradient ``dS = P ∘ (dP − D)`` uses."""
-
-    REPRESENTED = "represented"  # the forward's P̃, rebuilt bit for bit (Direct-P)
-    HIGH_PRECISION = "high_precision"  # p = 2^(u − LSE₂), unquantized (Attn-QAT)
-
-
-class BackwardAccumulation(enum.Enum):
-    """How the backward's float32 matrix products accumulate."""
-
-    SEQUENTIAL = "sequential"  # fl(fl(a·b) + acc) term by term in contraction order, flushed:
-    #                            the same bits on NumPy and under jit (the emulator's spec)
-    BACKEND = "backend"  # the backend's matmul (BLAS / XLA dot): fast, last bits backend-dependent
-
-
 def _matmul(a: Any, b: Any,
             accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL, *,
             a_stats: Any = None, b_stats: Any = None, needed: Any = None,
@@ -379,10 +359,12 @@ def _quantized(fq: Any, x: Any, scaling: Any, with_stats: bool) -> tuple[Any, An
 
 
 def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_out: Any, *,
-                      softmax_scale: float, d_out_scaling: Any, p_scaling: Any, ds_scaling: Any,
+                      softmax_scale: float, d_out_scaling: causal.OperandScaling,
+                      p_scaling: causal.OperandScaling, ds_scaling: causal.OperandScaling,
                       delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT,
                       accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL,
-                      p_ds: Any = None, out_delta: Any = None, dq_scaling: Any = None,
+                      p_ds: Any = None, out_delta: Any = None,
+                      dq_scaling: causal.OperandScaling | None = None,
                       quantize: Any = None, dp_only_where_p: bool = False) -> BackwardTrace:
     """The backward of one attention call from the forward's saved state (module docstring).
 
@@ -438,104 +420,3 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
                              transpose_a=True))
     return BackwardTrace(Gradients(dq, dk, dv), d_out_q, d_out_delta, p_dv, p_ds, dp, dlt, ds,
                          ds_q)
-
-
-def _check_scaling(owner: str, name: str, value: Any) -> None:
-    if not isinstance(value, causal.OperandScaling):
-        raise TypeError(f"{owner}.{name}={value!r} must be an OperandScaling "
-                        f"(see fp4sim.attention.causal)")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class TrainingRecipe:
-    """One low-precision attention *training* step: the forward recipe plus every backward format.
-
-    ``forward`` is the :class:`~fp4sim.attention.recipe.AttentionRecipe` whose Q/K format
-    (``qk``, ``qk_global``: quantized along the head dimension by
-    :func:`fp4sim.attention.forward.quantize_qk`), converter, P format, normalization, tiling
-    and exp2 model make the forward; its ``v`` must be ``FLOAT32`` because the training path
-    quantizes V itself with ``v`` (:class:`~fp4sim.attention.causal.OperandScaling`: it needs
-    token-axis options that ``VFormat`` lacks — OCP floor, per-token, per-tensor — and
-    document-aligned groups). Backward formats: ``d_out`` (the one quantized dO copy for dV and
-    dP), ``p_backward`` (P as the dV operand, rows = queries), ``ds`` (the dQ/dK operand).
-    ``delta`` chooses the dO and O in ``D = rowsum(dO ∘ O)``, ``ds_probabilities`` the P in
-    ``dS = P ∘ (dP − D)`` (:class:`DsProbabilities`; Attn-QAT uses unquantized p there and
-    ``D`` from the high-precision output); ``accumulation`` the float32 order of the
-    backward's products (:class:`BackwardAccumulation`). ``dq`` (optional) quantizes the dQ
-    output (e.g. for communication); under a causal mask its scale must be per query row
-    (:func:`fp4sim.attention.causal.leak_class`). ``rebuild`` is the recipe the backward
-    rebuilds P with: ``None`` means the forward's own (bit-identical P, the matched case);
-    anything else is a deliberate mismatch (:mod:`fp4sim.attention.consistency`); it must keep
-    the forward's Q/K format. ``segment_aligned``: with segment ids, scale groups that span
-    tokens are split at document boundaries (a document never shares a scale with another).
-    Hashable: a static ``jax.jit`` argument.
-    """
-
-    name: str
-    forward: Any
-    v: Any
-    d_out: Any
-    p_backward: Any
-    ds: Any
-    delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT
-    rebuild: Any = None
-    segment_aligned: bool = True
-    accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL
-    ds_probabilities: DsProbabilities = DsProbabilities.REPRESENTED
-    dq: Any = None
-
-    def __post_init__(self) -> None:
-        from fp4sim.attention.recipe import AttentionRecipe, VFormat
-
-        own = "TrainingRecipe"
-        if not isinstance(self.name, str) or not self.name:
-            raise TypeError(f"{own}.name={self.name!r} must be a non-empty str")
-        for field in ("forward", "rebuild"):
-            value = getattr(self, field)
-            if value is None and field == "rebuild":
-                continue
-            if not isinstance(value, AttentionRecipe):
-                raise TypeError(f"{own}.{field}={value!r} must be an AttentionRecipe")
-            if value.v is not VFormat.FLOAT32:
-                raise ValueError(f"{own}.{field} has v={value.v.name}; the training path "
-                                 f"quantizes V itself (field v), so it must be FLOAT32")
-            if value.hadamard:
-                raise ValueError(f"{own}.{field}.hadamard=True is not supported by the training "
-                                 f"path (dQ/dK would need the inverse rotation); allowed: False")
-        if self.rebuild is not None and (self.rebuild.qk, self.rebuild.qk_global) != (
-                self.forward.qk, self.forward.qk_global):
-            raise ValueError(f"{own}.rebuild must keep the forward's Q/K format "
-                             f"{self.forward.qk.name}/{self.forward.qk_global.name} (the backward "
-                             f"reuses the saved quantized Q/K); got {self.rebuild.qk.name}/"
-                             f"{self.rebuild.qk_global.name}")
-        for field in ("v", "d_out", "p_backward", "ds"):
-            _check_scaling(own, field, getattr(self, field))
-        if self.dq is not None:
-            _check_scaling(own, "dq", self.dq)
-        if not isinstance(self.delta, DeltaSource):
-            raise TypeError(f"{own}.delta={self.delta!r} must be a DeltaSource; allowed: "
-                            f"{[m.name for m in DeltaSource]}")
-        if not isinstance(self.segment_aligned, bool):
-            raise TypeError(f"{own}.segment_aligned={self.segment_aligned!r} must be a bool")
-        if not isinstance(self.ds_probabilities, DsProbabilities):
-            raise TypeError(f"{own}.ds_probabilities={self.ds_probabilities!r} must be a "
-                            f"DsProbabilities; allowed: {[m.name for m in DsProbabilities]}")
-        if not isinstance(self.accumulation, BackwardAccumulation):
-            raise TypeError(f"{own}.accumulation={self.accumulation!r} must be a "
-                            f"BackwardAccumulation; "
-                            f"allowed: {[m.name for m in BackwardAccumulation]}")
-
-    @property
-    def rebuild_recipe(self) -> Any:
-        """The recipe the backward rebuilds P with (the forward's unless a mismatch is set)."""
-        return self.forward if self.rebuild is None else self.rebuild
-
-    @property
-    def qk(self) -> Any:
-        """The Q/K scaling of the forward as an :class:`~fp4sim.attention.causal.OperandScaling`
-        (for the leak classification and the probe's scale check)."""
-        return causal.qk_scaling(self.forward)
-
-    def replace(self, **changes: Any) -> "TrainingRecipe":
-        """A copy with ``changes`` applied (validated again)."""
-        return dataclasses.replace(self, **changes)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,6 +53,9 @@ from fp4sim.formats.blocks import (
     ScaleRule,
 )
 from fp4sim.formats.spec import E4M3, E5M2
+
+if TYPE_CHECKING:  # recipe imports this module (its training recipes name the scalings here)
+    from fp4sim.attention.recipe import AttentionRecipe
 
 __all__ = [
     "LeakClass",
@@ -399,7 +402,7 @@ V_OPTIONS: tuple[OperandScaling, ...] = (
 """The V scalings of the leak table (seed_algorithms.md §6.3), safest first."""
 
 
-def qk_scaling(recipe: Any) -> OperandScaling:
+def qk_scaling(recipe: AttentionRecipe) -> OperandScaling:
     """The :class:`OperandScaling` equivalent to an AttentionRecipe's Q/K format (``qk`` with
     ``qk_global``), as :func:`fp4sim.attention.forward.quantize_qk` applies it."""
     from fp4sim.attention.recipe import QKGlobalScale as QKGlobal
@@ -425,7 +428,7 @@ _V_SCALINGS = {"FP8": E4M3_CAST, "MXFP8_TOKENS": MXFP8_TOKENS_RCEIL,
                "NVFP4_TOKENS": NVFP4_TOKENS, "TOKEN_BLOCK_FP8": TOKEN_BLOCK_POW2}
 
 
-def v_scaling(recipe: Any) -> OperandScaling:
+def v_scaling(recipe: AttentionRecipe) -> OperandScaling:
     """The :class:`OperandScaling` of an AttentionRecipe's V format, as
     :func:`fp4sim.attention.forward.quantize_v` applies it. ``FLOAT32`` and ``BF16`` have no
     scale (``FLOAT32`` / an element rounding); ``MXFP4_TOKENS`` is Direct-P's amplitude rule,

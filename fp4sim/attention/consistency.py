@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from fp4sim.attention.backward import DeltaSource, TrainingRecipe
+from fp4sim.attention.recipe import DeltaSource, TrainingRecipe
 
 __all__ = ["Mismatch", "with_mismatch", "ConsistencyReport", "check_consistency"]
 

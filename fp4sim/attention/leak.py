@@ -38,7 +38,7 @@ import dataclasses
 import numpy as np
 
 from fp4sim.attention import causal
-from fp4sim.attention.backward import TrainingRecipe
+from fp4sim.attention.recipe import TrainingRecipe
 
 __all__ = ["LeakReport", "leak_probe", "probe_inputs", "leak_metric"]
 

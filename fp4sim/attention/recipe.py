@@ -1,9 +1,13 @@
-"""Attention recipes: the frozen, hashable description of one low-precision attention forward.
+"""Every attention recipe: the frozen, hashable descriptions of a low-precision forward and of a
+training step, and the named ones.
 
 An :class:`AttentionRecipe` names every numerical choice between the raw inputs and the output
-(seed_algorithms.md §2-§4); it is a static ``jax.jit`` argument. It owns no arithmetic: the
-converters live in :mod:`fp4sim.attention.converters`, the forward in
-:mod:`fp4sim.attention.forward`.
+(seed_algorithms.md §2-§4); a :class:`TrainingRecipe` adds the backward's formats (its operand
+scalings are :class:`~fp4sim.attention.causal.OperandScaling`). Both are static ``jax.jit``
+arguments. This module owns no arithmetic: the converters live in
+:mod:`fp4sim.attention.converters`, the forward in :mod:`fp4sim.attention.forward`, the backward
+in :mod:`fp4sim.attention.backward` and :mod:`fp4sim.attention.autodiff`. The named recipes:
+:data:`PRESETS` (forward routes), :data:`TRAINING_PRESETS` and :data:`LEAK_TABLE` (training).
 
 Notation (seed_algorithms.md §2.0). ``z`` raw scores ``q·k`` (float32), ``u = fl(c·z)`` with
 ``c = softmax_scale·log2(e)`` (float32), row running max ``m = max u`` over the keys seen so far,
@@ -60,6 +64,9 @@ import enum
 import math
 from typing import Any, Union
 
+from fp4sim.attention import causal as sc
+from fp4sim.attention.causal import OperandScaling
+from fp4sim.formats.blocks import MXFP8_E4M3
 from fp4sim.formats.spec import E2M1, E4M3, UE4M3, UE8M0, FloatFormat
 
 __all__ = [
@@ -95,6 +102,14 @@ __all__ = [
     "FLAMIA_NVFP4",
     "PRESETS",
     "preset_by_name",
+    "DeltaSource",
+    "DsProbabilities",
+    "BackwardAccumulation",
+    "TrainingRecipe",
+    "P_MXFP8_KEYS",
+    "TRAINING_PRESETS",
+    "LEAK_TABLE",
+    "training_preset",
 ]
 
 MITCHELL_BOUNDARY_SHIFT = math.log2(1.25) - 0.25
@@ -521,3 +536,233 @@ def preset_by_name(name: str) -> AttentionRecipe:
     if key not in PRESETS:
         raise ValueError(f"preset={name!r} is unknown; allowed: {sorted(PRESETS)}")
     return PRESETS[key]
+
+
+# --- training recipes: the forward plus every backward format --------------------------------
+class DeltaSource(enum.Enum):
+    """Which dO and which O the row term ``D = rowsum(dO ∘ O)`` uses."""
+
+    QUANTIZED_D_OUT = "quantized_d_out"  # the same quantized dO copy as dP, the forward's O
+    FLOAT_D_OUT = "float_d_out"  # the float32 dO while dP uses the quantized copy (a mismatch)
+    HIGH_PRECISION_OUTPUT = "high_precision_output"  # quantized dO, and O_hp = Σ p V̂ / Σ p from
+    #                                                  the unquantized p (Attn-QAT principle 2)
+
+
+class DsProbabilities(enum.Enum):
+    """Which P the softmax gradient ``dS = P ∘ (dP − D)`` uses."""
+
+    REPRESENTED = "represented"  # the forward's P̃, rebuilt bit for bit (Direct-P)
+    HIGH_PRECISION = "high_precision"  # p = 2^(u − LSE₂), unquantized (Attn-QAT)
+
+
+class BackwardAccumulation(enum.Enum):
+    """How the backward's float32 matrix products accumulate."""
+
+    SEQUENTIAL = "sequential"  # fl(fl(a·b) + acc) term by term in contraction order, flushed:
+    #                            the same bits on NumPy and under jit (the emulator's spec)
+    BACKEND = "backend"  # the backend's matmul (BLAS / XLA dot): fast, last bits backend-dependent
+
+
+def _check_scaling(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, OperandScaling):
+        raise TypeError(f"{owner}.{name}={value!r} must be an OperandScaling "
+                        f"(see fp4sim.attention.causal)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingRecipe:
+    """One low-precision attention *training* step: the forward recipe plus every backward format.
+
+    ``forward`` is the :class:`~fp4sim.attention.recipe.AttentionRecipe` whose Q/K format
+    (``qk``, ``qk_global``: quantized along the head dimension by
+    :func:`fp4sim.attention.forward.quantize_qk`), converter, P format, normalization, tiling
+    and exp2 model make the forward; its ``v`` must be ``FLOAT32`` because the training path
+    quantizes V itself with ``v`` (:class:`~fp4sim.attention.causal.OperandScaling`: it needs
+    token-axis options that ``VFormat`` lacks — OCP floor, per-token, per-tensor — and
+    document-aligned groups). Backward formats: ``d_out`` (the one quantized dO copy for dV and
+    dP), ``p_backward`` (P as the dV operand, rows = queries), ``ds`` (the dQ/dK operand).
+    ``delta`` chooses the dO and O in ``D = rowsum(dO ∘ O)``, ``ds_probabilities`` the P in
+    ``dS = P ∘ (dP − D)`` (:class:`DsProbabilities`; Attn-QAT uses unquantized p there and
+    ``D`` from the high-precision output); ``accumulation`` the float32 order of the
+    backward's products (:class:`BackwardAccumulation`). ``dq`` (optional) quantizes the dQ
+    output (e.g. for communication); under a causal mask its scale must be per query row
+    (:func:`fp4sim.attention.causal.leak_class`). ``rebuild`` is the recipe the backward
+    rebuilds P with: ``None`` means the forward's own (bit-identical P, the matched case);
+    anything else is a deliberate mismatch (:mod:`fp4sim.attention.consistency`); it must keep
+    the forward's Q/K format. ``segment_aligned``: with segment ids, scale groups that span
+    tokens are split at document boundaries (a document never shares a scale with another).
+    Hashable: a static ``jax.jit`` argument.
+    """
+
+    name: str
+    forward: AttentionRecipe
+    v: OperandScaling
+    d_out: OperandScaling
+    p_backward: OperandScaling
+    ds: OperandScaling
+    delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT
+    rebuild: AttentionRecipe | None = None
+    segment_aligned: bool = True
+    accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL
+    ds_probabilities: DsProbabilities = DsProbabilities.REPRESENTED
+    dq: OperandScaling | None = None
+
+    def __post_init__(self) -> None:
+        own = "TrainingRecipe"
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"{own}.name={self.name!r} must be a non-empty str")
+        for field in ("forward", "rebuild"):
+            value = getattr(self, field)
+            if value is None and field == "rebuild":
+                continue
+            if not isinstance(value, AttentionRecipe):
+                raise TypeError(f"{own}.{field}={value!r} must be an AttentionRecipe")
+            if value.v is not VFormat.FLOAT32:
+                raise ValueError(f"{own}.{field} has v={value.v.name}; the training path "
+                                 f"quantizes V itself (field v), so it must be FLOAT32")
+            if value.hadamard:
+                raise ValueError(f"{own}.{field}.hadamard=True is not supported by the training "
+                                 f"path (dQ/dK would need the inverse rotation); allowed: False")
+        if self.rebuild is not None and (self.rebuild.qk, self.rebuild.qk_global) != (
+                self.forward.qk, self.forward.qk_global):
+            raise ValueError(f"{own}.rebuild must keep the forward's Q/K format "
+                             f"{self.forward.qk.name}/{self.forward.qk_global.name} (the backward "
+                             f"reuses the saved quantized Q/K); got {self.rebuild.qk.name}/"
+                             f"{self.rebuild.qk_global.name}")
+        for field in ("v", "d_out", "p_backward", "ds"):
+            _check_scaling(own, field, getattr(self, field))
+        if self.dq is not None:
+            _check_scaling(own, "dq", self.dq)
+        if not isinstance(self.delta, DeltaSource):
+            raise TypeError(f"{own}.delta={self.delta!r} must be a DeltaSource; allowed: "
+                            f"{[m.name for m in DeltaSource]}")
+        if not isinstance(self.segment_aligned, bool):
+            raise TypeError(f"{own}.segment_aligned={self.segment_aligned!r} must be a bool")
+        if not isinstance(self.ds_probabilities, DsProbabilities):
+            raise TypeError(f"{own}.ds_probabilities={self.ds_probabilities!r} must be a "
+                            f"DsProbabilities; allowed: {[m.name for m in DsProbabilities]}")
+        if not isinstance(self.accumulation, BackwardAccumulation):
+            raise TypeError(f"{own}.accumulation={self.accumulation!r} must be a "
+                            f"BackwardAccumulation; "
+                            f"allowed: {[m.name for m in BackwardAccumulation]}")
+
+    @property
+    def rebuild_recipe(self) -> AttentionRecipe:
+        """The recipe the backward rebuilds P with (the forward's unless a mismatch is set)."""
+        return self.forward if self.rebuild is None else self.rebuild
+
+    @property
+    def qk(self) -> OperandScaling:
+        """The Q/K scaling of the forward as an :class:`~fp4sim.attention.causal.OperandScaling`
+        (for the leak classification and the probe's scale check)."""
+        return sc.qk_scaling(self.forward)
+
+    def replace(self, **changes: Any) -> TrainingRecipe:
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+# --- named training recipes -----------------------------------------------------------------
+P_MXFP8_KEYS = sc.OperandScaling(name="P MXFP8 32 keys", fmt=MXFP8_E4M3, axis=-1)
+"""P as the dV operand: E4M3 with one UE8M0 (rounded up) per 32 keys of a query row."""
+
+_F32_FWD = AttentionRecipe(qk=QKFormat.FLOAT32, converter=ExactP(), p_format=PFormat.FLOAT32,
+                           v=VFormat.FLOAT32, normalization=Normalization.EXACT, block_kv=64,
+                           pv_group=32)
+_FP8_P_FWD = AttentionRecipe(qk=QKFormat.NVFP4, converter=ExactP(), p_format=PFormat.MXFP8,
+                             v=VFormat.FLOAT32, normalization=Normalization.CONSISTENT,
+                             block_kv=64)
+_FP4_P_FWD = _FP8_P_FWD.replace(p_format=PFormat.MXFP4)
+
+
+def _route(name: str, fwd: AttentionRecipe, *, v: OperandScaling = sc.TOKEN_BLOCK_POW2,
+           d_out: OperandScaling = sc.E5M2_CAST, p_backward: OperandScaling = P_MXFP8_KEYS,
+           ds: OperandScaling = sc.DS_SQUARE_RCEIL,
+           delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT) -> TrainingRecipe:
+    return TrainingRecipe(name=name, forward=fwd, v=v, d_out=d_out, p_backward=p_backward, ds=ds,
+                          delta=delta)
+
+
+TRAINING_PRESETS: dict[str, TrainingRecipe] = {
+    "float32": _route("float32", _F32_FWD, v=sc.FLOAT32, d_out=sc.FLOAT32,
+                      p_backward=sc.FLOAT32, ds=sc.FLOAT32),
+    "direct_p_fp8_training": _route("direct_p_fp8_training", _FP8_P_FWD),
+    "direct_p_fp4_forward": _route("direct_p_fp4_forward", _FP4_P_FWD),
+    "direct_p_affine_fp4": _route("direct_p_affine_fp4", _FP4_P_FWD.replace(converter=AffineP())),
+    "flamia_mxfp8_training": _route("flamia_mxfp8_training", _FP8_P_FWD.replace(qk=QKFormat.MXFP8)),
+    "cudnn_mxfp8_like": _route(
+        "cudnn_mxfp8_like",
+        AttentionRecipe(qk=QKFormat.MXFP8, converter=FixedScaleP(scale=16.0),
+                        p_format=PFormat.FP8, v=VFormat.FLOAT32,
+                        normalization=Normalization.MISMATCHED, rescale_threshold=4.0,
+                        block_kv=64),
+        v=sc.MXFP8_TOKENS_RCEIL, d_out=sc.MXFP8_HEAD_DIM,
+        ds=sc.OperandScaling(name="dS MXFP8 32 keys", fmt=MXFP8_E4M3, axis=-1)),
+    "attn_qat_nvfp4": TrainingRecipe(
+        name="attn_qat_nvfp4",
+        forward=AttentionRecipe(qk=QKFormat.NVFP4, converter=ExactP(), p_format=PFormat.NVFP4,
+                                v=VFormat.FLOAT32, normalization=Normalization.MISMATCHED,
+                                block_kv=64),
+        v=sc.NVFP4_HEAD_DIM, d_out=sc.FLOAT32, p_backward=sc.FLOAT32, ds=sc.FLOAT32,
+        delta=DeltaSource.HIGH_PRECISION_OUTPUT,
+        ds_probabilities=DsProbabilities.HIGH_PRECISION),
+}
+"""Training routes (forward + backward formats), key tiles of 64:
+
+* ``float32`` — every format float32: matches the float64 reference to float32 accuracy.
+* ``direct_p_fp8_training`` [B] — the seeds' FP8 P/V route: NVFP4 Q/K per token (UE4M3, no FP32
+  factor), exact MXFP8 P, consistent normalization, token-block (32 × D, power of two) E4M3 V,
+  E5M2 dO, MXFP8 P (32 keys) for dV, 32×32 power-of-two E4M3 dS.
+* ``direct_p_fp4_forward`` — the same with 4-bit P (Direct-P, exact converter, MXFP4) forward.
+* ``direct_p_affine_fp4`` — the same with the affine Direct-P classifier (1.5x + 1.2).
+* ``flamia_mxfp8_training`` [B, reconstructed] — MXFP8 Q/K, otherwise as the FP8 route.
+* ``cudnn_mxfp8_like`` [C, approximated] — MXFP8 Q/K/V (V per 32 tokens, RCEIL), P = E4M3(16p)
+  with rescale threshold 4 and the mismatched normalizer, MXFP8 dO, dS 1×32 along keys (one copy
+  for dQ and dK here; cuDNN keeps a second copy along queries for dK).
+* ``attn_qat_nvfp4`` [C:code, approximated] — Attn-QAT: NVFP4 Q/K/V (V per token along the head
+  dim), NVFP4 P (16 keys, UE4M3, exact exp2) with the mismatched normalizer; backward: dV from
+  the forward's quantized P, dS from the *unquantized* p with ``D = rowsum(dO ∘ O_hp)`` (its
+  principle 2); dO and dS float32 (BF16 in the original).
+
+Measured gradient error (rel-L2 of dQ, dK, dV vs float64; Gaussian Q/K/V/dO, N = 128,
+d = 64, causal, seed 0, NumPy): float32 3.1e-7 / 3.6e-7 / 3.0e-7; direct_p_fp8_training
+0.171 / 0.173 / 0.120; direct_p_fp4_forward 0.218 / 0.223 / 0.155; direct_p_affine_fp4
+0.350 / 0.359 / 0.304; flamia_mxfp8_training 0.080 / 0.081 / 0.068; cudnn_mxfp8_like
+0.062 / 0.063 / 0.051; attn_qat_nvfp4 0.181 / 0.186 / 0.135. The NVFP4 Q/K routes are dominated by E2M1 Q/K (unit roundoff 2^-2).
+"""
+
+
+def _leak_row(name: str, v: sc.OperandScaling, ds: sc.OperandScaling = sc.DS_PER_ROW
+              ) -> TrainingRecipe:
+    return _route(name, _FP4_P_FWD, v=v, ds=ds)
+
+
+LEAK_TABLE: dict[str, TrainingRecipe] = {
+    "V unquantized": _leak_row("V unquantized", sc.FLOAT32),
+    "V per-token pow2 (exact option)": _leak_row("V per-token pow2 (exact option)",
+                                                 sc.PER_TOKEN_POW2),
+    "V token-block 32xD ceil E4M3": _leak_row("V token-block 32xD ceil E4M3",
+                                              sc.TOKEN_BLOCK_POW2),
+    "V MXFP8 32-token RCEIL": _leak_row("V MXFP8 32-token RCEIL", sc.MXFP8_TOKENS_RCEIL),
+    "V MXFP8 32-token OCP floor": _leak_row("V MXFP8 32-token OCP floor",
+                                            sc.MXFP8_TOKENS_FLOOR),
+    "V MXFP4 32-token": _leak_row("V MXFP4 32-token", sc.MXFP4_TOKENS_RCEIL),
+    "V NVFP4 16-token": _leak_row("V NVFP4 16-token", sc.NVFP4_TOKENS),
+    "V per-tensor FP8 amax/448": _leak_row("V per-tensor FP8 amax/448",
+                                           sc.FP8_PER_TENSOR_AMAX),
+    "V per-tensor pow2": _leak_row("V per-tensor pow2", sc.PER_TENSOR_POW2),
+    "dS 32x32 floor (V per-token)": _leak_row("dS 32x32 floor (V per-token)",
+                                              sc.PER_TOKEN_POW2, sc.DS_SQUARE_FLOOR),
+}
+"""The rows of seed_algorithms.md §6.3 in order: NVFP4 Q/K per token (UE4M3, no FP32 factor),
+exact MXFP4 P with consistent normalization, E5M2 dO, the listed V scaling, and the exact
+per-query-row dS option (except the last row, which uses 32×32 OCP-floor dS tiles)."""
+
+
+def training_preset(name: str) -> TrainingRecipe:
+    """The :data:`TRAINING_PRESETS` or :data:`LEAK_TABLE` entry called ``name``."""
+    for table in (TRAINING_PRESETS, LEAK_TABLE):
+        if name in table:
+            return table[name]
+    raise ValueError(f"recipe={name!r} is unknown; allowed: "
+                     f"{sorted(TRAINING_PRESETS) + sorted(LEAK_TABLE)}")

@@ -19,12 +19,15 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fp4sim.report.claims import SEED
 from fp4sim.report.sizes import Sizes
+
+if TYPE_CHECKING:
+    from fp4sim.attention import AttentionRecipe, ErrorSummary, TrainingRecipe
 
 __all__ = [
     "show_progress",
@@ -305,7 +308,8 @@ def gaussian_qkv(seq_len: int, head_dim: int, seed: int) -> tuple[np.ndarray, np
     return tuple(rng.standard_normal((1, seq_len, head_dim)).astype(np.float32) for _ in range(3))
 
 
-def _route_error(recipe: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, ref_out: np.ndarray) -> Any:
+def _route_error(recipe: AttentionRecipe, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                 ref_out: np.ndarray) -> ErrorSummary:
     from fp4sim.attention import attention_forward, error_summary
 
     return error_summary(np.asarray(attention_forward(q, k, v, recipe).out), ref_out)
@@ -390,7 +394,7 @@ def experiment_consistency(sizes: Sizes) -> dict[str, Any]:
     rng = np.random.default_rng(sizes.seed)
     n_tok = sizes.leak_tokens
     q, k, v3, do = (rng.standard_normal((1, n_tok, 64)).astype(np.float32) for _ in range(4))
-    def run(rec: Any) -> list[np.ndarray]:
+    def run(rec: TrainingRecipe) -> list[np.ndarray]:
         out, saved = training_forward(q, k, v3, rec, causal=True)
         g = training_backward(saved, do, rec).grads
         return [np.asarray(a) for a in (out, *g)]

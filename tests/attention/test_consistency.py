@@ -48,7 +48,7 @@ def test_golden_two_element_mismatched():
 
 # --- the checker on the emulated training path ---------------------------------------------------
 from fp4sim.attention import recipe as R  # noqa: E402
-from fp4sim.attention.autodiff import TRAINING_PRESETS, _route  # noqa: E402
+from fp4sim.attention.recipe import TRAINING_PRESETS, _route  # noqa: E402
 from fp4sim.attention.consistency import Mismatch, check_consistency, with_mismatch  # noqa: E402
 
 
