@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim._checks import softmax_scale as check_softmax_scale
 from fp4sim._xp import bitcast, materialize, namespace
 from fp4sim.formats import f32
 from fp4sim.attention import causal as sc
@@ -163,10 +164,7 @@ class RebuiltP(NamedTuple):
 
 
 def _softmax_scale(head_dim: int, softmax_scale: float | None) -> float:
-    if softmax_scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    score_scale(head_dim, softmax_scale)  # validates
-    return float(softmax_scale)
+    return check_softmax_scale(softmax_scale, head_dim)
 
 
 def _quantizer(segment_ids: Any, aligned: bool):

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -54,9 +54,6 @@ from fp4sim.formats.blocks import (
 )
 from fp4sim.formats.spec import E4M3, E5M2
 
-if TYPE_CHECKING:  # recipe imports this module (its training recipes name the scalings here)
-    from fp4sim.attention.recipe import AttentionRecipe
-
 __all__ = [
     "LeakClass",
     "OperandScaling",
@@ -67,7 +64,8 @@ __all__ = [
     "token_group_length",
     "quantize_operand",
     "leak_class",
-    "qk_scaling",
+    "FP8_PER_TENSOR_QK",
+    "V_SCALINGS",
     "shares_scales_across_tokens",
     "FLOAT32",
     "E5M2_CAST",
@@ -77,7 +75,6 @@ __all__ = [
     "MXFP8_TOKENS_RCEIL",
     "MXFP8_TOKENS_FLOOR",
     "MXFP4_TOKENS_RCEIL",
-    "v_scaling",
     "NVFP4_TOKENS",
     "FP8_PER_TENSOR_AMAX",
     "PER_TENSOR_POW2",
@@ -402,45 +399,10 @@ V_OPTIONS: tuple[OperandScaling, ...] = (
 """The V scalings of the leak table (seed_algorithms.md §6.3), safest first."""
 
 
-def qk_scaling(recipe: AttentionRecipe) -> OperandScaling:
-    """The :class:`OperandScaling` equivalent to an AttentionRecipe's Q/K format (``qk`` with
-    ``qk_global``), as :func:`fp4sim.attention.forward.quantize_qk` applies it."""
-    from fp4sim.attention.recipe import QKGlobalScale as QKGlobal
-    from fp4sim.attention.recipe import QKFormat
-
-    fmt = recipe.qk
-    if fmt is QKFormat.FLOAT32:
-        return FLOAT32
-    if fmt is QKFormat.BF16:
-        return OperandScaling(name="BF16 cast")  # element-wise rounding: no scale at all
-    if fmt is QKFormat.FP8_PER_TENSOR:  # one FP32 factor over the tensor, no block scale
-        return _FP8_PER_TENSOR_QK
-    if fmt is QKFormat.MXFP8:
-        return MXFP8_HEAD_DIM
-    if fmt is QKFormat.TOKEN_BLOCK_FP8:
-        return TOKEN_BLOCK_POW2
-    return {QKGlobal.NONE: NVFP4_HEAD_DIM, QKGlobal.PER_TENSOR: NVFP4_HEAD_DIM_PER_TENSOR,
-            QKGlobal.PER_TOKEN: NVFP4_HEAD_DIM_PER_TOKEN}[recipe.qk_global]
-
-
-_FP8_PER_TENSOR_QK = OperandScaling(name="FP8 per-tensor amax/448 (Q/K)", fmt=FP8_E4M3_PER_TENSOR)
-_V_SCALINGS = {"FP8": E4M3_CAST, "MXFP8_TOKENS": MXFP8_TOKENS_RCEIL,
-               "NVFP4_TOKENS": NVFP4_TOKENS, "TOKEN_BLOCK_FP8": TOKEN_BLOCK_POW2}
-
-
-def v_scaling(recipe: AttentionRecipe) -> OperandScaling:
-    """The :class:`OperandScaling` of an AttentionRecipe's V format, as
-    :func:`fp4sim.attention.forward.quantize_v` applies it. ``FLOAT32`` and ``BF16`` have no
-    scale (``FLOAT32`` / an element rounding); ``MXFP4_TOKENS`` is Direct-P's amplitude rule,
-    which is no block format (``ValueError``; see :func:`fp4sim.attention.forward.quantize_v`)."""
-    from fp4sim.attention.recipe import VFormat
-
-    fmt = recipe.v
-    if fmt is VFormat.FLOAT32:
-        return FLOAT32
-    if fmt is VFormat.BF16:
-        return OperandScaling(name="BF16 cast")
-    if fmt.name not in _V_SCALINGS:
-        raise ValueError(f"recipe.v={fmt.name} is Direct-P's amplitude rule (value β·q/6), not a "
-                         f"block format; allowed: FLOAT32, BF16, {', '.join(_V_SCALINGS)}")
-    return _V_SCALINGS[fmt.name]
+FP8_PER_TENSOR_QK = OperandScaling(name="FP8 per-tensor amax/448 (Q/K)", fmt=FP8_E4M3_PER_TENSOR)
+"""Q/K as ``QKFormat.FP8_PER_TENSOR``: E4M3 with one FP32 factor amax/448 over the tensor."""
+V_SCALINGS: dict[str, OperandScaling] = {
+    "FP8": E4M3_CAST, "MXFP8_TOKENS": MXFP8_TOKENS_RCEIL, "NVFP4_TOKENS": NVFP4_TOKENS,
+    "TOKEN_BLOCK_FP8": TOKEN_BLOCK_POW2}
+"""The scaling of each blocked ``VFormat`` member (by name); see
+:attr:`fp4sim.attention.recipe.AttentionRecipe.v_scaling`."""

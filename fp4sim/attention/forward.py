@@ -77,6 +77,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim._checks import softmax_scale as check_softmax_scale
 from fp4sim._xp import materialize, namespace
 from fp4sim.formats import f32
 from fp4sim.attention import causal
@@ -159,12 +160,7 @@ def _as_f32(xp: Any, x: Any, name: str) -> Any:
 
 def score_scale(head_dim: int, softmax_scale: float | None) -> np.float32:
     """``c = fl32(softmax_scale·log2 e)`` (softmax_scale defaults to 1/√head_dim)."""
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(head_dim)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
-            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"softmax_scale={softmax_scale!r} must be a positive finite number")
-    return np.float32(float(softmax_scale) * math.log2(math.e))
+    return np.float32(check_softmax_scale(softmax_scale, head_dim) * math.log2(math.e))
 
 
 def converter_unit(recipe: AttentionRecipe) -> float:
@@ -219,7 +215,7 @@ def _quantize_qk(x: Any, recipe: AttentionRecipe) -> Operand:
         return Operand(bf16_values(c), None, None, None, d, False, 1.0, c)
     if fmt is QKFormat.TOKEN_BLOCK_FP8 and x.shape[-2] % 32:
         raise ValueError(f"token-block Q/K need a multiple of 32 tokens; got {x.shape[-2]}")
-    q = causal.quantize_operand(x, causal.qk_scaling(recipe))  # the declared Q/K scaling
+    q = causal.quantize_operand(x, recipe.qk_scaling)  # the declared Q/K scaling
     if fmt is QKFormat.FP8_PER_TENSOR:
         g = xp.broadcast_to(xp.reshape(q.global_scale, (1,) * (x.ndim - 1)), x.shape[:-1])
         return Operand(decode(q.codes, E4M3), None, g, None, d, False, 1.0, q)
@@ -284,7 +280,7 @@ def _quantize_v(v: Any, recipe: AttentionRecipe) -> Operand:
     if fmt is VFormat.MXFP4_TOKENS:  # Direct-P's amplitude rule (not a blocks.quantize rule)
         codes, e, vals = _mxfp4_v(xp, v)
         return Operand(vals, e, None, None, 32, True, 6.0, (codes, e))
-    q = causal.quantize_operand(v, causal.v_scaling(recipe))  # the declared V scaling
+    q = causal.quantize_operand(v, recipe.v_scaling)  # the declared V scaling
     if fmt is VFormat.FP8:
         return Operand(decode(q.codes, E4M3), None, None, None, 1, False, 1.0, q)
     if fmt is VFormat.NVFP4_TOKENS:

@@ -64,6 +64,7 @@ import enum
 import math
 from typing import Any, Union
 
+from fp4sim._checks import check_int
 from fp4sim.attention import causal as sc
 from fp4sim.attention.causal import OperandScaling
 from fp4sim.formats.blocks import MXFP8_E4M3
@@ -214,13 +215,6 @@ class Exp2Kind(enum.Enum):
     FA4_POLY = "fa4_poly"  # FA4's degree-3 polynomial emulation on the scheduled pairs
 
 
-def _check_int(owner: str, name: str, value: Any, lo: int, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{owner}.{name}={value!r} must be an int")
-    if value < lo or (hi is not None and value > hi):
-        raise ValueError(f"{owner}.{name}={value!r} out of range; allowed {lo}..{hi if hi is not None else 'inf'}")
-
-
 def _check_float(owner: str, name: str, value: Any, *, positive: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"{owner}.{name}={value!r} must be a finite float")
@@ -250,11 +244,11 @@ class Exp2Model:
 
     def __post_init__(self) -> None:
         _check_enum("Exp2Model", "kind", self.kind, Exp2Kind)
-        _check_int("Exp2Model", "emulate_freq", self.emulate_freq, 2)
+        check_int("Exp2Model", "emulate_freq", self.emulate_freq, 2)
         if self.emulate_freq % 2:
             raise ValueError(f"Exp2Model.emulate_freq={self.emulate_freq} must be even (pairs)")
-        _check_int("Exp2Model", "emulate_res", self.emulate_res, 0, self.emulate_freq)
-        _check_int("Exp2Model", "native_last_fragments", self.native_last_fragments, 0)
+        check_int("Exp2Model", "emulate_res", self.emulate_res, 0, self.emulate_freq)
+        check_int("Exp2Model", "native_last_fragments", self.native_last_fragments, 0)
 
 
 class _ConverterFacts:
@@ -320,7 +314,7 @@ class SchraudolphP(_ConverterFacts):
 
     def __post_init__(self) -> None:
         _check_float("SchraudolphP", "shift", self.shift)
-        _check_int("SchraudolphP", "scale_log2", self.scale_log2, -64, 64)
+        check_int("SchraudolphP", "scale_log2", self.scale_log2, -64, 64)
 
     def factor_exp(self, p_format: PFormat) -> int:
         return -self.scale_log2
@@ -421,7 +415,7 @@ class AttentionRecipe:
         if not isinstance(self.exp2, Exp2Model):
             raise TypeError(f"{own}.exp2={self.exp2!r} must be an Exp2Model")
         for name in ("block_q", "block_kv", "fragment", "pv_group"):
-            _check_int(own, name, getattr(self, name), 1)
+            check_int(own, name, getattr(self, name), 1)
         pb = max(self.p_format.block, 32 if self.v in (VFormat.MXFP8_TOKENS, VFormat.MXFP4_TOKENS,
                                                        VFormat.TOKEN_BLOCK_FP8) else 1,
                  16 if self.v is VFormat.NVFP4_TOKENS else 1)
@@ -455,6 +449,41 @@ class AttentionRecipe:
     def qk_block(self) -> int:
         """Head-dim elements per Q/K scale group (the head dim must be a multiple)."""
         return {QKFormat.MXFP8: 32, QKFormat.NVFP4: 16}.get(self.qk, 1)
+
+    @property
+    def qk_scaling(self) -> OperandScaling:
+        """The :class:`~fp4sim.attention.causal.OperandScaling` of ``qk`` with ``qk_global``, as
+        :func:`fp4sim.attention.forward.quantize_qk` applies it (blocks along the head dim)."""
+        fmt = self.qk
+        if fmt is QKFormat.FLOAT32:
+            return sc.FLOAT32
+        if fmt is QKFormat.BF16:
+            return OperandScaling(name="BF16 cast")  # element-wise rounding: no scale at all
+        if fmt is QKFormat.FP8_PER_TENSOR:  # one FP32 factor over the tensor, no block scale
+            return sc.FP8_PER_TENSOR_QK
+        if fmt is QKFormat.MXFP8:
+            return sc.MXFP8_HEAD_DIM
+        if fmt is QKFormat.TOKEN_BLOCK_FP8:
+            return sc.TOKEN_BLOCK_POW2
+        return {QKGlobalScale.NONE: sc.NVFP4_HEAD_DIM,
+                QKGlobalScale.PER_TENSOR: sc.NVFP4_HEAD_DIM_PER_TENSOR,
+                QKGlobalScale.PER_TOKEN: sc.NVFP4_HEAD_DIM_PER_TOKEN}[self.qk_global]
+
+    @property
+    def v_scaling(self) -> OperandScaling:
+        """The :class:`~fp4sim.attention.causal.OperandScaling` of ``v``, as
+        :func:`fp4sim.attention.forward.quantize_v` applies it (blocks along tokens).
+        ``FLOAT32`` and ``BF16`` have no scale; ``MXFP4_TOKENS`` is Direct-P's amplitude rule,
+        which is no block format (``ValueError``; see :func:`fp4sim.attention.forward.quantize_v`)."""
+        fmt = self.v
+        if fmt is VFormat.FLOAT32:
+            return sc.FLOAT32
+        if fmt is VFormat.BF16:
+            return OperandScaling(name="BF16 cast")
+        if fmt.name not in sc.V_SCALINGS:
+            raise ValueError(f"v={fmt.name} is Direct-P's amplitude rule (value β·q/6), not a "
+                             f"block format; allowed: FLOAT32, BF16, {', '.join(sc.V_SCALINGS)}")
+        return sc.V_SCALINGS[fmt.name]
 
     @property
     def v_block(self) -> int:
@@ -655,7 +684,7 @@ class TrainingRecipe:
     def qk(self) -> OperandScaling:
         """The Q/K scaling of the forward as an :class:`~fp4sim.attention.causal.OperandScaling`
         (for the leak classification and the probe's scale check)."""
-        return sc.qk_scaling(self.forward)
+        return self.forward.qk_scaling
 
     def replace(self, **changes: Any) -> TrainingRecipe:
         """A copy with ``changes`` applied (validated again)."""

@@ -13,10 +13,11 @@ reach.
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from fp4sim._checks import softmax_scale as check_softmax_scale
 
 __all__ = ["ReferenceResult", "attention_mask", "attention_reference"]
 
@@ -78,11 +79,7 @@ def attention_reference(q: Any, k: Any, v: Any, *, causal: bool = False,
     q, k, v = (a.astype(np.float64) for a in (q, k, v))
     check_qkv_shapes(q, k, v)
     d = q.shape[-1]
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
-            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"softmax_scale={softmax_scale!r} must be a positive finite number")
+    softmax_scale = check_softmax_scale(softmax_scale, d)
     mask = attention_mask(q.shape[-2], k.shape[-2], causal=causal, q_segment_ids=q_segment_ids,
                           kv_segment_ids=kv_segment_ids)
     with np.errstate(invalid="ignore", over="ignore"):

@@ -128,13 +128,15 @@ def _case(ctx: Any, name: str, fmt: Any, x: Any, *, geometry: Any = None,
     import jax
 
     from fp4sim.formats import blocks
-    from fp4sim.kernels.quantize_mgpu import gpu_quantize
+    from fp4sim.kernels.quantize_mgpu import QuantKernelConfig, gpu_quantize
 
     geometry = geometry or blocks.Geometry.BLOCK
     axis = -1 if geometry is blocks.Geometry.BLOCK else -2
     kw = {} if global_scale is None else {"global_scale": global_scale}
+    cfg = QuantKernelConfig.for_array(x, fmt, geometry=geometry, block_rows=block_rows,
+                                      **kernel_kw)
     kern = jax.jit(functools.partial(gpu_quantize, fmt=fmt, axis=axis, geometry=geometry,
-                                     block_rows=block_rows, **kw, **kernel_kw))
+                                     config=cfg, **kw))
     out: dict[str, Any] = {"name": name, "shape": list(x.shape), "dtype": str(x.dtype),
                            "block_rows": block_rows,
                            **{k: str(v) for k, v in kernel_kw.items()}}
@@ -310,12 +312,12 @@ def kernel_only(ctx: Any, cases: list, rows: list, fmt: Any, x: Any, name: str,
     from fp4sim.formats import blocks
 
     cfg = Q.QuantKernelConfig(fmt=fmt, in_dtype=x.dtype, **tiling)
-    words = Q._words(x, cfg).reshape(-1, cfg.words_per_block)
+    words = Q.input_words(x, cfg).reshape(-1, cfg.words_per_block)
     params = jnp.zeros((Q.NUM_PARAMS,), jnp.uint32)
     kw = {}
     if cfg.kind == "nv":  # decode factor 2^-7, as the constant-g case
         kw = {"global_scale": jnp.float32(2.0 ** -7)}
-        params, _ = Q._nv_params(jnp.uint32(0), fmt, kw["global_scale"], None)
+        params, _ = Q.nv_params(jnp.uint32(0), fmt, kw["global_scale"], None)
     k = jax.jit(Q.build_kernel(cfg, words.shape[0]))
     codes, scales = jax.block_until_ready(k(words, params))
     r = {"name": name, **_timed(ctx, k, words, params,

@@ -110,11 +110,10 @@ Public names
                        diagnostic: loads, reduction and stores without the conversion math);
                        ``Transfer``: DIRECT / TMA.
 ``gpu_quantize(x, fmt, *, axis=-1, geometry=Geometry.BLOCK, global_scale=None,
-               global_encode_scale=None, pack=None, block_rows=None, token_blocks=2,
-               element_path=None, variant=Variant.FULL, tiles_per_cta=None, tma_row_bytes=512,
-               lanes=None, transfer=None, stages=2, vector_words=None,
-               rows_per_thread=None) -> QuantizedArray``
-                       (``pack`` defaults to True for FP4, False otherwise)
+               global_encode_scale=None, pack=None, config=None) -> QuantizedArray``
+                       (``pack`` defaults to True for FP4, False otherwise; ``config`` a
+                       ``QuantKernelConfig``, e.g. ``QuantKernelConfig.for_array(x, fmt,
+                       block_rows=64)``, by default the measured best)
 ``e2m1_magnitude_float(y)``  the FLOAT path's E2M1 rounding (any array namespace).
 ``check_supported(fmt, geometry, dtype)``  the validation ``gpu_quantize`` does first.
 ``build_kernel(config, num_rows)``  the kernel callable ``(words, params) -> (codes, scales)``
@@ -169,6 +168,8 @@ __all__ = [
     "NUM_PARAMS",
     "e2m1_magnitude_float",
     "e2m1_code_bits_float",
+    "nv_params",
+    "input_words",
 ]
 
 INPUT_DTYPES = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32))
@@ -375,6 +376,16 @@ class QuantKernelConfig:
                                                       not 16 <= self.head_dim <= 256):
             raise ValueError(f"QuantKernelConfig.head_dim={self.head_dim} must be a multiple of "
                              f"16 in [16, 256]")
+
+    @classmethod
+    def for_array(cls, x: Any, fmt: BlockFormat, *, geometry: Geometry = Geometry.BLOCK,
+                  **tiling: Any) -> QuantKernelConfig:
+        """The configuration for quantizing ``x`` (its dtype; for ``TOKEN_BLOCK`` its last axis
+        as ``head_dim``) to ``fmt``, with the given tiling fields (the others: measured
+        defaults)."""
+        if geometry is Geometry.TOKEN_BLOCK and "head_dim" not in tiling:
+            tiling["head_dim"] = int(x.shape[-1])
+        return cls(fmt=fmt, geometry=geometry, in_dtype=x.dtype, **tiling)
 
     @property
     def kind(self) -> str:
@@ -1084,7 +1095,8 @@ def _build_token_block(cfg: QuantKernelConfig, num_blocks: int) -> Any:
 
 
 # --- host-side wrapper --------------------------------------------------------------------------
-def _nv_params(amax_bits: Any, fmt: BlockFormat, global_scale: Any, global_encode_scale: Any):
+def nv_params(amax_bits: Any, fmt: BlockFormat, global_scale: Any,
+              global_encode_scale: Any) -> tuple[Any, Any]:
     """(uint32[4] kernel scalars, float32 decode factor or None), with the emulator's own
     functions for the FP32 factor (scalars only, so their cost does not matter)."""
     import jax.numpy as jnp
@@ -1133,7 +1145,7 @@ def _nv_params(amax_bits: Any, fmt: BlockFormat, global_scale: Any, global_encod
     return params, g_dec
 
 
-def _words(x: Any, cfg: QuantKernelConfig) -> Any:
+def input_words(x: Any, cfg: QuantKernelConfig) -> Any:
     """The input as uint32 words (free reinterpretation in XLA)."""
     import jax.numpy as jnp
     from jax import lax
@@ -1146,24 +1158,20 @@ def _words(x: Any, cfg: QuantKernelConfig) -> Any:
 
 
 def gpu_quantize(x: Any, fmt: BlockFormat, *, axis: int = -1,
-                  geometry: Geometry = Geometry.BLOCK, global_scale: Any = None,
-                  global_encode_scale: Any = None, pack: bool | None = None,
-                  block_rows: int | None = None, token_blocks: int = 2,
-                  element_path: ElementPath | None = None,
-                  variant: Variant = Variant.FULL, tiles_per_cta: int | None = None,
-                  tma_row_bytes: int = 512, lanes: int | None = None,
-                  transfer: Transfer | None = None, stages: int = 2,
-                  vector_words: int | None = None,
-                  rows_per_thread: int | None = None) -> QuantizedArray:
+                 geometry: Geometry = Geometry.BLOCK, global_scale: Any = None,
+                 global_encode_scale: Any = None, pack: bool | None = None,
+                 config: QuantKernelConfig | None = None) -> QuantizedArray:
     """Quantize ``x`` on the GPU (or in interpret mode); same result as ``blocks.quantize``.
 
     ``axis`` must be -1 for ``BLOCK`` and -2 for ``TOKEN_BLOCK`` (transpose first otherwise).
-    ``pack`` defaults to True for FP4 and must be False otherwise. ``element_path`` forces an
-    :class:`ElementPath` (default: FLOAT on hardware, INTEGER in interpret mode); ``variant``
-    ``MOVE_ONLY`` is a timing diagnostic whose codes are meaningless. Configuration errors raise
-    before any kernel is built; see the module docstring for what is supported.
+    ``pack`` defaults to True for FP4 and must be False otherwise. ``config`` chooses the
+    kernel (its tiling, :class:`ElementPath`, :class:`Variant`; see
+    :class:`QuantKernelConfig`, e.g. ``QuantKernelConfig.for_array(x, fmt, block_rows=64)``);
+    by default the measured best for ``fmt``, ``geometry`` and ``x``'s dtype. A given config
+    must describe this call (its ``fmt``, ``geometry``, ``in_dtype`` and, for ``TOKEN_BLOCK``,
+    ``head_dim``). Configuration errors raise before any kernel is built; see the module
+    docstring for what is supported.
     """
-    import jax
     import jax.numpy as jnp
 
     from fp4sim.formats import blocks
@@ -1184,18 +1192,19 @@ def gpu_quantize(x: Any, fmt: BlockFormat, *, axis: int = -1,
         pack = fmt.elem is E2M1
     if not isinstance(pack, bool) or (pack and fmt.elem is not E2M1):
         raise ValueError(f"pack={pack!r}: only FP4 codes can be packed")
-    bf = np.dtype(x.dtype)
-    if geometry is Geometry.BLOCK:
-        cfg = QuantKernelConfig(fmt=fmt, geometry=geometry, in_dtype=bf, block_rows=block_rows,
-                                element_path=element_path, variant=variant,
-                                tiles_per_cta=tiles_per_cta, tma_row_bytes=tma_row_bytes,
-                                lanes=lanes, transfer=transfer, stages=stages,
-                                vector_words=vector_words, rows_per_thread=rows_per_thread)
+    if config is None:
+        config = QuantKernelConfig.for_array(x, fmt, geometry=geometry)
+    elif not isinstance(config, QuantKernelConfig):
+        raise TypeError(f"config={config!r} must be a QuantKernelConfig or None")
     else:
-        cfg = QuantKernelConfig(fmt=fmt, geometry=geometry, in_dtype=bf,
-                                token_blocks=token_blocks, head_dim=shape[-1],
-                                element_path=element_path, variant=variant)
-    return _quantize_jit(jnp.asarray(x), global_scale, global_encode_scale, cfg=cfg, pack=pack)
+        want = {"fmt": fmt, "geometry": geometry, "in_dtype": np.dtype(x.dtype)}
+        if geometry is Geometry.TOKEN_BLOCK:
+            want["head_dim"] = shape[-1]
+        wrong = {k: getattr(config, k) for k, v in want.items() if getattr(config, k) != v}
+        if wrong:
+            raise ValueError(f"config has {wrong}; this call needs {want} "
+                             f"(QuantKernelConfig.for_array(x, fmt, ...) builds one)")
+    return _quantize_jit(jnp.asarray(x), global_scale, global_encode_scale, cfg=config, pack=pack)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "pack"))
@@ -1207,7 +1216,7 @@ def _quantize_jit(x: Any, global_scale: Any, global_encode_scale: Any, *,
 
     fmt = cfg.fmt
     shape = tuple(x.shape)
-    words = _words(x, cfg)
+    words = input_words(x, cfg)
     g_dec = None
     if cfg.kind == "nv":
         if cfg.paired:  # max of the 15 magnitude bits commutes with the exact widening
@@ -1217,7 +1226,7 @@ def _quantize_jit(x: Any, global_scale: Any, global_encode_scale: Any, *,
                 else _f16_to_f32_bits(top)
         else:
             amax_bits = jnp.max(words & _U(0x7FFFFFFF))
-        params, g_dec = _nv_params(amax_bits, fmt, global_scale, global_encode_scale)
+        params, g_dec = nv_params(amax_bits, fmt, global_scale, global_encode_scale)
     else:  # a constant (an XLA literal: no kernel launch to fill it)
         params = np.zeros((NUM_PARAMS,), np.uint32)
     if cfg.geometry is Geometry.BLOCK:

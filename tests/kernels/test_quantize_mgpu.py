@@ -202,7 +202,7 @@ def test_nvfp4_block_and_element_arithmetic(g):
 
     def f(bits):
         amax = jnp.max(bits & U(0x7FFFFFFF), axis=1)
-        params, _ = Q._nv_params(amax.max(), NV_CONST, jnp.float32(g), None)
+        params, _ = Q.nv_params(amax.max(), NV_CONST, jnp.float32(g), None)
         p = Q.params_dict(list(params))
         s_code, enc_m, enc_e, nan, _ = Q._nv_block(amax, p)
         codes = Q._nv_codes(bits, enc_m[:, None], enc_e[:, None], nan[:, None])
@@ -217,7 +217,7 @@ def test_nvfp4_block_and_element_arithmetic(g):
     # elements are all normal, zero, Inf or NaN.
     def f_float(bits):
         amax = jnp.max(bits & U(0x7FFFFFFF), axis=1)
-        params, _ = Q._nv_params(amax.max(), NV_CONST, jnp.float32(g), None)
+        params, _ = Q.nv_params(amax.max(), NV_CONST, jnp.float32(g), None)
         p = Q.params_dict(list(params))
         s_code, _, _, nan, enc = Q._nv_block(amax, p, ieee=True)
         return s_code, nan, enc
@@ -263,8 +263,17 @@ def _check(got: B.QuantizedArray, want: B.QuantizedArray) -> None:
         np.testing.assert_array_equal(_bits(got.global_scale), _bits(want.global_scale))
 
 
+_TILING = ("block_rows", "token_blocks", "element_path", "variant", "tiles_per_cta",
+           "tma_row_bytes", "lanes", "transfer", "stages", "vector_words", "rows_per_thread")
+
+
 def _run(x, fmt, **kw):
-    return interpret(lambda v: Q.gpu_quantize(v, fmt, **kw), jnp.asarray(x), detect_races=True)
+    """gpu_quantize in interpret mode; tiling keywords go into its QuantKernelConfig."""
+    tiling = {k: kw.pop(k) for k in _TILING if k in kw}
+    x = jnp.asarray(x)
+    cfg = Q.QuantKernelConfig.for_array(x, fmt, geometry=kw.get("geometry", B.Geometry.BLOCK),
+                                        **tiling) if tiling else None
+    return interpret(lambda v: Q.gpu_quantize(v, fmt, config=cfg, **kw), x, detect_races=True)
 
 
 MX_FORMATS = [B.MXFP8_E4M3, B.MXFP8_E5M2, B.MXFP4]
@@ -427,7 +436,14 @@ def test_bad_configurations_raise_naming_the_argument():
     with pytest.raises(ValueError, match="rows_per_thread=2 needs lanes=1"):
         Q.QuantKernelConfig(fmt=B.NVFP4, rows_per_thread=2, lanes=2)
     with pytest.raises(ValueError, match="vector_words"):
-        Q.gpu_quantize(x, B.MXFP4, vector_words=2)
+        Q.gpu_quantize(x, B.MXFP4, config=Q.QuantKernelConfig.for_array(x, B.MXFP4,
+                                                                         vector_words=2))
+    with pytest.raises(ValueError, match="config has .*'fmt': MXFP8_E4M3"):
+        Q.gpu_quantize(x, B.MXFP4, config=Q.QuantKernelConfig.for_array(x, B.MXFP8))
+    with pytest.raises(ValueError, match="config has .*in_dtype"):
+        Q.gpu_quantize(x, B.MXFP8, config=Q.QuantKernelConfig(fmt=B.MXFP8, in_dtype=np.float16))
+    with pytest.raises(TypeError, match="config="):
+        Q.gpu_quantize(x, B.MXFP8, config={"block_rows": 64})
 
 
 def test_default_tiling_is_the_measured_best_and_explicit_fields_win():
@@ -535,8 +551,9 @@ def test_nvfp4_tilings_cross_lower_to_the_intended_vector_accesses(tiling, loads
 def _gpu_case(fmt, x, element_path=None, tiling=None, **kw):
     from fp4sim.formats import blocks
 
-    q = jax.block_until_ready(jax.jit(functools.partial(
-        Q.gpu_quantize, fmt=fmt, element_path=element_path, **(tiling or {}), **kw))(x))
+    cfg = Q.QuantKernelConfig.for_array(x, fmt, element_path=element_path, **(tiling or {}))
+    q = jax.block_until_ready(jax.jit(functools.partial(Q.gpu_quantize, fmt=fmt, config=cfg,
+                                                        **kw))(x))
     emu = jax.jit(functools.partial(blocks.quantize, fmt=fmt, pack=q.packed, **kw))
     _check(q, jax.block_until_ready(emu(x)))
 
