@@ -11,20 +11,28 @@ from __future__ import annotations
 
 import sys
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing
 
-__all__ = ["namespace", "is_jax", "bitcast", "asarray_like", "to_numpy", "materialize"]
+if TYPE_CHECKING:
+    import jax
+
+__all__ = ["Array", "namespace", "is_jax", "bitcast", "asarray_like", "to_numpy", "materialize"]
+
+type Array = np.ndarray | jax.Array
+"""A NumPy array or a jax array (also a tracer under ``jax.jit``): what every emulator takes and
+returns. Scalars of either are accepted wherever an array is."""
 
 
-def is_jax(x: Any) -> bool:
+def is_jax(x: object) -> bool:
     """True for jax arrays and tracers (without importing jax when it is not loaded)."""
     jax = sys.modules.get("jax")
     return jax is not None and isinstance(x, jax.Array)
 
 
-def namespace(*arrays: Any) -> ModuleType:
+def namespace(*arrays: object) -> ModuleType:
     """``jax.numpy`` if any argument is a jax array or tracer, else ``numpy``."""
     if any(is_jax(a) for a in arrays):
         import jax.numpy as jnp
@@ -33,7 +41,7 @@ def namespace(*arrays: Any) -> ModuleType:
     return np
 
 
-def bitcast(x: Any, dtype: Any) -> Any:
+def bitcast(x: Array, dtype: np.typing.DTypeLike) -> Array:
     """Reinterpret the bits of ``x`` as ``dtype`` (same itemsize), for NumPy or jax arrays."""
     dtype = np.dtype(dtype)
     if is_jax(x):
@@ -46,17 +54,17 @@ def bitcast(x: Any, dtype: Any) -> Any:
     return x.view(dtype)
 
 
-def asarray_like(value: Any, like: Any, dtype: Any = None) -> Any:
+def asarray_like(value: Any, like: Array, dtype: np.typing.DTypeLike = None) -> Array:
     """``value`` as an array of the same namespace as ``like``."""
     return namespace(like).asarray(value, dtype=dtype)
 
 
-def to_numpy(x: Any) -> np.ndarray:
+def to_numpy(x: Array) -> np.ndarray:
     """A NumPy copy of a NumPy or (concrete) jax array."""
     return np.asarray(x)
 
 
-def materialize(x: Any) -> Any:
+def materialize(x: Array | tuple[Any, ...]) -> Any:
     """``x`` (an array or a tuple of arrays) computed once: under jax an optimization barrier, so
     that XLA does not re-fuse a long elementwise chain into every consumer (a pure performance
     hint, no effect on bits); NumPy values pass unchanged."""

@@ -369,7 +369,7 @@ def main(argv=None) -> int:
                   "with "
                   "`is_swizzled_scales=True` on batched/unaligned inputs"))
 
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Provenance of the torchao reference vectors",
         "",

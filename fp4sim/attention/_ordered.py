@@ -17,7 +17,8 @@ unbatched under ``vmap``). Used by the forward's PV partial products
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -147,7 +148,7 @@ def plain_sum_is_exact(a_stats: OperandStats, b_stats: OperandStats, k: int) -> 
     return short & small & large
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def plain_or_chain(plain: Callable, chain: Callable) -> Callable:
     """A jax function ``(a, b, a_stats, b_stats, *extra)``: ``plain(a, b, *extra)`` where
     ``plain_sum_is_exact(a_stats, b_stats, b.shape[-2])`` holds, else ``chain(a, b, *extra)``,

@@ -43,14 +43,24 @@ import numpy as np
 
 from fp4sim._checks import softmax_scale as check_softmax_scale
 from fp4sim._xp import bitcast, materialize, namespace
-from fp4sim.formats import f32
 from fp4sim.attention import causal as sc
-from fp4sim.attention.backward import (BackwardTrace, DeltaSource, DsProbabilities, TrainingRecipe,
-                                       emulated_backward)
+from fp4sim.attention.backward import (
+    BackwardTrace,
+    DeltaSource,
+    DsProbabilities,
+    TrainingRecipe,
+    emulated_backward,
+)
 from fp4sim.attention.converters import PTile, convert_tile
 from fp4sim.attention.exp2 import exp2_rn
-from fp4sim.attention.forward import (Operand, attention_forward, log2_scores, masked_tile,
-                                      score_scale, scores)
+from fp4sim.attention.forward import (
+    Operand,
+    attention_forward,
+    log2_scores,
+    masked_tile,
+    score_scale,
+    scores,
+)
 from fp4sim.attention.recipe import (  # the named training recipes are re-exported here
     LEAK_TABLE,
     P_MXFP8_KEYS,
@@ -61,6 +71,7 @@ from fp4sim.attention.recipe import (  # the named training recipes are re-expor
     PFormat,
     training_preset,
 )
+from fp4sim.formats import f32
 from fp4sim.formats.codec import bf16_values, decode
 from fp4sim.formats.spec import UE8M0
 
@@ -100,7 +111,7 @@ class SavedForward:
     out_hp: Any  # (..., Sq, Dv) O from the unquantized p (only for DeltaSource.HIGH_PRECISION_OUTPUT)
     lse: Any  # (..., Sq) natural-log LSE
     m: Any  # (..., Sq) final running max (log2 units, scaled scores)
-    l: Any  # (..., Sq) final normalizer, converter units
+    l: Any  # noqa: E741  (..., Sq) final normalizer, converter units
     fwd_codes: Any  # (..., Sq, Skv_pad) the forward's P codes (for the consistency check)
     fwd_scales: Any  # (..., Sq, Skv_pad / block) or None
     fwd_k: Any  # (..., Sq, Skv_pad / block) or None
@@ -369,7 +380,7 @@ def _normalized(xp: Any, saved: SavedForward, recipe: AttentionRecipe, pt: Any, 
 _SPAN_ROWS = 128  # query rows per causal span of P̃'s normalization
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _masked_tile_is_zero(recipe: AttentionRecipe) -> bool:
     """Whether ``recipe``'s converter gives MMA values +0 for a key tile masked for the whole
     row (``t = −inf``): :func:`fp4sim.attention.forward.masked_tile`, the forward's own check
@@ -510,7 +521,7 @@ def training_backward(saved: SavedForward, d_out: Any, recipe: TrainingRecipe, *
 
 
 # --- jax.custom_vjp ---------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _vjp_function(recipe: TrainingRecipe, softmax_scale: float, is_causal: bool,
                   segmented: bool):
     import jax

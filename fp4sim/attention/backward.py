@@ -60,6 +60,7 @@ import numpy as np
 
 from fp4sim import _xp
 from fp4sim.attention import causal
+from fp4sim.attention._ordered import operand_stats, plain_or_chain, plain_sum_is_exact
 from fp4sim.attention.recipe import (  # defined with every recipe; re-exported here
     BackwardAccumulation,
     DeltaSource,
@@ -67,8 +68,6 @@ from fp4sim.attention.recipe import (  # defined with every recipe; re-exported 
     TrainingRecipe,
 )
 from fp4sim.formats import f32
-from fp4sim.attention._ordered import (operand_stats, plain_or_chain,
-                                       plain_sum_is_exact)
 
 __all__ = [
     "Gradients",
@@ -303,7 +302,7 @@ def _plain_range(at: Any, b: Any, lo: Any, hi: Any) -> Any:
     return lax.fori_loop(lo + 4 * n4, hi, lambda k, acc: acc + term(k), acc)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sequential_jax(transposed: bool = False):
     """``a @ b`` (``transposed``: ``aᵀ @ b``) SEQUENTIAL under jax: the plain loop where
     :func:`plain_sum_is_exact` holds, else the flushed chain, by one ``lax.cond`` whose

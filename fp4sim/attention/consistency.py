@@ -56,7 +56,7 @@ class Mismatch(enum.Enum):
 
 def with_mismatch(recipe: TrainingRecipe, mismatch: Mismatch) -> TrainingRecipe:
     """``recipe`` with ``mismatch`` injected (the name gets a ``+mismatch`` suffix)."""
-    from fp4sim.attention.recipe import Exp2Kind, Exp2Model, ExactP, PFormat
+    from fp4sim.attention.recipe import ExactP, Exp2Kind, Exp2Model, PFormat
 
     if not isinstance(recipe, TrainingRecipe):
         raise TypeError(f"recipe={recipe!r} must be a TrainingRecipe")

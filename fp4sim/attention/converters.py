@@ -51,14 +51,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fp4sim._xp import bitcast, namespace
-from fp4sim.formats import f32
 from fp4sim.attention.exp2 import exp2_model, exp2_rn
 from fp4sim.attention.recipe import (
     AffineP,
     AttentionRecipe,
     BlockExponent,
-    Exp2Model,
     ExactP,
+    Exp2Model,
     FixedScaleP,
     LogGroupP,
     MitchellP,
@@ -66,6 +65,7 @@ from fp4sim.attention.recipe import (
     SageTwoLevelP,
     SchraudolphP,
 )
+from fp4sim.formats import f32
 from fp4sim.formats.codec import bf16_round, bf16_values, decode, encode
 from fp4sim.formats.spec import E2M1, E4M3, UE4M3, NanPolicy, Policy
 

@@ -28,13 +28,12 @@ schedule picks, per fragment and element pair, which elements use the polynomial
 from __future__ import annotations
 
 import decimal
-from typing import Any
 
 import numpy as np
 
-from fp4sim._xp import bitcast, namespace
-from fp4sim.formats import f32
+from fp4sim._xp import Array, bitcast, namespace
 from fp4sim.attention.recipe import Exp2Kind, Exp2Model
+from fp4sim.formats import f32
 
 __all__ = ["exp2_rn", "exp2_fa4", "exp2_model", "fa4_emulated_mask", "log2_f32", "POLY_EX2"]
 
@@ -64,7 +63,7 @@ _INV24 = np.float32(1 / 24)
 _INV120 = np.float32(1 / 120)
 
 
-def exp2_rn(x: Any) -> Any:
+def exp2_rn(x: Array) -> Array:
     """Correctly rounded float32 ``2^x`` with flush-to-zero of results below 2^-126."""
     xp = namespace(x)
     x = f32.ftz(xp.asarray(x, dtype=np.float32))
@@ -107,7 +106,7 @@ def exp2_rn(x: Any) -> Any:
                     xp.where(x > 0, np.float32(np.inf), np.float32(0.0)))
 
 
-def exp2_fa4(x: Any) -> Any:
+def exp2_fa4(x: Array) -> Array:
     """FA4's polynomial ``ex2`` emulation, bit-exact (see the module docstring), flushed.
     Valid for x <= 127 (larger x wraps, as on the GPU); NaN gives NaN, −Inf gives +0."""
     xp = namespace(x)
@@ -139,7 +138,7 @@ def fa4_emulated_mask(n_keys: int, model: Exp2Model, *, fragment: int, tile: int
     return emulate & ~native_tail
 
 
-def exp2_model(t: Any, model: Exp2Model, *, fragment: int, tile: int) -> Any:
+def exp2_model(t: Array, model: Exp2Model, *, fragment: int, tile: int) -> Array:
     """exp2 of a tile ``t`` (..., keys) under ``model``: correctly rounded everywhere, or FA4's
     polynomial on the pairs its schedule picks (the rest correctly rounded)."""
     if model.kind is Exp2Kind.CORRECTLY_ROUNDED:
@@ -153,7 +152,7 @@ def exp2_model(t: Any, model: Exp2Model, *, fragment: int, tile: int) -> Any:
     return xp.where(xp.asarray(mask), exp2_fa4(t), exp2_rn(t))
 
 
-def log2_f32(x: Any) -> Any:
+def log2_f32(x: Array) -> Array:
     """float32 log2 with the same bits on every backend (a few ulp of error; not correctly
     rounded): exponent from the bit pattern, ``log2(m)`` for m in [√½, √2) by the series
     ``2/ln2·atanh((m−1)/(m+1))`` to the 11th power. 0 gives −Inf, negative or NaN gives NaN,

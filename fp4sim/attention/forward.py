@@ -79,13 +79,11 @@ import numpy as np
 
 from fp4sim._checks import softmax_scale as check_softmax_scale
 from fp4sim._xp import materialize, namespace
-from fp4sim.formats import f32
 from fp4sim.attention import causal
 from fp4sim.attention._ordered import operand_stats, ordered_product
 from fp4sim.attention.converters import PTile, convert_tile
 from fp4sim.attention.exp2 import exp2_rn, log2_f32
 from fp4sim.attention.normalization import block_denominator, represented_output
-from fp4sim.attention.reference import check_qkv_shapes
 from fp4sim.attention.recipe import (
     AttentionRecipe,
     Normalization,
@@ -93,7 +91,8 @@ from fp4sim.attention.recipe import (
     QKFormat,
     VFormat,
 )
-from fp4sim.formats import blocks
+from fp4sim.attention.reference import check_qkv_shapes
+from fp4sim.formats import blocks, f32
 from fp4sim.formats.codec import bf16_round, bf16_values, decode, encode
 from fp4sim.formats.spec import E2M1, E4M3
 

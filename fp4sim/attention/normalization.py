@@ -32,9 +32,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fp4sim._xp import namespace
-from fp4sim.formats import f32
+from fp4sim._xp import Array, namespace
 from fp4sim.attention.recipe import Normalization
+from fp4sim.formats import f32
 
 __all__ = ["NormalizerOrder", "Normalized", "normalize", "block_denominator",
            "represented_output"]
@@ -50,11 +50,11 @@ class NormalizerOrder(enum.Enum):
 
 class Normalized(NamedTuple):
     out: Any  # the normalized output
-    numerator: Any
-    denominator: Any
+    numerator: Array
+    denominator: Array
 
 
-def normalize(weights: Any, represented: Any, values: Any, normalization: Normalization,
+def normalize(weights: Array, represented: Array, values: Array, normalization: Normalization,
               *, axis: int = -1) -> Normalized:
     """Attention output of ``values`` under ``normalization`` along ``axis`` (the key axis).
 
@@ -76,9 +76,9 @@ def normalize(weights: Any, represented: Any, values: Any, normalization: Normal
     return Normalized(num / den, num, den)
 
 
-def block_denominator(payload_sum: Any, exps: Any, div: float,
+def block_denominator(payload_sum: Array, exps: Array, div: float,
                       order: NormalizerOrder = NormalizerOrder.PAYLOAD_SUM_FIRST,
-                      payloads: Any = None) -> Any:
+                      payloads: Array = None) -> Any:
     """float32 flushed ``2^exps · payload_sum / div`` of each block in the chosen ``order``.
 
     ``payload_sum``: (...,) float32 Σ of the block's payloads; ``exps``: int (...,) block
@@ -107,7 +107,7 @@ def block_denominator(payload_sum: Any, exps: Any, div: float,
     return acc
 
 
-def represented_output(numerator: Any, denominator: Any, div: float) -> Any:
+def represented_output(numerator: Array, denominator: Array, div: float) -> Array:
     """``fl(fl(numerator / div) / denominator)`` (``div`` = 36, 6 or 1), flushed; a zero
     denominator gives 0 (fully masked rows)."""
     xp = namespace(numerator, denominator)

@@ -62,7 +62,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import Any, Union
+from typing import Any
 
 from fp4sim._checks import check_int
 from fp4sim.attention import causal as sc
@@ -360,7 +360,7 @@ class FixedScaleP(_ConverterFacts):
         return -int(round(math.log2(self.scale)))
 
 
-Converter = Union[ExactP, AffineP, MitchellP, SchraudolphP, LogGroupP, SageTwoLevelP, FixedScaleP]
+Converter = ExactP | AffineP | MitchellP | SchraudolphP | LogGroupP | SageTwoLevelP | FixedScaleP
 CONVERTER_TYPES = (ExactP, AffineP, MitchellP, SchraudolphP, LogGroupP, SageTwoLevelP, FixedScaleP)
 
 # Which P formats each converter can produce.
@@ -491,7 +491,7 @@ class AttentionRecipe:
         return {VFormat.MXFP8_TOKENS: 32, VFormat.MXFP4_TOKENS: 32, VFormat.NVFP4_TOKENS: 16,
                 VFormat.TOKEN_BLOCK_FP8: 32}.get(self.v, 1)
 
-    def replace(self, **changes: Any) -> "AttentionRecipe":
+    def replace(self, **changes: Any) -> AttentionRecipe:
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
 

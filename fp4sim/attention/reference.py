@@ -89,11 +89,11 @@ def attention_reference(q: Any, k: Any, v: Any, *, causal: bool = False,
         any_valid = np.isfinite(m) | np.isnan(m)
         m_safe = np.where(np.isfinite(m), m, 0.0)
         w = np.where(mask, np.exp(s - m_safe), 0.0)
-        l = np.sum(w, axis=-1, keepdims=True)
-        probs = np.where(any_valid & (l > 0), w / np.where(l > 0, l, 1.0), 0.0)
-        probs = np.where(np.isnan(l), np.nan, probs)  # NaN scores: the row is NaN
+        den = np.sum(w, axis=-1, keepdims=True)
+        probs = np.where(any_valid & (den > 0), w / np.where(den > 0, den, 1.0), 0.0)
+        probs = np.where(np.isnan(den), np.nan, probs)  # NaN scores: the row is NaN
         out = probs @ v
-        lse = np.where(any_valid[..., 0] & (l[..., 0] > 0), m_safe[..., 0] + np.log(
-            np.where(l[..., 0] > 0, l[..., 0], 1.0)), -np.inf)
+        lse = np.where(any_valid[..., 0] & (den[..., 0] > 0), m_safe[..., 0] + np.log(
+            np.where(den[..., 0] > 0, den[..., 0], 1.0)), -np.inf)
     lse = np.where(np.isnan(m[..., 0]), np.nan, lse)
     return ReferenceResult(out, lse, probs)

@@ -3,7 +3,7 @@
 import statistics
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:

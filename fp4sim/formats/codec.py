@@ -76,12 +76,13 @@ width are rejected on NumPy (``ValueError`` naming ``codes``) and those bits are
 from __future__ import annotations
 
 import dataclasses
+from types import ModuleType
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-from fp4sim._xp import bitcast, is_jax, namespace
+from fp4sim._xp import Array, bitcast, is_jax, namespace
 from fp4sim.formats.spec import (
     DEFAULT_POLICY,
     FloatFormat,
@@ -239,7 +240,7 @@ def check_policy(fmt: FloatFormat, policy: Policy) -> None:
                          f"allowed: Overflow.SATURATE")
 
 
-def _source_bits(xp: Any, values: Any) -> tuple[Any, _Source]:
+def _source_bits(xp: ModuleType, values: Array) -> tuple[Any, _Source]:
     """The input as unsigned-integer bits of float32 (or float64), widened exactly."""
     dtype = np.dtype(values.dtype)
     if dtype == np.float32:
@@ -265,7 +266,7 @@ def _source_bits(xp: Any, values: Any) -> tuple[Any, _Source]:
                     f"(integer arrays are codes: use decode)")
 
 
-def widen_to_f32(values: Any) -> Any:
+def widen_to_f32(values: Array) -> Array:
     """float32 ``values`` of a bfloat16, float16 or float32 array, widened exactly (integer
     operations on the bit patterns: float16 subnormals become float32 normals, no FTZ)."""
     xp = namespace(values)
@@ -276,7 +277,7 @@ def widen_to_f32(values: Any) -> Any:
     return bitcast(_source_bits(xp, values)[0], np.float32)
 
 
-def bf16_round(x: Any) -> Any:
+def bf16_round(x: Array) -> Array:
     """uint16 bfloat16 bit patterns of float32 ``x``, rounded to nearest even (NaN stays a
     quiet NaN with its sign; Inf stays Inf)."""
     xp = namespace(x)
@@ -287,13 +288,13 @@ def bf16_round(x: Any) -> Any:
     return out.astype(np.uint16)
 
 
-def bf16_values(codes: Any) -> Any:
+def bf16_values(codes: Array) -> Array:
     """float32 values of uint16 bfloat16 bit patterns (exact)."""
     xp = namespace(codes)
     return bitcast(xp.asarray(codes).astype(np.uint32) << np.uint32(16), np.float32)
 
 
-def _ilog2_small(xp: Any, m: Any, nbits: int) -> Any:
+def _ilog2_small(xp: ModuleType, m: Array, nbits: int) -> Array:
     """floor(log2(m)) for m < 2^nbits as int32 (0 for m == 0), by comparisons."""
     p = xp.zeros(m.shape, dtype=np.int32)
     for k in range(1, nbits):
@@ -302,8 +303,8 @@ def _ilog2_small(xp: Any, m: Any, nbits: int) -> Any:
 
 
 # --- encode ---------------------------------------------------------------------------------
-def encode(values: Any, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
-           random_bits: Any = None, exp_shift: Any = None) -> Any:
+def encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
+           random_bits: Array = None, exp_shift: Array = None) -> Any:
     """Codes (uint8, same shape) of ``values`` in ``fmt`` under ``policy`` (see module doc).
 
     ``random_bits`` (uint32, same shape as ``values``) is required for ``Rounding.STOCHASTIC``
@@ -494,7 +495,7 @@ def encode(values: Any, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
 
 
 # --- decode ---------------------------------------------------------------------------------
-def decode(codes: Any, fmt: FloatFormat) -> Any:
+def decode(codes: Array, fmt: FloatFormat) -> Array:
     """float32 values (same shape) of the uint8 ``codes`` of ``fmt`` (see module doc)."""
     _check_format(fmt)
     xp = namespace(codes)

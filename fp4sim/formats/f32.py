@@ -43,11 +43,10 @@ flat namespace); ``mul_f32``, ``div_f32`` and ``ldexp_f32`` are also reachable a
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
 
 import numpy as np
 
-from fp4sim._xp import bitcast, materialize, namespace
+from fp4sim._xp import Array, bitcast, materialize, namespace
 
 __all__ = [
     # IEEE flavour (gradual underflow)
@@ -78,7 +77,7 @@ __all__ = [
 _U = np.uint32
 
 
-def bitlen(xp: ModuleType, v: Any) -> Any:
+def bitlen(xp: ModuleType, v: Array) -> Array:
     """Bit length of uint32 ``v`` (0 for 0) as int32 (exact on both backends; ``xp`` is the
     array namespace, :func:`fp4sim._xp.namespace`)."""
     if xp is np:
@@ -88,7 +87,7 @@ def bitlen(xp: ModuleType, v: Any) -> Any:
     return (32 - lax.clz(v)).astype(np.int32)
 
 
-def split(xp: ModuleType, bits: Any) -> tuple[Any, Any, Any]:
+def split(xp: ModuleType, bits: Array) -> tuple[Array, Array, Array]:
     """(sign, significand, exponent) with |x| = sig · 2^exp for finite float32 bits."""
     field = ((bits >> _U(23)) & _U(0xFF)).astype(np.int32)
     mant = bits & _U(0x7FFFFF)
@@ -97,7 +96,7 @@ def split(xp: ModuleType, bits: Any) -> tuple[Any, Any, Any]:
     return bits >> _U(31), sig, exp
 
 
-def compose(xp: ModuleType, sign: Any, sig: Any, exp: Any) -> Any:
+def compose(xp: ModuleType, sign: Array, sig: Array, exp: ModuleType) -> Array:
     """float32 bits of (-1)^sign · sig · 2^exp, correctly rounded (RNE); sig < 2^31 uint32."""
     n = bitlen(xp, sig)
     q = xp.maximum(exp + n - 24, np.int32(-149))  # exponent of the last kept bit
@@ -121,12 +120,12 @@ def compose(xp: ModuleType, sign: Any, sig: Any, exp: Any) -> Any:
     return (sign << _U(31)) | mag
 
 
-def f32_bits(xp: ModuleType, x: Any) -> Any:
+def f32_bits(xp: ModuleType, x: Array) -> Array:
     """uint32 bit patterns of ``x`` as float32 (``xp``: the array namespace of the result)."""
     return bitcast(xp.asarray(x, dtype=np.float32), np.uint32)
 
 
-def ldexp_f32(x: Any, k: Any) -> Any:
+def ldexp_f32(x: Array, k: Array) -> Array:
     """``x · 2^k`` for float32 ``x`` and int ``k``, correctly rounded, FTZ-proof (integer ops)."""
     xp = namespace(x, k)
     bits = f32_bits(xp, x)
@@ -137,7 +136,7 @@ def ldexp_f32(x: Any, k: Any) -> Any:
     return bitcast(xp.where(special, bits, out), np.float32)
 
 
-def _mul_operand(xp: Any, x: Any) -> tuple[Any, Any, Any, Any, Any]:
+def _mul_operand(xp: ModuleType, x: Array) -> tuple[Array, Array, Array, Array, Array]:
     """``(m, e, proxy, plain, bits)`` of float32 ``x``: ``|x| = m·2^e`` with ``m`` a float32 in
     [1, 2) when ``x`` is finite and nonzero (``plain``; garbage otherwise), ``proxy`` = ±1 there
     and ``x`` itself for zeros, Inf and NaN. A subnormal is normalized through the exact, normal
@@ -154,7 +153,7 @@ def _mul_operand(xp: Any, x: Any) -> tuple[Any, Any, Any, Any, Any]:
     return m, e, proxy, plain, bits
 
 
-def _mul_f32(xp: Any, a: Any, b: Any) -> Any:
+def _mul_f32(xp: ModuleType, a: Array, b: Array) -> Array:
     # Each operand is prepared at its own shape (a per-block factor once per block), then the
     # significands are multiplied natively in [1, 4) (exact IEEE rounding to 24 bits: normal in,
     # normal out) and the exponent is applied with integers, rounding again only when the result
@@ -177,12 +176,12 @@ def _mul_f32(xp: Any, a: Any, b: Any) -> Any:
     return materialize(xp.where(plain_a & plain_b, res, special))
 
 
-def mul_f32(a: Any, b: Any) -> Any:
+def mul_f32(a: Array, b: Array) -> Array:
     """IEEE float32 ``a·b`` (RNE), also for subnormal operands on FTZ backends (see module doc)."""
     return _mul_f32(namespace(a, b), a, b)
 
 
-def div_f32(a: Any, b: Any) -> Any:
+def div_f32(a: Array, b: Array) -> Array:
     """IEEE float32 ``a/b`` (RNE, gradual underflow), exact on both paths and every backend.
 
     No float division is involved (the significand quotient is an estimate corrected exactly
@@ -198,7 +197,7 @@ def div_f32(a: Any, b: Any) -> Any:
     return _div_rn_bits(xp, a, b)
 
 
-def _div_rn_bits(xp: Any, a: Any, b: Any) -> Any:
+def _div_rn_bits(xp: ModuleType, a: Array, b: Array) -> Array:
     """IEEE float32 ``a / b`` (round to nearest even, subnormal results kept), exact.
 
     Significands (subnormal operands normalized with a count of leading zeros) give a quotient
@@ -215,7 +214,7 @@ def _div_rn_bits(xp: Any, a: Any, b: Any) -> Any:
     inf_a, inf_b = (ea == 255) & (fa == 0), (eb == 255) & (fb == 0)
     nan_a, nan_b = (ea == 255) & (fa != 0), (eb == 255) & (fb != 0)
 
-    def significand(e: Any, f: Any) -> tuple[Any, Any]:
+    def significand(e: Array, f: Array) -> tuple[Array, Array]:
         m = xp.where(e == 0, f, f | u(1 << 23))
         exp = xp.where(e == 0, 1, e) - 127
         shift = xp.maximum(24 - bitlen(xp, m), 0)  # normalize into [2^23, 2^24)
@@ -252,7 +251,7 @@ def _div_rn_bits(xp: Any, a: Any, b: Any) -> Any:
     return bitcast(xp.where(special_nan, _nan_quotient_bits(xp, ab, bb), out), np.float32)
 
 
-def _quotient25(xp: Any, num: Any, mb: Any) -> tuple[Any, Any]:
+def _quotient25(xp: ModuleType, num: Array, mb: Array) -> tuple[Array, Array]:
     """``(q, r)`` with ``num·2^24 = q·mb + r``, ``0 <= r < mb``, for uint32 ``mb`` in
     [2^23, 2^24) and ``num`` in [mb, 2·mb): the 25-bit quotient in [2^24, 2^25).
 
@@ -267,7 +266,7 @@ def _quotient25(xp: Any, num: Any, mb: Any) -> tuple[Any, Any]:
         return _quotient25_body(xp, num, mb)
 
 
-def _quotient25_body(xp: Any, num: Any, mb: Any) -> tuple[Any, Any]:
+def _quotient25_body(xp: ModuleType, num: Array, mb: Array) -> tuple[Array, Array]:
     u, i = np.uint32, np.int32
     y = bitcast(u(0x3F800000) | (mb & u(0x7FFFFF)), np.float32)  # mb·2^-23, exact
     r = np.float32(24.0 / 17.0) - np.float32(8.0 / 17.0) * y
@@ -276,7 +275,7 @@ def _quotient25_body(xp: Any, num: Any, mb: Any) -> tuple[Any, Any]:
     q = (num.astype(np.float32) * (np.float32(2.0) * r)).astype(u)  # num < 2^25 and even if >= 2^24
     rem = bitcast((num << u(24)) - q * mb, i)  # exact: |num·2^24 − q·mb| < 2^31
 
-    def correct(q: Any, rem: Any) -> tuple[Any, Any]:
+    def correct(q: Array, rem: Array) -> tuple[Array, Array]:
         d = xp.floor(rem.astype(np.float32) * r * np.float32(2.0 ** -23)).astype(i)
         return bitcast(bitcast(q, i) + d, u), rem - d * bitcast(mb, i)
 
@@ -288,7 +287,7 @@ def _quotient25_body(xp: Any, num: Any, mb: Any) -> tuple[Any, Any]:
     return q, bitcast(rem, u)
 
 
-def _nan_quotient_bits(xp: Any, ab: Any, bb: Any) -> Any:
+def _nan_quotient_bits(xp: ModuleType, ab: Array, bb: Array) -> Array:
     """The NaN that a NaN-producing division returns, as bits, by one rule on every platform
     (x86 SSE's): a NaN ``a`` quieted, else a NaN ``b`` quieted, else the default NaN 0xFFC00000
     (0/0, Inf/Inf)."""
@@ -303,7 +302,7 @@ def _nan_quotient_bits(xp: Any, ab: Any, bb: Any) -> Any:
 TINY = np.float32(2.0**-126)
 
 
-def ftz(x: Any) -> Any:
+def ftz(x: Array) -> Array:
     """Flush |x| < 2^-126 to +0 (NaN and Inf pass); a contraction barrier under XLA.
 
     Done on the bit pattern (an integer AND with a mask that is all ones unless the exponent
@@ -318,17 +317,17 @@ def ftz(x: Any) -> Any:
     return bitcast(bits & mask, np.float32)
 
 
-def mul_ftz(a: Any, b: Any) -> Any:
+def mul_ftz(a: Array, b: Array) -> Array:
     """float32 ``a·b`` rounded to nearest even, flushed (never fused into a later add)."""
     return ftz(a * b)
 
 
-def add_ftz(a: Any, b: Any) -> Any:
+def add_ftz(a: Array, b: Array) -> Array:
     """float32 ``a + b``, flushed."""
     return ftz(a + b)
 
 
-def div_ftz(a: Any, b: Any) -> Any:
+def div_ftz(a: Array, b: Array) -> Array:
     """float32 ``a / b`` correctly rounded (IEEE round-to-nearest-even), then flushed.
 
     The quotient is :func:`div_f32`, computed with integer operations on
@@ -339,14 +338,14 @@ def div_ftz(a: Any, b: Any) -> Any:
     return ftz(div_f32(a, b))
 
 
-def pow2(k: Any, like: Any = None) -> Any:
+def pow2(k: Array, like: Array | None = None) -> Array:
     """float32 2^k for integer k in [−126, 127] (built from bits, exact)."""
     xp = namespace(k if like is None else like, k)
     k = xp.asarray(k, dtype=np.int32)
     return bitcast(((k + 127).astype(np.uint32) << np.uint32(23)), np.float32)
 
 
-def ldexp_ftz(x: Any, k: Any) -> Any:
+def ldexp_ftz(x: Array, k: Array) -> Array:
     """``x·2^k`` for float32 x and integer k in [−300, 300]: exact when the result is normal,
     0 when it is below 2^-126 (flushed), ±Inf on overflow (x = ±Inf/NaN pass unchanged).
 
@@ -365,7 +364,7 @@ def ldexp_ftz(x: Any, k: Any) -> Any:
     return xp.where((field == 0) | (field == 255), xp.where(field == 0, zero, x), out)
 
 
-def two_sum_ftz(a: Any, b: Any) -> tuple[Any, Any]:
+def two_sum_ftz(a: Array, b: Array) -> tuple[Array, Array]:
     """(s, e) with s = fl(a + b) and a + b = s + e exactly (Knuth; no multiplications)."""
     s = ftz(a + b)
     bv = ftz(s - a)
@@ -373,13 +372,13 @@ def two_sum_ftz(a: Any, b: Any) -> tuple[Any, Any]:
     return s, e
 
 
-def _split12(xp: Any, a: Any) -> tuple[Any, Any]:
+def _split12(xp: ModuleType, a: Array) -> tuple[Array, Array]:
     bits = bitcast(xp.asarray(a, dtype=np.float32), np.uint32)
     hi = bitcast(bits & np.uint32(0xFFFFF000), np.float32)
     return hi, ftz(a - hi)
 
 
-def two_prod_ftz(a: Any, b: Any) -> tuple[Any, Any]:
+def two_prod_ftz(a: Array, b: Array) -> tuple[Array, Array]:
     """(p, e) with p = fl(a·b) and a·b = p + e exactly (Dekker with an exact bit-mask split;
     every partial product is exact, so fusing them into FMAs cannot change a bit). Exact unless
     an intermediate falls below 2^-126 (then flushed)."""
@@ -391,7 +390,7 @@ def two_prod_ftz(a: Any, b: Any) -> tuple[Any, Any]:
     return p, e
 
 
-def _round_to_odd_sum(xp: Any, a: Any, b: Any) -> Any:
+def _round_to_odd_sum(xp: ModuleType, a: Array, b: Array) -> Array:
     s, e = two_sum_ftz(a, b)
     sb = bitcast(s, np.uint32)
     inexact = e != 0
@@ -402,7 +401,7 @@ def _round_to_odd_sum(xp: Any, a: Any, b: Any) -> Any:
     return xp.where(inexact & even, fixed, s)
 
 
-def fma_ftz(a: Any, b: Any, c: Any) -> Any:
+def fma_ftz(a: Array, b: Array, c: Array) -> Array:
     """float32 fused multiply-add ``RN(a·b + c)`` emulated exactly without an FMA
     (Boldo & Melquiond 2008: exact product, exact sum, round-to-odd, one final RN), flushed."""
     xp = namespace(a, b, c)
@@ -412,7 +411,7 @@ def fma_ftz(a: Any, b: Any, c: Any) -> Any:
     return ftz(th + v)
 
 
-def tree_sum_ftz(x: Any, axis: int = -1) -> Any:
+def tree_sum_ftz(x: Array, axis: int = -1) -> Array:
     """Sum along ``axis`` by a fixed pairwise tree (adjacent pairs first, zero-padded to a power
     of two), float32 with flush: the same order on every backend."""
     xp = namespace(x)

@@ -49,11 +49,12 @@ from __future__ import annotations
 
 import enum
 import operator
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from fp4sim._xp import namespace
+from fp4sim._xp import Array, namespace
 
 __all__ = [
     "ScaleLayout",
@@ -145,14 +146,14 @@ def blocked_offset(row: Any, col: Any, cols: int,
     return tile * (_TR * _TC) + (r % _SUB) * _W + (r // _SUB) * _TC + col % _TC
 
 
-def _check_matrix(x: Any, name: str, min_ndim: int) -> None:
+def _check_matrix(x: Array, name: str, min_ndim: int) -> None:
     if not hasattr(x, "dtype") or not hasattr(x, "shape"):
         raise TypeError(f"{name} must be a NumPy or jax array, got {type(x).__name__}")
     if x.ndim < min_ndim:
         raise ValueError(f"{name} has shape {tuple(x.shape)}; need at least {min_ndim} axes")
 
 
-def _pad(xp: Any, scales: Any, layout: ScaleLayout = ScaleLayout.SWIZZLED_128X4) -> Any:
+def _pad(xp: ModuleType, scales: Array, layout: ScaleLayout = ScaleLayout.SWIZZLED_128X4) -> Array:
     rows, cols = scales.shape[-2:]
     r, c = padded_scale_shape(rows, cols, layout)
     if (r, c) == (rows, cols):
@@ -160,7 +161,7 @@ def _pad(xp: Any, scales: Any, layout: ScaleLayout = ScaleLayout.SWIZZLED_128X4)
     return xp.pad(scales, [(0, 0)] * (scales.ndim - 2) + [(0, r - rows), (0, c - cols)])
 
 
-def to_mosaic_tmem(scales: Any) -> Any:
+def to_mosaic_tmem(scales: Array) -> Array:
     """``(..., rows, cols)`` → ``(..., R/128, C/4, 32, 16)``, zero-padded (``MOSAIC_TMEM``)."""
     _check_matrix(scales, "scales", 2)
     xp = namespace(scales)
@@ -187,7 +188,7 @@ def _crop(full: Any, rows: int | None, cols: int | None, name: str,
     return full[..., :rows, :cols]
 
 
-def from_mosaic_tmem(tmem: Any, rows: int | None = None, cols: int | None = None) -> Any:
+def from_mosaic_tmem(tmem: Array, rows: int | None = None, cols: int | None = None) -> Array:
     """Inverse of :func:`to_mosaic_tmem`; ``rows``/``cols`` (default: the padded size) crop
     the padding away."""
     _check_matrix(tmem, "tmem", 4)
@@ -205,14 +206,14 @@ def from_mosaic_tmem(tmem: Any, rows: int | None = None, cols: int | None = None
     return _crop(full, rows, cols, "tmem")
 
 
-def to_blocked(scales: Any) -> Any:
+def to_blocked(scales: Array) -> Array:
     """``(..., rows, cols)`` → flat ``(..., R*C)`` in the cuBLAS 128x4 swizzle, zero-padded."""
     t = to_mosaic_tmem(scales)
     xp = namespace(t)
     return xp.reshape(t, tuple(t.shape[:-4]) + (-1,))
 
 
-def from_blocked(blocked: Any, rows: int, cols: int) -> Any:
+def from_blocked(blocked: Array, rows: int, cols: int) -> Array:
     """Inverse of :func:`to_blocked` for a ``rows x cols`` scale matrix (padding dropped)."""
     _check_matrix(blocked, "blocked", 1)
     xp = namespace(blocked)
@@ -225,7 +226,7 @@ def from_blocked(blocked: Any, rows: int, cols: int) -> Any:
     return from_mosaic_tmem(t, rows, cols)
 
 
-def to_swizzled_8x4(scales: Any) -> Any:
+def to_swizzled_8x4(scales: Array) -> Array:
     """``(..., rows, cols)`` → flat ``(..., R*C)`` in FlashInfer's 8x4 layout (rows padded to
     8, cols to 4, zeros): 8x4 tiles in row-of-tiles order, each tile row-major (32 bytes)."""
     _check_matrix(scales, "scales", 2)
@@ -239,7 +240,7 @@ def to_swizzled_8x4(scales: Any) -> Any:
     return xp.reshape(t, lead + (r * c,))
 
 
-def from_swizzled_8x4(x: Any, rows: int, cols: int) -> Any:
+def from_swizzled_8x4(x: Array, rows: int, cols: int) -> Array:
     """Inverse of :func:`to_swizzled_8x4` for a ``rows x cols`` scale matrix."""
     _check_matrix(x, "x", 1)
     xp = namespace(x)
@@ -254,7 +255,7 @@ def from_swizzled_8x4(x: Any, rows: int, cols: int) -> Any:
     return _crop(xp.reshape(t, lead + (r, c)), rows, cols, "x", ScaleLayout.SWIZZLED_8X4)
 
 
-def to_layout(scales: Any, layout: ScaleLayout) -> Any:
+def to_layout(scales: Array, layout: ScaleLayout) -> Array:
     """``(..., rows, cols)`` scales in ``layout`` (``PLAIN`` returns them unchanged)."""
     _check_layout(layout)
     if layout is ScaleLayout.PLAIN:
@@ -267,7 +268,7 @@ def to_layout(scales: Any, layout: ScaleLayout) -> Any:
     return to_mosaic_tmem(scales)
 
 
-def from_layout(x: Any, layout: ScaleLayout, rows: int, cols: int) -> Any:
+def from_layout(x: Array, layout: ScaleLayout, rows: int, cols: int) -> Array:
     """Inverse of :func:`to_layout`: the ``(..., rows, cols)`` scale matrix."""
     _check_layout(layout)
     if layout is ScaleLayout.PLAIN:
@@ -295,7 +296,7 @@ def padding_mask(layout: ScaleLayout, rows: int, cols: int) -> np.ndarray:
     return ~to_layout(valid, layout)
 
 
-def check_padding(x: Any, layout: ScaleLayout, rows: int, cols: int) -> None:
+def check_padding(x: Array, layout: ScaleLayout, rows: int, cols: int) -> None:
     """Raise ``ValueError`` unless every padding position of ``x`` (concrete array, any batch
     axes, one ``rows x cols`` matrix per batch entry in ``layout``) holds a zero code."""
     mask = padding_mask(layout, rows, cols)

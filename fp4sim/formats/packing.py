@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from fp4sim._xp import is_jax, namespace
+from fp4sim._xp import Array, is_jax, namespace
 from fp4sim.formats.spec import FloatFormat
 
 __all__ = ["NibbleOrder", "pack", "unpack", "packed_length", "pack_group_size"]
@@ -117,7 +117,7 @@ def _axis(axis: Any, ndim: int, name: str) -> int:
     return axis % ndim
 
 
-def _check_uint8(x: Any, name: str) -> None:
+def _check_uint8(x: Array, name: str) -> None:
     if not hasattr(x, "dtype") or not hasattr(x, "shape"):
         raise TypeError(f"{name} must be a NumPy or jax array of uint8, got {type(x).__name__}")
     if np.dtype(x.dtype) != np.uint8:
@@ -126,7 +126,7 @@ def _check_uint8(x: Any, name: str) -> None:
         raise ValueError(f"{name} is a scalar; packing needs at least one axis")
 
 
-def pack(codes: Any, fmt: FloatFormat, *, axis: int = -1,
+def pack(codes: Array, fmt: FloatFormat, *, axis: int = -1,
          order: NibbleOrder = NibbleOrder.INTERLEAVED, pad: bool = False) -> Any:
     """Pack one-code-per-byte ``codes`` (uint8) of a 4- or 6-bit ``fmt`` along ``axis``.
 
@@ -176,7 +176,7 @@ def pack(codes: Any, fmt: FloatFormat, *, axis: int = -1,
     return xp.moveaxis(out.astype(np.uint8), -1, ax)
 
 
-def unpack(packed: Any, fmt: FloatFormat, *, axis: int = -1,
+def unpack(packed: Array, fmt: FloatFormat, *, axis: int = -1,
            order: NibbleOrder = NibbleOrder.INTERLEAVED, length: int | None = None) -> Any:
     """Inverse of :func:`pack`: one uint8 code per byte along ``axis``.
 

@@ -49,7 +49,13 @@ def _register_attention_cases() -> None:
                           "shifts 0 / 0.0576 / log2(1.25)-1/4) on 4096 x uniform on [-6, log2 6)",
               points=4096)
     def direct_p_grid() -> dict[str, np.ndarray]:
-        from fp4sim.attention import MITCHELL_BOUNDARY_SHIFT, AffineP, ExactP, MitchellP, direct_p_payload
+        from fp4sim.attention import (
+            MITCHELL_BOUNDARY_SHIFT,
+            AffineP,
+            ExactP,
+            MitchellP,
+            direct_p_payload,
+        )
 
         x = np.linspace(-6.0, math.log2(6.0), 4096, endpoint=False).astype(np.float32)
         convs = {"exact": ExactP(), "affine": AffineP(), "mitchell_s0": MitchellP(shift=0.0),

@@ -14,6 +14,7 @@ import numpy as np
 
 from fp4sim.golden.store import register
 
+
 def _case_slug(fmt: Any) -> str:
     return str(fmt).lower()
 
@@ -47,7 +48,8 @@ def _register_format_cases() -> None:
         slug = _case_slug(fmt)
 
         def all_codes(fmt=fmt) -> dict[str, np.ndarray]:
-            from fp4sim.formats import all_codes as _all_codes, decode
+            from fp4sim.formats import all_codes as _all_codes
+            from fp4sim.formats import decode
 
             codes = np.asarray(_all_codes(fmt), dtype=np.uint8)
             return {"codes": codes, "values": np.asarray(decode(codes, fmt), dtype=np.float32)}

@@ -66,7 +66,6 @@ def device_kernels(fn: Callable[..., Any], *args: Any, iterations: int = 20
                    ) -> list[list[tuple[str, float]]]:
     """Per call of ``fn(*args)`` (after one warm-up call), the kernels it launched as
     ``(name, seconds)`` in launch order, from CUPTI's activity records; ``iterations`` calls."""
-    import jax
     from jax.experimental.mosaic.gpu import profiler
 
     if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:

@@ -76,7 +76,7 @@ def e4m3_to_f16(codes: Any) -> Any:
     s, e, m = (c >> _U32(7)) & _U32(1), (c >> _U32(3)) & _U32(15), c & _U32(7)
     normal = ((e + _U32(8)) << _U32(10)) | (m << _U32(7))
     lead = xp.where(m >= _U32(4), _U32(2), xp.where(m >= _U32(2), _U32(1), _U32(0)))
-    sub = ((lead + _U32(6)) << _U32(10)) | (((m << (_U32(10) - lead)) & _U32(0x3FF)))
+    sub = ((lead + _U32(6)) << _U32(10)) | ((m << (_U32(10) - lead)) & _U32(0x3FF))
     mag = xp.where(e == 0, xp.where(m == 0, _U32(0), sub), normal)
     mag = xp.where((e == _U32(15)) & (m == _U32(7)), _U32(0x7E00), mag)
     return bitcast((mag | (s << _U32(15))).astype(np.uint16), np.float16)

@@ -564,7 +564,7 @@ def _e2m1_from_points(a: Any, points: list[Any]) -> Any:
     import jax.numpy as jnp
 
     mag = jnp.zeros(a.shape, jnp.uint32)
-    for (tb, strict), t in zip(_E2M1_POINTS, points):
+    for (_, strict), t in zip(_E2M1_POINTS, points):
         hit = (a > t) if strict else (a >= t)
         mag = mag + hit.astype(jnp.uint32)
     return mag
@@ -1074,7 +1074,7 @@ def _build_token_block(cfg: QuantKernelConfig, num_blocks: int) -> Any:
                                      plgpu.Layout.WG_STRIDED((128,), 1))
             scale, per_block = _per_block(amax, cfg, {})
             per_block = jax.tree.map(jnp.max, per_block)
-            bc = lambda v: lax.broadcast_in_dim(v, w.shape, ())  # noqa: E731  (splat)
+            bc = lambda v, w=w: lax.broadcast_in_dim(v, w.shape, ())  # noqa: E731  (splat)
             o_s.at[j][...] = _codes_from(xs, cfg, per_block, bc,
                                          word=w if cfg.paired else None)
             s_s[j, 0] = jnp.max(scale).astype(jnp.uint8)  # TMA rows are >= 16 bytes: byte 0

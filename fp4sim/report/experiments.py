@@ -96,7 +96,15 @@ def experiment_scale_rules(sizes: Sizes) -> dict[str, Any]:
     above ``elem.max / 2^e_M`` (1.75 for E4M3, 1.5 for E2M1).
     """
     from fp4sim.formats import UE4M3, UE8M0, decode
-    from fp4sim.formats.blocks import MXFP4, MXFP8, NVFP4, NVFP4_SINGLE, ScaleRule, dequantize, quantize
+    from fp4sim.formats.blocks import (
+        MXFP4,
+        MXFP8,
+        NVFP4,
+        NVFP4_SINGLE,
+        ScaleRule,
+        dequantize,
+        quantize,
+    )
 
     rng = np.random.default_rng(sizes.seed)
     x = rng.standard_normal((sizes.scale_blocks, 32)).astype(np.float32)
@@ -163,8 +171,15 @@ def experiment_exp2(sizes: Sizes) -> dict[str, Any]:
 def experiment_normalization_examples() -> dict[str, Any]:
     """§4.1's two-key example through the exact Direct-P converter and :func:`normalize`, and
     §4.3's flush-to-zero ordering through :func:`block_denominator`."""
-    from fp4sim.attention import ExactP, Normalization, NormalizerOrder, block_denominator, \
-        direct_p_coordinate, direct_p_payload, normalize
+    from fp4sim.attention import (
+        ExactP,
+        Normalization,
+        NormalizerOrder,
+        block_denominator,
+        direct_p_coordinate,
+        direct_p_payload,
+        normalize,
+    )
     from fp4sim.formats import E2M1, decode
 
     w = np.array(SEED["norm_weights"], dtype=np.float64)
@@ -188,8 +203,14 @@ def experiment_normalization_examples() -> dict[str, Any]:
 def experiment_normalization_routes(sizes: Sizes) -> dict[str, Any]:
     """The Direct-P routes (affine and Mitchell) with only the normalizer changed, on the largest
     Gaussian shape of the route-error sweep."""
-    from fp4sim.attention import HW_FP4_DIRECT_P, HW_FP4_DIRECT_P_MITCHELL, Normalization, \
-        attention_forward, attention_reference, error_summary
+    from fp4sim.attention import (
+        HW_FP4_DIRECT_P,
+        HW_FP4_DIRECT_P_MITCHELL,
+        Normalization,
+        attention_forward,
+        attention_reference,
+        error_summary,
+    )
 
     s = sizes.seq_lens[-1]
     q, k, v = gaussian_qkv(s, sizes.head_dim, sizes.seed + s)
@@ -206,8 +227,13 @@ def experiment_normalization_routes(sizes: Sizes) -> dict[str, Any]:
 # --- converters: code maps and code-match rates -----------------------------------------------------
 
 def direct_p_converters() -> dict[str, Any]:
-    from fp4sim.attention import MITCHELL_BOUNDARY_SHIFT, SCHRAUDOLPH_ZERO_MEAN_SHIFT, AffineP, ExactP, \
-        MitchellP
+    from fp4sim.attention import (
+        MITCHELL_BOUNDARY_SHIFT,
+        SCHRAUDOLPH_ZERO_MEAN_SHIFT,
+        AffineP,
+        ExactP,
+        MitchellP,
+    )
 
     return {"exact": ExactP(), "affine": AffineP(), "mitchell_s0": MitchellP(shift=0.0),
             "mitchell_zero_mean": MitchellP(shift=SCHRAUDOLPH_ZERO_MEAN_SHIFT),
@@ -253,8 +279,15 @@ def attention_like_x(sizes: Sizes) -> tuple[np.ndarray, np.ndarray]:
 def experiment_code_match(sizes: Sizes) -> dict[str, Any]:
     """Code-match rates of the Direct-P family against the exact converter (grid and attention-like
     inputs), Schraudolph's 8-bit P against exact rounding, and the §2.7 behaviour table."""
-    from fp4sim.attention import AttentionRecipe, ExactP, PFormat, SchraudolphP, code_match_rate, \
-        convert_tile, direct_p_payload
+    from fp4sim.attention import (
+        AttentionRecipe,
+        ExactP,
+        PFormat,
+        SchraudolphP,
+        code_match_rate,
+        convert_tile,
+        direct_p_payload,
+    )
     from fp4sim.formats import E2M1, decode
 
     convs = direct_p_converters()
@@ -274,7 +307,7 @@ def experiment_code_match(sizes: Sizes) -> dict[str, Any]:
         exact = AttentionRecipe(converter=ExactP(), p_format=fmt)
         approx = exact.replace(converter=SchraudolphP())
         # share of equal P codes (code_match_rate covers the Direct-P family only)
-        def same(inputs: np.ndarray) -> float:
+        def same(inputs: np.ndarray, approx: Any = approx, exact: Any = exact) -> float:
             return float(np.mean(np.asarray(convert_tile(approx, inputs).codes)
                                  == np.asarray(convert_tile(exact, inputs).codes)))
 
@@ -377,8 +410,17 @@ def experiment_leak(sizes: Sizes) -> dict[str, Any]:
 def experiment_consistency(sizes: Sizes) -> dict[str, Any]:
     """§5.2's two-key dS row sums, and :func:`check_consistency` of the matched training presets
     and of each named deliberate mismatch."""
-    from fp4sim.attention import TRAINING_PRESETS, Mismatch, Normalization, check_consistency, normalize, \
-        softmax_grad, training_backward, training_forward, with_mismatch
+    from fp4sim.attention import (
+        TRAINING_PRESETS,
+        Mismatch,
+        Normalization,
+        check_consistency,
+        normalize,
+        softmax_grad,
+        training_backward,
+        training_forward,
+        with_mismatch,
+    )
 
     # §5.2: w = [1, 0.4] (represented [1, 1/3], §4.1), V = [0, 6], dO = 1, head dim 1.
     ex = experiment_normalization_examples()
@@ -439,8 +481,7 @@ def experiment_bit_identity(sizes: Sizes) -> dict[str, Any]:
     from tqdm import tqdm
 
     from fp4sim.attention import PRESETS, attention_forward
-    from fp4sim.formats import ALL_FORMATS, encode
-    from fp4sim.formats import blocks
+    from fp4sim.formats import ALL_FORMATS, blocks, encode
 
     rng = np.random.default_rng(sizes.seed)
     x = (rng.standard_normal(4096) * np.exp2(rng.integers(-140, 20, 4096))).astype(np.float32)

@@ -13,8 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4sim.attention.autodiff import (TRAINING_PRESETS, emulated_attention, training_backward,
-                                       training_forward)
+from fp4sim.attention.autodiff import (
+    TRAINING_PRESETS,
+    emulated_attention,
+    training_backward,
+    training_forward,
+)
 
 RECIPE = TRAINING_PRESETS["direct_p_fp8_training"]
 N, DM, DH, HEADS = 64, 32, 32, 2

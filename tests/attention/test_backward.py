@@ -60,8 +60,10 @@ def test_reference_matches_finite_differences():
             xp, xm = x.copy(), x.copy()
             xp[idx] += h
             xm[idx] -= h
-            args_p = list(args); args_p[which] = xp
-            args_m = list(args); args_m[which] = xm
+            args_p = list(args)
+            args_p[which] = xp
+            args_m = list(args)
+            args_m[which] = xm
             fd[idx] = (loss(*args_p) - loss(*args_m)) / (2 * h)
         # central difference error ~ h^2 * f''' + rounding 1e-16/h
         np.testing.assert_allclose(grad, fd, atol=1e-8)
@@ -79,8 +81,7 @@ def test_reference_bad_shapes_named():
 
 # --- the emulated backward ----------------------------------------------------------------------
 from fp4sim.attention import causal  # noqa: E402
-from fp4sim.attention.autodiff import (TRAINING_PRESETS, training_backward,  # noqa: E402
-                                       training_forward)
+from fp4sim.attention.autodiff import TRAINING_PRESETS, training_backward, training_forward  # noqa: E402
 from fp4sim.attention.backward import emulated_backward, softmax_grad  # noqa: E402
 
 U32 = 2.0**-24  # float32 unit roundoff

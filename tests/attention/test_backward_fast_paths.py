@@ -21,13 +21,19 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ordered_oracle import assert_same_bits, flushed_chain
 
-from fp4sim.attention.autodiff import (TRAINING_PRESETS, p_from_forward, rebuild_p,
-                                       reuses_forward_p, training_backward, training_forward)
-from fp4sim.attention.causal import shares_scales_across_tokens
+from fp4sim.attention.autodiff import (
+    TRAINING_PRESETS,
+    p_from_forward,
+    rebuild_p,
+    reuses_forward_p,
+    training_backward,
+    training_forward,
+)
 from fp4sim.attention.backward import _matmul, operand_stats, plain_sum_is_exact
+from fp4sim.attention.causal import shares_scales_across_tokens
 from fp4sim.attention.recipe import PRESETS, VFormat
-from ordered_oracle import assert_same_bits, flushed_chain, ftz
 
 SHAPE_A, SHAPE_B = (2, 6, 40), (2, 40, 5)
 

@@ -48,8 +48,8 @@ def test_golden_two_element_mismatched():
 
 # --- the checker on the emulated training path ---------------------------------------------------
 from fp4sim.attention import recipe as R  # noqa: E402
-from fp4sim.attention.recipe import TRAINING_PRESETS, _route  # noqa: E402
 from fp4sim.attention.consistency import Mismatch, check_consistency, with_mismatch  # noqa: E402
+from fp4sim.attention.recipe import TRAINING_PRESETS, _route  # noqa: E402
 
 
 def _inputs(seed=3, n=128, d=64):

@@ -10,8 +10,13 @@ import numpy as np
 import pytest
 
 from fp4sim.attention import recipe as R
-from fp4sim.attention.converters import LOG2_6, convert_tile, direct_p_coordinate, \
-    direct_p_payload, mitchell_exp2
+from fp4sim.attention.converters import (
+    LOG2_6,
+    convert_tile,
+    direct_p_coordinate,
+    direct_p_payload,
+    mitchell_exp2,
+)
 from fp4sim.attention.exp2 import exp2_rn
 from fp4sim.attention.metrics import uniform_grid
 from fp4sim.formats.codec import decode, encode

@@ -9,10 +9,16 @@ import jax
 import numpy as np
 import pytest
 
-from fp4sim.formats import f32
-from fp4sim.attention.exp2 import POLY_EX2, exp2_fa4, exp2_model, exp2_rn, fa4_emulated_mask, \
-    log2_f32
+from fp4sim.attention.exp2 import (
+    POLY_EX2,
+    exp2_fa4,
+    exp2_model,
+    exp2_rn,
+    fa4_emulated_mask,
+    log2_f32,
+)
 from fp4sim.attention.recipe import Exp2Kind, Exp2Model
+from fp4sim.formats import f32
 
 TINY = 2.0**-126
 

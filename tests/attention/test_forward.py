@@ -11,8 +11,8 @@ import pytest
 from fp4sim.attention import recipe as R
 from fp4sim.attention.converters import convert_tile
 from fp4sim.attention.forward import attention_forward, hadamard, log2_scores, scores
-from fp4sim.attention.reference import attention_mask, attention_reference
 from fp4sim.attention.metrics import error_summary
+from fp4sim.attention.reference import attention_mask, attention_reference
 
 
 def _qkv(shape_q, skv, dv=None, seed=0):

@@ -6,8 +6,12 @@ import jax
 import numpy as np
 import pytest
 
-from fp4sim.attention.normalization import NormalizerOrder, block_denominator, normalize, \
-    represented_output
+from fp4sim.attention.normalization import (
+    NormalizerOrder,
+    block_denominator,
+    normalize,
+    represented_output,
+)
 from fp4sim.attention.recipe import Normalization
 from fp4sim.formats.codec import decode, encode
 from fp4sim.formats.spec import E2M1

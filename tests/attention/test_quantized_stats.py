@@ -22,12 +22,12 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from ordered_oracle import assert_same_bits, flushed_chain, ftz
 
 from fp4sim.attention import causal as sc
 from fp4sim.attention._ordered import plain_sum_is_exact
 from fp4sim.attention.autodiff import P_MXFP8_KEYS, TRAINING_PRESETS
 from fp4sim.attention.backward import emulated_backward
-from ordered_oracle import assert_same_bits, flushed_chain, ftz
 
 DERIVED = [P_MXFP8_KEYS, sc.DS_SQUARE_RCEIL, sc.DS_SQUARE_FLOOR, sc.TOKEN_BLOCK_POW2,
            sc.MXFP8_TOKENS_FLOOR, sc.MXFP8_TOKENS_RCEIL, sc.MXFP4_TOKENS_RCEIL, sc.PER_TOKEN_POW2,

@@ -56,8 +56,7 @@ def test_fully_masked_row_gives_zero_output_and_gradients():
 
 # --- the emulated training path on packed documents ----------------------------------------------
 from fp4sim.attention import causal  # noqa: E402
-from fp4sim.attention.autodiff import (TRAINING_PRESETS, training_backward,  # noqa: E402
-                                       training_forward)
+from fp4sim.attention.autodiff import TRAINING_PRESETS, training_backward, training_forward  # noqa: E402
 
 LENGTHS = [20, 44, 9, 55]  # boundaries inside 32-token groups and 32x32 dS tiles
 

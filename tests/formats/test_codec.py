@@ -13,13 +13,34 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fp4sim.formats import (
-    ALL_FORMATS, DEFAULT_POLICY, E2M1, E2M3, E3M2, E4M3, E5M2, ELEMENT_FORMATS, UE4M3, UE5M3,
-    UE8M0, NanPolicy, Overflow, Policy, Rounding, SignedZero, all_codes, decode, encode,
-    finite_codes, format_by_name, max_code, nan_code, inf_code, value_table,
+    ALL_FORMATS,
+    E2M1,
+    E2M3,
+    E3M2,
+    E4M3,
+    E5M2,
+    UE4M3,
+    UE5M3,
+    UE8M0,
+    NanPolicy,
+    Overflow,
+    Policy,
+    Rounding,
+    SignedZero,
+    all_codes,
+    decode,
+    encode,
+    finite_codes,
+    format_by_name,
+    inf_code,
+    max_code,
+    nan_code,
+    value_table,
 )
 
 FMT_IDS = [f.name for f in ALL_FORMATS]

@@ -14,8 +14,22 @@ import numpy as np
 import pytest
 
 from fp4sim.formats import (
-    ALL_FORMATS, E2M1, E4M3, E5M2, UE8M0, NanPolicy, Overflow, Policy, Rounding, SignedZero,
-    all_codes, decode, encode, max_code, nan_code, value_table,
+    ALL_FORMATS,
+    E2M1,
+    E4M3,
+    E5M2,
+    UE8M0,
+    NanPolicy,
+    Overflow,
+    Policy,
+    Rounding,
+    SignedZero,
+    all_codes,
+    decode,
+    encode,
+    max_code,
+    nan_code,
+    value_table,
 )
 
 FMT_IDS = [f.name for f in ALL_FORMATS]
@@ -94,7 +108,7 @@ def test_subnormal_inputs_under_xla_ftz():
         (E4M3, Policy(rounding=Rounding.UP), [1, 1, 1, 1, 1]),
         (E4M3, Policy(rounding=Rounding.UP, flush_inputs=True), [0, 0, 0, 0, 0]),
     ]:
-        jitted = jax.jit(lambda v: encode(v, fmt, policy))(jnp.asarray(x))
+        jitted = jax.jit(lambda v, fmt=fmt, policy=policy: encode(v, fmt, policy))(jnp.asarray(x))
         np.testing.assert_array_equal(np.asarray(jitted), want, err_msg=f"{fmt} {policy}")
         np.testing.assert_array_equal(encode(x, fmt, policy), want)
 
@@ -121,7 +135,7 @@ def test_vmap_and_half_inputs():
         hn = np.asarray(h)
         for fmt in (E5M2, UE8M0):
             p = Policy(nan=NanPolicy.ZERO)
-            got = jax.jit(lambda v: encode(v, fmt, p))(h)
+            got = jax.jit(lambda v, fmt=fmt, p=p: encode(v, fmt, p))(h)
             np.testing.assert_array_equal(np.asarray(got), encode(hn, fmt, p), err_msg=f"{dtype} {fmt}")
             assert hn.dtype in (np.float16, ml_dtypes.bfloat16)
 

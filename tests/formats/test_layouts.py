@@ -196,11 +196,11 @@ def test_numpy_and_jit_identical():
     import jax
     s = random_scales(np.random.default_rng(9), (2, 130, 6))
     for layout in (ScaleLayout.SWIZZLED_128X4, ScaleLayout.MOSAIC_TMEM, ScaleLayout.SWIZZLED_8X4):
-        got = jax.jit(lambda a: to_layout(a, layout))(jax.numpy.asarray(s))
+        got = jax.jit(lambda a, layout=layout: to_layout(a, layout))(jax.numpy.asarray(s))
         want = to_layout(s, layout)
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(np.asarray(got), want)
-        back = jax.jit(lambda a: from_layout(a, layout, 130, 6))(got)
+        back = jax.jit(lambda a, layout=layout: from_layout(a, layout, 130, 6))(got)
         np.testing.assert_array_equal(np.asarray(back), s)
 
 

@@ -10,10 +10,10 @@ import pytest
 
 from fp4sim.formats.blocks import (
     MXFP4,
-    Geometry,
     MXFP8,
     NVFP4,
     NVFP4_SINGLE,
+    Geometry,
     GlobalScale,
     dequantize,
     quantize,
@@ -153,7 +153,6 @@ def test_hopper_model_against_h200_measurements():
     import ml_dtypes
 
     from fp4sim.formats.matmul import HOPPER_FP8_MODEL
-
     from fp4sim.golden import DATA_DIR
 
     path = DATA_DIR / "wgmma_fp8_h200.npz"

@@ -3,7 +3,6 @@ pairing, torchao's packed bytes, hypothesis round trips, NumPy == jit bits, and 
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from hypothesis import given

@@ -3,7 +3,6 @@ quantizer, and an independent transcription of the OCP/microxcaling algorithm.""
 
 from __future__ import annotations
 
-
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -13,6 +12,7 @@ from fp4sim import golden
 from fp4sim.formats import codec
 from fp4sim.formats.blocks import GlobalScale, ScaleRule, dequantize, quantize
 from fp4sim.formats.presets import (
+    BLOCK_PRESETS,
     JAX_MXFP8,
     JAX_NVFP4,
     OCP_MXFP4,
@@ -20,7 +20,6 @@ from fp4sim.formats.presets import (
     OCP_MXFP6_E3M2,
     OCP_MXFP8_E4M3,
     OCP_MXFP8_E5M2,
-    BLOCK_PRESETS,
     TE_NVFP4,
     TORCHAO_MX,
     TORCHAO_NVFP4,

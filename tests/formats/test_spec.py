@@ -9,9 +9,28 @@ import numpy as np
 import pytest
 
 from fp4sim.formats import (
-    ALL_FORMATS, DEFAULT_POLICY, E2M1, E2M3, E3M2, E4M3, E5M2, UE4M3, UE5M3, UE8M0, FloatFormat,
-    NanEncoding, Overflow, Policy, Rounding, SignedZero, finfo, format_by_name,
-    max_code, nan_code, inf_code, value_table,
+    ALL_FORMATS,
+    DEFAULT_POLICY,
+    E2M1,
+    E2M3,
+    E3M2,
+    E4M3,
+    E5M2,
+    UE4M3,
+    UE5M3,
+    UE8M0,
+    FloatFormat,
+    NanEncoding,
+    Overflow,
+    Policy,
+    Rounding,
+    SignedZero,
+    finfo,
+    format_by_name,
+    inf_code,
+    max_code,
+    nan_code,
+    value_table,
 )
 
 

@@ -186,7 +186,7 @@ def test_float_path_fp8_within_range_on_cpu():
     for fmt, elem in ((B.MXFP8_E4M3, E4M3), (B.MXFP8_E5M2, E5M2)):
         sel = np.isnan(x) | ((np.abs(x) <= elem.max) & ((np.abs(x) >= 2.0 ** -126) | (x == 0)))
         xs = x[sel]
-        got = np.asarray(_j(lambda b: Q._fp8_codes_float(b, np.float32(1.0), fmt))(
+        got = np.asarray(_j(lambda b, fmt=fmt: Q._fp8_codes_float(b, np.float32(1.0), fmt))(
             jnp.asarray(_bits(xs))))
         np.testing.assert_array_equal(got, codec.encode(xs, elem))
 
