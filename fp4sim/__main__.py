@@ -1,4 +1,4 @@
-"""Command line: ``python -m fp4sim {reproduce, golden, figures, bench}``.
+"""Command line: ``python -m fp4sim {reproduce, golden, figures, bench, train}``.
 
 Argument parsing only. Each subcommand's work lives in the module named in ``_COMMANDS``; that
 module exposes ``add_arguments(parser)`` and ``run(args) -> int`` and is imported only when its
@@ -18,6 +18,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "golden": ("fp4sim.golden", "write or check the golden vectors (tests/golden by default)"),
     "figures": ("fp4sim.figures", "regenerate every figure under figures/"),
     "bench": ("fp4sim.bench", "benchmarks: formats, microscaling, attention, training (CPU) and gpu (H200)"),
+    "train": ("fp4sim.train.cli", "training study: a small transformer trained with emulated low-precision attention"),
 }
 
 
