@@ -114,7 +114,8 @@ class Trainer:
 
         def update(g: Any, o: Any, p: Any) -> tuple[Any, Any, Any]:
             u, o2 = tx.update(g, o, p)
-            return optax.apply_updates(p, u), o2, optax.global_norm(g)
+            norm = jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(g)))
+            return optax.apply_updates(p, u), o2, norm
 
         params, opt, gnorm = jax.vmap(update)(grads, state["opt"], state["params"])
         keep = jax.tree_util.tree_map

@@ -212,7 +212,9 @@ class _Compiler:
 def _bar(progress: bool, **kw: Any) -> Any:
     from tqdm import tqdm
 
-    return tqdm(disable=not progress, file=sys.stderr, dynamic_ncols=True, **kw)
+    # to a log file (no terminal): a line every 15 s instead of a stream of redraws
+    slow = {} if sys.stderr.isatty() else {"mininterval": 15.0}
+    return tqdm(disable=not progress, file=sys.stderr, dynamic_ncols=True, **slow, **kw)
 
 
 @dataclasses.dataclass
@@ -225,7 +227,8 @@ class _Run:
     loss: list = dataclasses.field(default_factory=list)  # device arrays (seeds,)
     grad_norm: list = dataclasses.field(default_factory=list)
     timed: list = dataclasses.field(default_factory=list)  # seconds per step of timing rounds
-    step_s: float | None = None  # the current estimate of seconds per step
+    step_s: float | None = None  # the current estimate of seconds per step (steady state)
+    first_s: float | None = None  # the first step's time (includes first-execution work)
     started: bool = False
 
     @property
@@ -247,14 +250,15 @@ def _advance(run: _Run, n: int, sampler: Any, tokens: Any, w: Any) -> None:
 
 
 def _first(run: _Run, sampler: Any, tokens: Any, w: Any) -> None:
-    """The first step (untimed: first-execution work) and a first per-step estimate."""
+    """The first step (first-execution work: its time is only an upper bound, ``first_s``;
+    the estimate ``step_s`` comes from the next chunk)."""
     if run.started:
         return
     t = time.perf_counter()
     _advance(run, 1, sampler, tokens, w)
     _sync(run)
     run.started = True
-    run.step_s = time.perf_counter() - t
+    run.first_s = time.perf_counter() - t
 
 
 def _sync(run: _Run) -> float:
@@ -327,33 +331,44 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
     timing_done = False
     last_write = time.monotonic()
 
-    def finish_cost(n: str) -> float:
-        known = [r.step_s for r in runs.values() if r.step_s is not None]
-        s = runs[n].step_s if n in runs and runs[n].step_s is not None else (
-            max(known) if known else 0.0)
-        f32 = ref.step_s if ref is not None and ref.step_s is not None else 0.0
-        return s * (4 + 2 * cfg.eval_batches + cfg.chunk) + f32 * cfg.eval_batches + 1.0
+    def estimates() -> dict[str, float] | None:
+        """Seconds per step of every recipe: the measured steady time where there is one;
+        for a recipe not yet measured, the slowest measured emulated recipe's, or 20x the
+        reference's before any emulated one is measured (jnp baselines: the reference's).
+        None before anything is measured."""
+        known = {n: r.step_s for n, r in runs.items() if r.step_s is not None}
+        if ref is not None and ref.step_s is not None:
+            known.setdefault("jnp_float32", ref.step_s)
+        if not known:
+            return None
+        slow = [v for n, v in known.items() if n in recipes and recipes[n].training]
+        base = known.get("jnp_float32", min(known.values()))
+        guess = max(slow) if slow else 20.0 * base
+        return {n: known.get(n, guess if recipes[n].training else base) for n in names} | {
+            "jnp_float32": base}
 
     def reserve() -> float:
-        return sum(finish_cost(n) for n in names) + _FIGURE_RESERVE_S
+        """Time the checks of phase 4 and the figure need (from the estimates)."""
+        est = estimates()
+        if est is None:
+            return _FIGURE_RESERVE_S
+        per = 4 + 2 * cfg.eval_batches + 2 * cfg.chunk  # checks, rerun, catch-up
+        return sum(est[n] * per + est["jnp_float32"] * cfg.eval_batches + 1.0
+                   for n in names) + _FIGURE_RESERVE_S
 
     def target() -> int:
         """The step count every recipe should reach: all of ``cfg.steps`` without a budget;
         else what the remaining time allows if from now on every recipe (compiled or not)
-        trains to the same count at its step time (a recipe not yet compiled or timed counts
-        at the slowest known time, or 20x the reference's before any emulated one is
-        known). Recomputed before every chunk, so it corrects itself as times arrive."""
+        trains to the same count at its estimated step time (:func:`estimates`).
+        Recomputed before every chunk, so it corrects itself as times arrive."""
         if budget is None:
             return cfg.steps
-        known = {n: r.step_s for n, r in runs.items() if r.step_s is not None}
-        if ref is not None and ref.step_s is not None:
-            known.setdefault("jnp_float32", ref.step_s)
-        slow = [v for n, v in known.items() if recipes.get(n) and recipes[n].training]
-        guess = max(slow) if slow else 20.0 * max(known.values(), default=0.05)
-        est = {n: known.get(n, guess) for n in names}
+        est = estimates()
+        if est is None:
+            return min(cfg.steps, cfg.chunk + 1)  # a first chunk, to measure
         done = {n: runs[n].steps if n in runs else 0 for n in names}
         left = deadline - time.monotonic() - reserve()
-        total = sum(est.values())
+        total = sum(est[n] for n in names)
         n_hat = (left + sum(est[n] * done[n] for n in names)) / total if total > 0 else 0.0
         return int(max(0, min(cfg.steps, n_hat)))
 
@@ -392,7 +407,8 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
             timed.setdefault("jnp_float32", ref)
             for r in timed.values():
                 _first(r, sampler, tokens, w_train)
-            cost = sum(TIMING_ROUNDS * cfg.chunk * r.step_s for r in timed.values())
+            cost = sum(TIMING_ROUNDS * cfg.chunk * (r.step_s or r.first_s)
+                       for r in timed.values())
             if time.monotonic() + cost < deadline - reserve():
                 for _ in range(TIMING_ROUNDS):
                     for r in timed.values():
@@ -406,7 +422,7 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
             bar.refresh()
         todo = [r for r in runs.values() if r.steps < goal]
         if not todo:
-            if pending:
+            if pending and time.monotonic() < deadline - reserve():
                 comp.wait_any(0.5)
                 continue
             break
@@ -416,7 +432,7 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
             bar.update(1)
             continue
         k = min(cfg.chunk, goal - r.steps)
-        if time.monotonic() + k * r.step_s > deadline - reserve():
+        if time.monotonic() + k * (r.step_s or r.first_s) > deadline - reserve():
             break
         t = time.perf_counter()
         _advance(r, k, sampler, tokens, w_train)
@@ -431,6 +447,15 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
             record["status"] = "training"
             _write(record, path)
             last_write = time.monotonic()
+    # catch-up: every recipe to the same step count (the schedule leaves them within a chunk)
+    top = max((r.steps for r in runs.values()), default=0)
+    for r in sorted(runs.values(), key=lambda r: r.steps):
+        k = top - r.steps
+        if 0 < k and r.started and time.monotonic() + k * (r.step_s or r.first_s) < \
+                deadline - reserve() + _FIGURE_RESERVE_S / 2:
+            _advance(r, k, sampler, tokens, w_train)
+            _sync(r)
+            bar.update(k)
     bar.close()
 
     record["timing"]["compile_s"] = {n: round(s, 3) for n, s in comp.seconds.items()}
