@@ -2,8 +2,8 @@
 
 This module owns :func:`corpus_bytes` (the text of ``pydoc_data.topics``, the ~0.5 MB of
 Python reference documentation that ``help()`` shows: present offline on every CPython, no
-download), :func:`split_tokens` (train/validation split), :func:`validation_windows` (the fixed held-out windows),
-:func:`corpus_info` (size, sha256 and
+download), :func:`split_tokens` (train/validation split), :func:`validation_windows` (the
+fixed held-out windows), :func:`corpus_info` (size, sha256 and
 source for the record: the text differs between Python releases, so the record pins it) and
 :func:`sample_windows` (random training windows inside a jitted step).
 
@@ -61,7 +61,6 @@ def sample_windows(key: Any, tokens: Any, batch: int, context: int) -> tuple[Any
     """``batch`` random windows of ``context + 1`` consecutive tokens (jax, jit-able):
     inputs (batch, context) and next-token targets (batch, context)."""
     import jax
-    import jax.numpy as jnp
 
     n = tokens.shape[0]
     if n < context + 2:

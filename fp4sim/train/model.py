@@ -75,9 +75,9 @@ def logits(params: dict[str, Any], tokens: Any, attn: Callable[[Any, Any, Any], 
            cfg: ModelConfig) -> Any:
     """Next-token logits (seeds, batch, tokens, vocab) float32 of int ``tokens`` (seeds,
     batch, tokens), every seed with its own parameters (``params`` leaves stacked along a
-    leading seed axis, as :func:`fp4sim.train.loop.init_state` makes them). The seed axis is explicit rather than a ``vmap``: the
-    emulated attention then traces once as one batched call (a ``vmap`` around the whole model
-    re-traces every primitive through the batching rules, a third of the tracing time)."""
+    leading seed axis, as :func:`fp4sim.train.loop.init_state` makes them). The seed axis is
+    explicit rather than a ``vmap`` around the whole step: the emulated attention then traces
+    as one call on (seeds, batch, heads, S, D) (measured ~5 % less tracing; simpler)."""
     import jax
     import jax.numpy as jnp
 

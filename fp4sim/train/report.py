@@ -232,7 +232,8 @@ def _verdict(c: dict[str, Any], s: dict[str, dict[str, Any]]) -> str | None:
         facts += (f" (the leaky model is {'better' if better else 'not better'} under its own "
                   f"attention than under float32)")
     if c["expect"] == "no-leak":
-        return ("reproduced — " if not leaked else "not reproduced (a leak was seen) — ") + facts
+        word = "reproduced — " if not leaked else "not reproduced (a leak was seen) — "
+        return word + facts
     return ("reproduced (leak detected) — " if leaked else "not detected — ") + facts
 
 
@@ -275,7 +276,8 @@ def table_markdown(record: dict[str, Any]) -> str:
             f"| {_probe_text(x['operator_probe'])} | {_classes(x['leak_class'])} | {ratio} "
             f"| {det} |")
     lines += ["", f"Final train loss: mean over seeds (± sample sd) of each seed's mean over "
-              f"the last {cfg['smooth']} of the compared steps. Diverged: seeds whose loss became non-finite or whose "
+              f"the last {cfg['smooth']} of the compared steps. Diverged: seeds whose loss "
+              f"became non-finite or whose "
               f"{cfg['smooth']}-step mean rose {cfg['divergence_margin']} nats above its "
               f"running minimum (first such step). Leak check: positions ≥ "
               f"{record.get('leak_target', (77 * m['context']) // 128)} replaced by other "

@@ -66,6 +66,7 @@ RECORD_NAME = "train_study.json"
 SCHEMA = "fp4sim.train.study/1"
 TIMING_ROUNDS = 2
 _FIGURE_RESERVE_S = 8.0  # figure + table + last write
+_GUESS_FACTOR = 4.0  # an emulated step / the jnp reference's, until one is measured (CPU: 1.2-2.3)
 
 
 def _git(*args: str) -> str | None:
@@ -333,9 +334,9 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
 
     def estimates() -> dict[str, float] | None:
         """Seconds per step of every recipe: the measured steady time where there is one;
-        for a recipe not yet measured, the slowest measured emulated recipe's, or 20x the
-        reference's before any emulated one is measured (jnp baselines: the reference's).
-        None before anything is measured."""
+        for a recipe not yet measured, the slowest measured emulated recipe's, or
+        ``_GUESS_FACTOR`` x the reference's before any emulated one is measured (a jnp
+        baseline: the reference's). None before anything is measured."""
         known = {n: r.step_s for n, r in runs.items() if r.step_s is not None}
         if ref is not None and ref.step_s is not None:
             known.setdefault("jnp_float32", ref.step_s)
@@ -343,31 +344,32 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
             return None
         slow = [v for n, v in known.items() if n in recipes and recipes[n].training]
         base = known.get("jnp_float32", min(known.values()))
-        guess = max(slow) if slow else 20.0 * base
+        guess = max(slow) if slow else _GUESS_FACTOR * base
         return {n: known.get(n, guess if recipes[n].training else base) for n in names} | {
             "jnp_float32": base}
 
-    def reserve() -> float:
-        """Time the checks of phase 4 and the figure need (from the estimates)."""
+    def reserve(planned: bool = False) -> float:
+        """Time the checks of phase 4 and the figure need: for the compiled recipes (the
+        others would be skipped), or with ``planned`` for every recipe (for the target)."""
         est = estimates()
         if est is None:
             return _FIGURE_RESERVE_S
         per = 4 + 2 * cfg.eval_batches + 2 * cfg.chunk  # checks, rerun, catch-up
         return sum(est[n] * per + est["jnp_float32"] * cfg.eval_batches + 1.0
-                   for n in names) + _FIGURE_RESERVE_S
+                   for n in names if planned or n in runs) + _FIGURE_RESERVE_S
 
     def target() -> int:
         """The step count every recipe should reach: all of ``cfg.steps`` without a budget;
         else what the remaining time allows if from now on every recipe (compiled or not)
-        trains to the same count at its estimated step time (:func:`estimates`).
-        Recomputed before every chunk, so it corrects itself as times arrive."""
+        trains to the same count at its estimated step time (``estimates``), less the
+        checks' time. Recomputed before every chunk, so it corrects itself as times arrive."""
         if budget is None:
             return cfg.steps
         est = estimates()
         if est is None:
             return min(cfg.steps, cfg.chunk + 1)  # a first chunk, to measure
         done = {n: runs[n].steps if n in runs else 0 for n in names}
-        left = deadline - time.monotonic() - reserve()
+        left = deadline - time.monotonic() - reserve(planned=True)
         total = sum(est[n] for n in names)
         n_hat = (left + sum(est[n] * done[n] for n in names)) / total if total > 0 else 0.0
         return int(max(0, min(cfg.steps, n_hat)))
@@ -491,6 +493,8 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
         _write(record, path)
 
     record["status"] = "complete"
+    with comp.lock:
+        record["compilations_unfinished"] = comp.pending
     record["wall_s"] = round(time.monotonic() - t0, 3)
     record["provenance"]["finished_utc"] = _dt.datetime.now(_dt.timezone.utc).isoformat(
         timespec="seconds")
