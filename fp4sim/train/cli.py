@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         print(table.read_text())
-        print(f"wrote {fig} and {table}")
+        print(f"wrote {table}" + (f" and {fig}" if fig else " (no matplotlib: no figure)"))
         return 0
     try:
         cfg = _config(args)
@@ -132,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     print(Path(args.out, TABLE_NAME).read_text())
-    print(f"wrote {Path(args.out) / RECORD_NAME} ({record['status']}, {record['wall_s']:.0f} s)")
+    print(f"wrote {Path(args.out) / RECORD_NAME} ({record['status']}, {record['wall_s']:.0f} s)"
+          + ("" if Path(args.out, "train_loss.png").exists() else
+             "; no figure (matplotlib missing): python -m fp4sim train --replot RECORD"))
     if record.get("compilations_unfinished"):
         # compile threads still inside XLA: leave without the interpreter's shutdown (which
         # may not wait for them safely); everything is written

@@ -5,12 +5,14 @@ This module owns everything computed from the JSON record alone, so that
 :func:`divergence_step` (the rule of :class:`~fp4sim.train.config.StudyConfig`),
 :func:`recipe_summary` (final loss, divergence, gradient-norm statistics, leak, timing, per
 recipe), :func:`table_markdown` (the table and the claims with the numbers that bear on them),
-:func:`plot_curves` (the loss-curve figure: one line per recipe, the seeds' range shaded) and
+:func:`plot_curves` (the loss-curve figure: one line per recipe, the seeds' range shaded; the
+difference from float32 paired by seed; the gradient norm) and
 :func:`regenerate` (both, written beside the record or into another folder).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -303,8 +305,11 @@ def table_markdown(record: dict[str, Any]) -> str:
 
 
 def plot_curves(record: dict[str, Any], path: str | Path) -> Path:
-    """Training loss per step (top) and gradient norm (bottom): one line per recipe (mean over
-    seeds of a trailing moving average), the seeds' min–max shaded. Written to ``path``."""
+    """Three panels over the steps: the training loss (one line per recipe: the mean over seeds
+    of a trailing moving average; the seeds' min–max shaded), its difference from the float32
+    baseline paired by seed (same initialization and batches: the data noise cancels, so
+    differences far below the spread between seeds show), and the gradient norm. Written to
+    ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -312,34 +317,41 @@ def plot_curves(record: dict[str, Any], path: str | Path) -> Path:
 
     cfg = record["config"]
     m = cfg["model"]
-    names = [n for n in record.get("recipe_order", list(record["recipes"]))
-             if "loss" in record["recipes"][n]]
+    recs = record["recipes"]
+    names = [n for n in record.get("recipe_order", list(recs))
+             if recs[n].get("loss") and "skipped" not in recs[n]]
     w = max(1, int(cfg["smooth"]))
-    fig, (ax, bx) = plt.subplots(2, 1, figsize=(10, 8.5), sharex=True,
-                                 gridspec_kw={"height_ratios": [3, 2]})
+    fig, (ax, dx, bx) = plt.subplots(3, 1, figsize=(10, 11), sharex=True,
+                                     gridspec_kw={"height_ratios": [3, 2, 2]})
     cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    base = np.asarray(recs["jnp_float32"]["loss"], np.float64) if "jnp_float32" in names else None
+
+    def band(axis: Any, curves: np.ndarray, color: Any, style: str, label: str | None) -> None:
+        sm = np.stack([_moving_average(c, w) for c in curves])
+        x = np.arange(1, sm.shape[1] + 1)
+        axis.fill_between(x, np.nanmin(sm, axis=0), np.nanmax(sm, axis=0), color=color,
+                          alpha=0.18, linewidth=0)
+        axis.plot(x, np.nanmean(sm, axis=0), style, color=color, linewidth=1.4, label=label)
+
     for i, n in enumerate(names):
-        r = record["recipes"][n]
+        r = recs[n]
         color = cmap(i % cmap.N)
         style = "--" if r.get("kind", "").startswith("JNP") else "-"
-        for axis, key, log in ((ax, "loss", False), (bx, "grad_norm", True)):
-            curves = np.asarray(r[key], np.float64)  # (seeds, steps)
-            if curves.size == 0:
-                continue
-            sm = np.stack([_moving_average(c, w) for c in curves])
-            x = np.arange(1, sm.shape[1] + 1)
-            lo, hi = np.nanmin(sm, axis=0), np.nanmax(sm, axis=0)
-            axis.fill_between(x, lo, hi, color=color, alpha=0.18, linewidth=0)
-            axis.plot(x, np.nanmean(sm, axis=0), style, color=color, linewidth=1.4,
-                      label=r.get("label", n) if key == "loss" else None)
-            if log:
-                axis.set_yscale("log")
+        loss = np.asarray(r["loss"], np.float64)  # (seeds, steps)
+        band(ax, loss, color, style, r.get("label", n))
+        if base is not None and n != "jnp_float32":
+            k = min(loss.shape[1], base.shape[1])
+            band(dx, loss[:, :k] - base[:, :k], color, style, None)
+        band(bx, np.asarray(r["grad_norm"], np.float64), color, style, None)
+    bx.set_yscale("log")
     ax.set_ylabel(f"training loss (nats/byte, {w}-step mean)")
+    dx.set_ylabel("minus float32's, same seed")
+    dx.axhline(0.0, color="0.3", linewidth=0.8)
     bx.set_ylabel("gradient norm (before clipping)")
     bx.set_xlabel("step")
-    ax.grid(alpha=0.3)
-    bx.grid(alpha=0.3)
-    finals = [np.asarray(record["recipes"][n]["loss"], np.float64) for n in names]
+    for axis in (ax, dx, bx):
+        axis.grid(alpha=0.3)
+    finals = [np.asarray(recs[n]["loss"], np.float64) for n in names]
     finite = np.concatenate([f[:, f.shape[1] // 10:].ravel() for f in finals if f.size])
     finite = finite[np.isfinite(finite)]
     if finite.size:
@@ -347,7 +359,7 @@ def plot_curves(record: dict[str, Any], path: str | Path) -> Path:
         ax.set_ylim(max(0.0, float(np.min(finite)) - 0.1), top)
     common = common_steps(record)
     if common:
-        for axis in (ax, bx):
+        for axis in (ax, dx, bx):
             axis.axvline(common, color="0.4", linestyle=":", linewidth=1)
         bx.annotate(f"compared at step {common} ", (common, 0.02),
                     xycoords=("data", "axes fraction"), ha="right", va="bottom", fontsize=7.5,
@@ -368,9 +380,11 @@ def plot_curves(record: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-def regenerate(record_path: str | Path, out_dir: str | Path | None = None) -> tuple[Path, Path]:
+def regenerate(record_path: str | Path, out_dir: str | Path | None = None
+               ) -> tuple[Path | None, Path]:
     """Figure and table from the record at ``record_path``, into ``out_dir`` (default: the
-    record's folder). Returns (figure, table) paths."""
+    record's folder). Returns (figure, table) paths; the figure is None where matplotlib is
+    not installed (``--replot`` on a machine with it draws it later from the same record)."""
     record_path = Path(record_path)
     record = json.loads(record_path.read_text())
     if record.get("schema", "").split("/")[0] != "fp4sim.train.study":
@@ -380,5 +394,7 @@ def regenerate(record_path: str | Path, out_dir: str | Path | None = None) -> tu
     out.mkdir(parents=True, exist_ok=True)
     table = out / TABLE_NAME
     table.write_text(table_markdown(record))
+    if importlib.util.find_spec("matplotlib") is None:  # no plot extra: the table only
+        return None, table
     fig = plot_curves(record, out / FIGURE_NAME)
     return fig, table

@@ -274,21 +274,31 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
     ``out_dir/train_study.json``, with ``train_loss.png`` and ``train_table.md`` when
     ``figure``). ``t0``: the ``time.monotonic()`` the time budget counts from (default: now)."""
     import jax
-    import jax.numpy as jnp
 
     t0 = time.monotonic() if t0 is None else t0
     if not isinstance(cfg, StudyConfig):
         raise TypeError(f"cfg={cfg!r} must be a StudyConfig")
+    try:
+        device = jax.devices(cfg.device.value)[0]
+    except RuntimeError as e:
+        raise ValueError(f"device={cfg.device.value!r}: jax finds no such device here ({e})")
+    with jax.default_device(device):  # every array of the run on that device
+        return _run_study(cfg, recipe_names, out_dir, progress=progress, argv=argv, t0=t0,
+                          figure=figure, device=device)
+
+
+def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path, *,
+               progress: bool, argv: Sequence[str] | None, t0: float, figure: bool,
+               device: Any) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
     names = list(dict.fromkeys(recipe_names))
     if not names:
         raise ValueError("recipe_names must name at least one recipe")
     recipes = {n: study_recipe(n) for n in names}  # validates the names
     budget = cfg.time_budget_s
     deadline = math.inf if budget is None else t0 + budget
-    try:
-        device = jax.devices(cfg.device.value)[0]
-    except RuntimeError as e:
-        raise ValueError(f"device={cfg.device.value!r}: jax finds no such device here ({e})")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / RECORD_NAME
