@@ -124,6 +124,17 @@ class Trainer:
                "step": state["step"] + apply.astype(jnp.int32), "key": state["key"]}
         return new, {"loss": loss, "grad_norm": gnorm, "losses": losses, "grads": grads}
 
+    def lower(self, device: Any, state_like: Any, batch_like: Any) -> Any:
+        """The traced and lowered step (:meth:`compile` without XLA's compilation)."""
+        import jax
+        import jax.numpy as jnp
+
+        x = jax.ShapeDtypeStruct(batch_like.shape, jnp.int32)
+        w = jax.ShapeDtypeStruct(batch_like.shape[1:], jnp.float32)
+        a = jax.ShapeDtypeStruct((), jnp.bool_)
+        with jax.default_device(device):
+            return jax.jit(self._step).lower(state_like, x, x, w, a)
+
     def compile(self, device: Any, state_like: Any, batch_like: Any) -> Callable[..., Any]:
         """The compiled ``step(state, x, y, w, apply) -> (state, out)`` for ``device``, every
         seed at once: ``x``/``y`` (seeds, batch, S) int32 tokens and targets, ``w`` (batch, S)
@@ -132,14 +143,7 @@ class Trainer:
         holds per seed the weighted mean loss, the global gradient norm (before clipping),
         the per-position losses and the gradients. Thread-safe: a study compiles every
         recipe from a thread pool."""
-        import jax
-        import jax.numpy as jnp
-
-        x = jax.ShapeDtypeStruct(batch_like.shape, jnp.int32)
-        w = jax.ShapeDtypeStruct(batch_like.shape[1:], jnp.float32)
-        a = jax.ShapeDtypeStruct((), jnp.bool_)
-        with jax.default_device(device):
-            return jax.jit(self._step).lower(state_like, x, x, w, a).compile()
+        return self.lower(device, state_like, batch_like).compile()
 
 
 def init_state(cfg: StudyConfig, device: Any) -> Any:
