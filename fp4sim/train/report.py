@@ -206,8 +206,10 @@ def _verdict(c: dict[str, Any], s: dict[str, dict[str, Any]]) -> str | None:
         gm, gsd = _paired(t, a, "finals")
         hm, hsd = _paired(t, a, "val_own_seeds")
         se = max(gsd, 1e-4) / math.sqrt(max(1, len(t["finals"])))
+        at = "" if t["steps"] == a["steps"] else \
+            f" (its final state at step {t['steps']}, the other's at {a['steps']})"
         facts = (f"paired over seeds vs `{c['against']}`: final train loss {gm:+.4f} ± "
-                 f"{gsd:.4f}, held-out {hm:+.4f} ± {hsd:.4f}; diverged "
+                 f"{gsd:.4f}, held-out {hm:+.4f} ± {hsd:.4f}{at}; diverged "
                  f"{n_div}/{len(t['diverged'])} (against: "
                  f"{sum(d is not None for d in a['diverged'])}/{len(a['diverged'])})")
         if c["expect"] == "diverges":

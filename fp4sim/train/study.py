@@ -9,7 +9,8 @@
    mode). The main thread meanwhile trains whatever has compiled.
 2. **Train** round-robin: the compiled recipe with the fewest steps runs the next ``chunk``
    steps (ties: priority order), so every recipe reaches about the same number of steps and a
-   late compilation catches up first. Training stops when every recipe has ``cfg.steps``
+   late compilation catches up first. While compilations are pending, recipes go at most half
+   way to the target and the jnp baselines at most a chunk ahead of the emulated recipes. Training stops when every recipe has ``cfg.steps``
    steps or when the next chunk would eat into the reserve that the checks of phase 4 need
    (estimated from the measured step times): under a time budget the run never overruns, and
    all recipes end within one chunk of each other (a recipe whose compilation finished too
@@ -389,6 +390,20 @@ def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Pat
         n_hat = (left + sum(est[n] * done[n] for n in names)) / total if total > 0 else 0.0
         return int(max(0, min(cfg.steps, n_hat)))
 
+    def limit(r: _Run, goal: int, pending: int) -> int:
+        """How far ``r`` may go now: the target; while compilations are pending only half of
+        it (the target still rests on guesses for the recipes not yet measured), and a jnp
+        baseline at most one chunk ahead of the furthest emulated recipe (so that the
+        baselines do not race ahead while the emulated recipes compile: the checks run on
+        each recipe's final state, which should be at the common step count)."""
+        if not pending:
+            return goal
+        lim = max(cfg.chunk + 1, goal // 2)
+        if recipes[r.name].training is None:
+            emulated = [x.steps for x in runs.values() if recipes[x.name].training is not None]
+            lim = min(lim, max(cfg.chunk + 1, max(emulated, default=0) + cfg.chunk))
+        return min(goal, lim)
+
     def timed_chunk(r: _Run) -> None:
         """One timed chunk: kept as training when it stays within the target, else run on a
         scratch copy of the state (the measurement must not push a recipe ahead)."""
@@ -437,7 +452,7 @@ def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Pat
         if bar.total != goal * len(names):
             bar.total = goal * len(names)
             bar.refresh()
-        todo = [r for r in runs.values() if r.steps < goal]
+        todo = [r for r in runs.values() if r.steps < limit(r, goal, pending)]
         if not todo:
             if pending and time.monotonic() < deadline - reserve():
                 comp.wait_any(0.5)
@@ -448,7 +463,7 @@ def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Pat
             _first(r, sampler, tokens, w_train)
             bar.update(1)
             continue
-        k = min(cfg.chunk, goal - r.steps)
+        k = min(cfg.chunk, limit(r, goal, pending) - r.steps)
         if time.monotonic() + k * (r.step_s or r.first_s) > deadline - reserve():
             break
         t = time.perf_counter()
