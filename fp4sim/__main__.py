@@ -1,4 +1,4 @@
-"""Command line: ``python -m fp4sim {reproduce, golden, figures, bench}``.
+"""Command line: ``python -m fp4sim {reproduce, golden, figures, bench, train}``.
 
 Argument parsing only. Each subcommand's work lives in the module named in ``_COMMANDS``; that
 module exposes ``add_arguments(parser)`` and ``run(args) -> int`` and is imported only when its
@@ -18,6 +18,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "golden": ("fp4sim.golden.cli", "write or check the golden vectors (check: the set shipped with fp4sim)"),
     "figures": ("fp4sim.report.figures", "regenerate every figure (into ./figures or --out)"),
     "bench": ("fp4sim.benchmarks.cli", "benchmarks: formats, microscaling, attention, training (CPU) and gpu (H200)"),
+    "train": ("fp4sim.train.cli", "training study: a small transformer trained with emulated low-precision attention"),
 }
 
 

@@ -18,6 +18,7 @@ _HELP_PATHS = [
     ["golden", "list"],
     ["figures"],
     ["bench"],
+    ["train"],
 ]
 
 

@@ -1,0 +1,159 @@
+"""``python -m fp4sim train``: the training study from the command line.
+
+Argument parsing only (no jax work, no optax or matplotlib import at parse time); the work is
+:func:`fp4sim.train.study.run_study` and :func:`fp4sim.train.report.regenerate`.
+
+* ``--study``: the default comparison (:data:`fp4sim.train.recipes.DEFAULT_STUDY`).
+* ``--recipe NAME`` (repeatable): just these recipes.
+* ``--replot RECORD``: figure and table again from a ``train_study.json``.
+* ``--list``: the recipes and what each tests.
+
+Sizes come from ``--size`` (:data:`fp4sim.train.config.SIZES`); any field can be overridden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+__all__ = ["add_arguments", "run"]
+
+_DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--study", action="store_true",
+                      help="run the default comparison of every recipe (see --list)")
+    what.add_argument("--recipe", action="append", metavar="NAME",
+                      help="run this recipe (repeatable)")
+    what.add_argument("--replot", metavar="RECORD",
+                      help="regenerate figure and table from a train_study.json")
+    what.add_argument("--list", action="store_true", help="list the recipes and exit")
+    parser.add_argument("--size", default=None,
+                        help="named size: smoke, cpu, h200 (default: h200 with --device gpu, "
+                             "else cpu)")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default=None,
+                        help="jax platform (default: the size's)")
+    parser.add_argument("--steps", type=int, default=None, help="most steps per recipe")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds, e.g. 0 1 2")
+    parser.add_argument("--time-budget-s", type=float, default=None,
+                        help="wall-clock limit of the whole run from the process's start, "
+                             "compilation included (0: none; default: the size's)")
+    parser.add_argument("--accumulation", choices=("backend", "sequential"), default="backend",
+                        help="the emulated backward's float32 products: backend (XLA dot) or "
+                             "sequential (bit-exact ordered sums); default backend")
+    parser.add_argument("--layers", type=int, default=None)
+    parser.add_argument("--width", type=int, default=None)
+    parser.add_argument("--heads", type=int, default=None)
+    parser.add_argument("--context", type=int, default=None)
+    parser.add_argument("--batch", type=int, default=None, help="sequences per seed and step")
+    parser.add_argument("--chunk", type=int, default=None, help="steps between clock checks")
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    parser.add_argument("--out", default="train-out", help="output folder (default train-out)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--no-deterministic", action="store_true",
+                        help=f"on a GPU, do not add {_DETERMINISTIC_FLAG} to XLA_FLAGS")
+
+
+def _config(args: argparse.Namespace):
+    import dataclasses
+
+    from fp4sim.attention.backward import BackwardAccumulation
+    from fp4sim.train.config import Device, size
+
+    name = args.size or ("h200" if args.device == "gpu" else "cpu")
+    cfg = size(name)
+    model = {k: getattr(args, k) for k in ("layers", "width", "heads", "context")
+             if getattr(args, k) is not None}
+    if model:
+        cfg = cfg.replace(model=dataclasses.replace(cfg.model, **model))
+    if args.lr is not None:
+        cfg = cfg.replace(optim=dataclasses.replace(cfg.optim, lr=args.lr))
+    changes: dict = {"accumulation": BackwardAccumulation[args.accumulation.upper()]}
+    if args.device is not None:
+        changes["device"] = Device(args.device)
+    for k in ("batch", "chunk", "steps"):
+        if getattr(args, k) is not None:
+            changes[k] = getattr(args, k)
+    if args.seeds is not None:
+        changes["seeds"] = tuple(args.seeds)
+    if args.time_budget_s is not None:
+        changes["time_budget_s"] = None if args.time_budget_s == 0 else args.time_budget_s
+    chunk = changes.get("chunk", cfg.chunk)
+    steps = changes.get("steps", cfg.steps)
+    if steps % chunk:  # round the step limit up to whole chunks
+        changes["steps"] = steps + chunk - steps % chunk
+    return cfg.replace(**changes)
+
+
+def _process_age() -> float:
+    """Seconds since this process started (Linux ``/proc``; 0 where unavailable), so that the
+    time budget also covers the interpreter's start and the imports."""
+    try:
+        with open("/proc/self/stat") as f:
+            start = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        with open("/proc/uptime") as f:
+            up = float(f.read().split()[0])
+        return max(0.0, up - start / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.monotonic() - _process_age()  # the budget counts from the process's start
+    from fp4sim.train import recipes as R
+
+    if args.list:
+        for n, r in R.STUDY_RECIPES.items():
+            mark = "*" if n in R.DEFAULT_STUDY else " "
+            print(f"{mark} {n:45s} {r.label}\n  {'':45s} tests: {r.tests}")
+        print("\n* = in --study")
+        return 0
+    if args.replot:
+        from fp4sim.train.report import regenerate
+
+        try:
+            fig, table = regenerate(args.replot, args.out if args.out != "train-out" else None)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(table.read_text())
+        print(f"wrote {table}" + (f" and {fig}" if fig else " (no matplotlib: no figure)"))
+        return 0
+    try:
+        cfg = _config(args)
+        names = list(R.DEFAULT_STUDY) if args.study else list(args.recipe)
+        for n in names:
+            R.study_recipe(n)
+    except (ValueError, TypeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if cfg.device.value == "gpu" and not args.no_deterministic:
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_gpu_deterministic_ops" not in flags:  # read when the GPU backend starts
+            os.environ["XLA_FLAGS"] = (flags + " " + _DETERMINISTIC_FLAG).strip()
+    from fp4sim.train.report import TABLE_NAME
+    from fp4sim.train.study import RECORD_NAME, run_study
+
+    try:
+        record = run_study(cfg, names, args.out, progress=not args.no_progress, t0=t0)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from pathlib import Path
+
+    print(Path(args.out, TABLE_NAME).read_text())
+    print(f"wrote {Path(args.out) / RECORD_NAME} ({record['status']}, {record['wall_s']:.0f} s)"
+          + ("" if Path(args.out, "train_loss.png").exists() else
+             "; no figure (matplotlib missing): python -m fp4sim train --replot RECORD"))
+    if record.get("compilations_unfinished"):
+        # compile threads still inside XLA: leave without the interpreter's shutdown (which
+        # may not wait for them safely); everything is written
+        print(f"({record['compilations_unfinished']} compilations unfinished: skipped)")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return 0
