@@ -59,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--workers", type=int, default=None,
                         help="compilation threads (default and at most: the CPU count)")
+    parser.add_argument("--compile-share", type=float, default=None,
+                        help="share of the time budget the compilations may take before the "
+                             "unfinished ones are skipped (default 0.6; 0: wait for all)")
     parser.add_argument("--no-cache", action="store_true",
                         help="no persistent compilation cache (default: OUT/jax_cache)")
     parser.add_argument("--determinism-recipe", default=None, metavar="NAME",
@@ -155,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         record = run_study(cfg, names, args.out, progress=not args.no_progress, t0=t0,
                            cache=not args.no_cache, workers=args.workers,
-                           determinism_recipe=args.determinism_recipe)
+                           determinism_recipe=args.determinism_recipe,
+                           compile_share=args.compile_share)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

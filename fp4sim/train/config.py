@@ -206,7 +206,7 @@ SIZES: dict[str, StudyConfig] = {
     "cpu": StudyConfig(model=ModelConfig(layers=2, width=128, heads=2, context=128), batch=4,
                        seeds=(0, 1, 2), steps=300, chunk=10),
     "h200": StudyConfig(model=ModelConfig(layers=4, width=256, heads=4, context=512), batch=8,
-                        seeds=(0, 1, 2), steps=3000, chunk=50, time_budget_s=250.0,
+                        seeds=(0, 1, 2), steps=3000, chunk=25, time_budget_s=250.0,
                         device=Device.GPU),
 }
 """Named sizes: ``smoke`` (CI: seconds; checks the machinery, not the findings), ``cpu`` (a

@@ -16,9 +16,10 @@
 2. **Train** in rounds: every recipe in turn runs one chunk (``cfg.chunk`` steps in one
    dispatch, one host synchronization; :meth:`fp4sim.train.loop.Chunk.train`), so all recipes
    stay at the same step count. After each round the common target is re-planned from the
-   measured seconds per step: it can only shrink, never below what is done, so a time budget
-   gives **fewer steps for all, the same for all** (at least one chunk each, even when the
-   compilations took the whole budget: then the run overruns and says so).
+   measured seconds per step, never below what is done, so a time budget gives **fewer steps
+   for all, the same for all** (at least one chunk each, even when the compilations took the
+   whole budget: then the run overruns and says so). A recipe that fails at run time (e.g.
+   out of memory) is recorded as skipped with the error; the others go on.
 3. **Time**: each chunk is timed between two synchronizations; a recipe's seconds per step are
    the median over its chunks after the first (the first includes first-execution work), all
    recipes measured in turn in the same process: the ratios to ``jnp_float32`` are the speed
@@ -79,7 +80,8 @@ REFERENCE = "jnp_float32"
 """The recipe every study trains: the timing reference and the float32 evaluation mode."""
 COMPILE_SHARE = 0.6
 """Under a time budget, compilations must finish within this share of it (from the start):
-a recipe still compiling then is skipped, so that the others keep time to train."""
+a recipe still compiling then is skipped, so that the others keep time to train (the
+``jnp_float32`` reference is always waited for)."""
 _FIGURE_RESERVE_S = 8.0  # figure + table + last write
 _WRITE_EVERY_S = 10.0
 
@@ -250,7 +252,7 @@ def _compile_all(cfg: StudyConfig, device: Any, names: Sequence[str], state_like
                             dict[str, str]]:
     """Phase 1: every recipe's chunk, traced one at a time (priority order) and compiled by
     XLA in parallel threads, until ``compile_deadline`` (``time.monotonic()``; a recipe not
-    compiled by then is skipped). Returns (compiled chunks, seconds per recipe, errors)."""
+    compiled by then is skipped; the reference is always waited for). Returns (compiled chunks, seconds per recipe, errors)."""
     tracing = threading.Lock()
     t_start = time.perf_counter()
     t_mono = time.monotonic()
@@ -281,10 +283,12 @@ def _compile_all(cfg: StudyConfig, device: Any, names: Sequence[str], state_like
     pending = {pool.submit(job, n) for n in names}
     while pending:
         left = compile_deadline - time.monotonic()
-        if left <= 0:
+        ref_done = REFERENCE in seconds  # the reference is always waited for
+        if left <= 0 and ref_done:
             break
         done, pending = concurrent.futures.wait(
-            pending, timeout=left, return_when=concurrent.futures.FIRST_COMPLETED)
+            pending, timeout=None if left == math.inf or not ref_done else max(left, 0.0),
+            return_when=concurrent.futures.FIRST_COMPLETED)
         for fut in done:
             name, chunk, secs, error = fut.result()
             seconds[name] = {k: round(v, 3) for k, v in secs.items()}
@@ -355,6 +359,7 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
               progress: bool = True, argv: Sequence[str] | None = None,
               t0: float | None = None, figure: bool = True, cache: bool = True,
               workers: int | None = None, determinism_recipe: str | None = None,
+              compile_share: float | None = None,
               say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the study (module docstring) and return its record (also written to
     ``out_dir/train_study.json``, with ``train_loss.png`` and ``train_table.md`` when
@@ -362,12 +367,18 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
     ``cache``: jax's persistent compilation cache in ``out_dir/jax_cache``; ``workers``:
     compilation threads (default and at most ``os.cpu_count()``); ``determinism_recipe``: the
     recipe whose first chunk is rerun bit for bit (default: the first emulated one);
-    ``say``: where progress lines go (default: stderr)."""
+    ``compile_share``: the share of the budget the compilations may take (default
+    :data:`COMPILE_SHARE`; 0 = wait for every compilation whatever the budget); ``say``: where progress lines go (default: stderr)."""
     import jax
 
     t0 = time.monotonic() if t0 is None else t0
     if not isinstance(cfg, StudyConfig):
         raise TypeError(f"cfg={cfg!r} must be a StudyConfig")
+    if compile_share is None:
+        compile_share = COMPILE_SHARE
+    if isinstance(compile_share, bool) or not isinstance(compile_share, (int, float)) or not \
+            0.0 <= compile_share <= 1.0:
+        raise ValueError(f"compile_share={compile_share!r} must be a number in [0, 1]")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 1):
         raise ValueError(f"workers={workers!r} must be a positive int or None")
@@ -382,13 +393,14 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
     with jax.default_device(device):  # every array of the run on that device
         return _run_study(cfg, recipe_names, Path(out_dir), progress=progress, argv=argv, t0=t0,
                           figure=figure, device=device, cache=cache, workers=workers,
-                          determinism_recipe=determinism_recipe, say=say)
+                          determinism_recipe=determinism_recipe, compile_share=compile_share,
+                          say=say)
 
 
 def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: Path, *,
                progress: bool, argv: Sequence[str] | None, t0: float, figure: bool,
                device: Any, cache: bool, workers: int | None, determinism_recipe: str | None,
-               say: Callable[[str], None]) -> dict[str, Any]:
+               compile_share: float, say: Callable[[str], None]) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
@@ -438,7 +450,8 @@ def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: Path, *,
     say(f"compiling {len(names)} recipes with {n_workers} threads (cache: "
         f"{cache_dir if cache_dir else 'off'}, {cache_before} entries)")
     t_compile = time.perf_counter()
-    compile_deadline = math.inf if budget is None else t0 + COMPILE_SHARE * budget
+    compile_deadline = math.inf if budget is None or not compile_share else \
+        t0 + compile_share * budget
     chunks, seconds, errors = _compile_all(cfg, device, names, state_like, len(train_np),
                                            n_workers, compile_deadline, say)
     compile_wall = time.perf_counter() - t_compile
@@ -446,7 +459,7 @@ def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: Path, *,
         "per_recipe": seconds, "wall_s": round(compile_wall, 3), "workers": n_workers,
         "cache_dir": str(cache_dir) if cache_dir else None, "cache_entries_before": cache_before,
         "cache_entries_after": _cache_entries(cache_dir),
-        "deadline_s": None if budget is None else round(COMPILE_SHARE * budget, 3),
+        "deadline_s": None if compile_deadline == math.inf else round(compile_share * budget, 3),
         "unfinished": sorted(n for n in names if n not in chunks and n not in seconds)}
     say(f"compilation done in {compile_wall:.1f} s ({len(chunks)} of {len(names)} recipes)")
     if REFERENCE not in chunks:
@@ -475,7 +488,16 @@ def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: Path, *,
             break
         for r in todo:
             k = min(cfg.chunk, goal - r.steps)
-            loss = r.advance(tokens, k)
+            try:
+                loss = r.advance(tokens, k)
+            except Exception as e:  # noqa: BLE001 - e.g. out of memory: recorded, the rest goes on
+                if r.name == REFERENCE:
+                    raise
+                record["recipes"][r.name]["skipped"] = f"failed in training at step " \
+                    f"{r.steps}: {type(e).__name__}: {str(e)[:500]}"
+                say(f"FAILED {r.name}: {record['recipes'][r.name]['skipped']}")
+                del runs[r.name]
+                continue
             bar.update(k)
             bar.set_postfix_str(f"{r.name[:28]} {r.steps}/{goal} loss {loss:.3f}")
         rounds += 1
@@ -483,14 +505,17 @@ def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: Path, *,
             say("first chunk: " + ", ".join(f"{n} {r.times[0][1]:.2f} s" for n, r in
                                             runs.items()))
         if budget is not None:
+            # re-planned every round from the latest estimates (the first round's include
+            # first-execution work, so the target may grow again); all recipes advance in
+            # lockstep, so any target ≥ what is done keeps them equal
             est = {n: r.step_s()[0] or 0.0 for n, r in runs.items()}
             done = min(r.steps for r in runs.values())
             left = deadline - time.monotonic() - reserve(est)
             per_step = sum(est.values())
             more = int(left / per_step) if per_step > 0 and left > 0 else 0
-            new_goal = min(goal, done + (more // cfg.chunk) * cfg.chunk)
-            if new_goal < goal:
-                goal = max(done, new_goal)
+            new_goal = max(done, min(cfg.steps, done + (more // cfg.chunk) * cfg.chunk))
+            if new_goal != goal:
+                goal = new_goal
                 bar.total = goal * len(runs)
                 bar.refresh()
         if time.monotonic() - last_write > _WRITE_EVERY_S:  # a checkpoint of the curves

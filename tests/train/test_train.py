@@ -321,7 +321,7 @@ def test_a_budget_too_small_still_trains_every_recipe_the_same_steps(tmp_path):
     cfg = TINY.replace(time_budget_s=0.001, steps=6)
     lines: list[str] = []
     rec = run_study(cfg, ["jnp_bfloat16"], tmp_path, progress=False, figure=False, cache=False,
-                    say=lines.append)
+                    compile_share=0, say=lines.append)  # 0: wait for every compilation
     steps = {n: r["steps"] for n, r in rec["recipes"].items()}
     assert steps == {"jnp_float32": TINY.chunk, "jnp_bfloat16": TINY.chunk}
     assert rec["budget"]["limited_by_budget"] and rec["budget"]["over_budget"]
@@ -329,6 +329,8 @@ def test_a_budget_too_small_still_trains_every_recipe_the_same_steps(tmp_path):
     assert rec["determinism"]["bitwise_equal"] is True
     assert any(line.startswith("compiled jnp_bfloat16") for line in lines)
     assert rec["timing"]["compile"]["cache_dir"] is None
+    with pytest.raises(ValueError, match="compile_share"):
+        run_study(cfg, [], tmp_path, compile_share=2.0)
 
 
 def test_git_revision_comes_from_the_environment_first(monkeypatch):
