@@ -400,7 +400,8 @@ def plot_curves(record: dict[str, Any], path: str | Path) -> Path:
     fig.suptitle(
         f"Byte-level LM on Python's pydoc topics: {m['layers']} layers, width {m['width']}, "
         f"context {m['context']}, batch {cfg['batch']}, {len(cfg['seeds'])} seeds (shaded: "
-        f"min–max)\nemulated backward accumulation: {record.get('accumulation')}; device "
+        f"min–max)\nemulated attention: backward accumulation {record.get('accumulation')}, "
+        f"forward the emulator's; jnp attention: XLA dot; device "
         f"{dev.get('platform')} ({dev.get('kind')}); git {str(prov.get('git_revision'))[:12]}",
         fontsize=9.5)
     fig.tight_layout()
