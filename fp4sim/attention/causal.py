@@ -43,6 +43,7 @@ from fp4sim.formats import blocks
 from fp4sim.formats.blocks import (
     FP8_E4M3_PER_TENSOR,
     MXFP4,
+    MXFP4_AMPLITUDE,
     MXFP8_E4M3,
     NVFP4,
     NVFP4_SINGLE,
@@ -75,6 +76,7 @@ __all__ = [
     "MXFP8_TOKENS_RCEIL",
     "MXFP8_TOKENS_FLOOR",
     "MXFP4_TOKENS_RCEIL",
+    "DIRECT_P_V",
     "NVFP4_TOKENS",
     "FP8_PER_TENSOR_AMAX",
     "PER_TENSOR_POW2",
@@ -216,7 +218,8 @@ def fake_quantize_stats(x: Any, scaling: OperandScaling) -> tuple[Any, Any]:
         bits = xp.asarray(x, dtype=np.float32)
         nonfinite = blocks.tensor_amax_bits(xp, bitcast(bits, np.uint32)) >= np.uint32(0x7F800000)
         return y, quantized_stats(xp.zeros((), np.int32), True, nonfinite, fmt.elem)
-    if not (saturating and fmt.pow2 and fmt.global_scale is GlobalScale.NONE):
+    if not (saturating and fmt.pow2 and fmt.global_scale is GlobalScale.NONE
+            and fmt.divisor == 1.0):  # the bounds assume values code·2^e
         y = fake_quantize(x, scaling)
         return y, operand_stats(y)
     q, amax = blocks.quantize_with_block_amax(_pad_to_blocks(x, scaling), scaling.fmt, axis=scaling.axis,
@@ -360,7 +363,10 @@ MXFP8_TOKENS_FLOOR = OperandScaling(name="MXFP8 32 tokens OCP floor", fmt=MXFP8_
 """OCP floor exponent with the clamp at 448, per 32 tokens of one column."""
 MXFP4_TOKENS_RCEIL = OperandScaling(name="MXFP4 32 tokens RCEIL", fmt=MXFP4, axis=-2)
 """E2M1 elements, UE8M0 per 32 tokens of one column (rounded up: OCP MX with the RCEIL rule).
-Not the forward's ``VFormat.MXFP4_TOKENS``, Direct-P's amplitude rule (β·q/6)."""
+Not the forward's ``VFormat.MXFP4_TOKENS``, Direct-P's amplitude rule (:data:`DIRECT_P_V`)."""
+DIRECT_P_V = OperandScaling(name="Direct-P V 32 tokens β·q/6", fmt=MXFP4_AMPLITUDE, axis=-2)
+"""Direct-P's V (the forward's ``VFormat.MXFP4_TOKENS``): E2M1 per 32 tokens of one column with
+the amplitude β = 2^ceil(log2 amax) as UE8M0 scale, value β·q/6 (``ScaleRule.AMPLITUDE``)."""
 NVFP4_TOKENS = OperandScaling(name="NVFP4 16 tokens", fmt=NVFP4_SINGLE, axis=-2)
 """E2M1 elements, UE4M3 scale per 16 tokens of one column (no FP32 factor)."""
 FP8_PER_TENSOR_AMAX = OperandScaling(name="FP8 per-tensor amax/448", fmt=FP8_E4M3_PER_TENSOR,
@@ -402,7 +408,7 @@ V_OPTIONS: tuple[OperandScaling, ...] = (
 FP8_PER_TENSOR_QK = OperandScaling(name="FP8 per-tensor amax/448 (Q/K)", fmt=FP8_E4M3_PER_TENSOR)
 """Q/K as ``QKFormat.FP8_PER_TENSOR``: E4M3 with one FP32 factor amax/448 over the tensor."""
 V_SCALINGS: dict[str, OperandScaling] = {
-    "FP8": E4M3_CAST, "MXFP8_TOKENS": MXFP8_TOKENS_RCEIL, "NVFP4_TOKENS": NVFP4_TOKENS,
-    "TOKEN_BLOCK_FP8": TOKEN_BLOCK_POW2}
+    "FP8": E4M3_CAST, "MXFP8_TOKENS": MXFP8_TOKENS_RCEIL, "MXFP4_TOKENS": DIRECT_P_V,
+    "NVFP4_TOKENS": NVFP4_TOKENS, "TOKEN_BLOCK_FP8": TOKEN_BLOCK_POW2}
 """The scaling of each blocked ``VFormat`` member (by name); see
 :attr:`fp4sim.attention.recipe.AttentionRecipe.v_scaling`."""

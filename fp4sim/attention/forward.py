@@ -93,7 +93,7 @@ from fp4sim.attention.recipe import (
 )
 from fp4sim.attention.reference import check_qkv_shapes
 from fp4sim.formats import blocks, f32
-from fp4sim.formats.codec import bf16_round, bf16_values, decode, encode
+from fp4sim.formats.codec import bf16_round, bf16_values, decode
 from fp4sim.formats.spec import E2M1, E4M3
 
 __all__ = ["Operand", "ForwardResult", "ForwardIntermediates", "quantize_qk", "quantize_v",
@@ -236,27 +236,6 @@ def _quantize_qk(x: Any, recipe: AttentionRecipe) -> Operand:
     return Operand(decode(q.codes, E4M3), None, None, pe, d, False, 1.0, q)
 
 
-def _mxfp4_v(xp: Any, v: Any) -> tuple[Any, Any, Any]:
-    """Direct-P's V rule (``VFormat.MXFP4_TOKENS``): per 32 tokens and column,
-    β = 2^ceil(log2 amax), payload RN_E2M1(fl(6·fl(v/β))) in flushed float32, value β·q/6.
-
-    Not a :func:`fp4sim.formats.blocks.quantize` rule: MXFP4 with RCEIL scales
-    (``causal.MXFP4_TOKENS_RCEIL``) rounds ``v/2^ceil(log2(amax/6))`` once, onto a grid that
-    differs from this one by the factor β/6 (not a power of two), so the codes differ."""
-    from fp4sim._xp import bitcast
-
-    *lead, s, dv = v.shape
-    vb = xp.reshape(v, (*lead, s // 32, 32, dv))
-    mag = bitcast(vb, np.uint32) & np.uint32(0x7FFFFFFF)
-    amax = xp.max(mag, axis=-2)
-    e_field = (amax >> np.uint32(23)).astype(np.int32)
-    e = e_field - 127 + ((amax & np.uint32(0x7FFFFF)) != 0).astype(np.int32)
-    e = xp.where(amax == 0, np.int32(-127), xp.clip(e, -127, 127))
-    scaled = f32.mul_ftz(f32.ldexp_ftz(vb, -e[..., None, :]), np.float32(6.0))
-    codes = xp.reshape(encode(scaled, E2M1), v.shape)
-    return codes, e, decode(codes, E2M1)
-
-
 def quantize_v(v: Any, recipe: AttentionRecipe) -> Operand:
     """V (..., Skv, Dv) in ``recipe.v`` (scale groups along tokens)."""
     with np.errstate(divide="ignore", invalid="ignore"):  # all-zero (padding) blocks
@@ -276,10 +255,14 @@ def _quantize_v(v: Any, recipe: AttentionRecipe) -> Operand:
     if fmt is VFormat.BF16:
         c = bf16_round(v)
         return Operand(bf16_values(c), None, None, None, 1, False, 1.0, c)
-    if fmt is VFormat.MXFP4_TOKENS:  # Direct-P's amplitude rule (not a blocks.quantize rule)
-        codes, e, vals = _mxfp4_v(xp, v)
-        return Operand(vals, e, None, None, 32, True, 6.0, (codes, e))
     q = causal.quantize_operand(v, recipe.v_scaling)  # the declared V scaling
+    if fmt is VFormat.MXFP4_TOKENS:
+        # Direct-P's amplitude rule (blocks.MXFP4_AMPLITUDE): payloads q with the exponents of
+        # β = 2^e, the divisor 6 applied at the end; a NaN block (scale code 0xFF, e = 128) is
+        # NaN in every element (E2M1 has no NaN code), so its columns are NaN in every row
+        e = blocks.scale_exponents(q)
+        vals = xp.where(xp.repeat(e == 128, vb, axis=-2), np.float32(np.nan), decode(q.codes, E2M1))
+        return Operand(vals, e, None, None, vb, True, q.format.divisor, q)
     if fmt is VFormat.FP8:
         return Operand(decode(q.codes, E4M3), None, None, None, 1, False, 1.0, q)
     if fmt is VFormat.NVFP4_TOKENS:

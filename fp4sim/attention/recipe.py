@@ -473,16 +473,13 @@ class AttentionRecipe:
     def v_scaling(self) -> OperandScaling:
         """The :class:`~fp4sim.attention.causal.OperandScaling` of ``v``, as
         :func:`fp4sim.attention.forward.quantize_v` applies it (blocks along tokens).
-        ``FLOAT32`` and ``BF16`` have no scale; ``MXFP4_TOKENS`` is Direct-P's amplitude rule,
-        which is no block format (``ValueError``; see :func:`fp4sim.attention.forward.quantize_v`)."""
+        ``FLOAT32`` and ``BF16`` have no scale; ``MXFP4_TOKENS`` is Direct-P's amplitude rule
+        (``causal.DIRECT_P_V``: ``blocks.MXFP4_AMPLITUDE``, value β·q/6)."""
         fmt = self.v
         if fmt is VFormat.FLOAT32:
             return sc.FLOAT32
         if fmt is VFormat.BF16:
             return OperandScaling(name="BF16 cast")
-        if fmt.name not in sc.V_SCALINGS:
-            raise ValueError(f"v={fmt.name} is Direct-P's amplitude rule (value β·q/6), not a "
-                             f"block format; allowed: FLOAT32, BF16, {', '.join(sc.V_SCALINGS)}")
         return sc.V_SCALINGS[fmt.name]
 
     @property

@@ -24,6 +24,15 @@ Public names
       ``FLOOR``.
     * ``NEAREST`` (default for UE4M3/UE5M3 scales, NVFP4): ``d`` to the nearest scale value,
       ties to even (satfinite).
+    * ``AMPLITUDE`` (UE8M0 only; Direct-P's V operand, ``VFormat.MXFP4_TOKENS`` of
+      :mod:`fp4sim.attention.recipe`): the scale is the block's amplitude ``β = 2^e`` itself,
+      ``e = ceil(log2 amax)`` (bitwise: the exponent field − 127, plus 1 when a mantissa bit is
+      set; clamped to [−127, 127], 2^-127 for a zero block), and the elements are
+      ``RN_elem(fl(fl(x·2^-e)·M))`` — two float32 roundings, each flushed to +0 below 2^-126
+      (:func:`fp4sim.formats.f32.ldexp_ftz`, :func:`~fp4sim.formats.f32.mul_ftz`) — so the
+      represented value is ``β·q/M``: a scale rule with the non-power-of-two divisor
+      ``M = elem.max`` (6 for E2M1; :attr:`BlockFormat.divisor`). Not OCP MX: ``CEIL`` scales
+      by ``2^(e − e_M)``, a grid that differs by the factor ``M/2^e_M`` (1.5 for E2M1).
 ``Geometry``
     Which elements share one scale: ``BLOCK`` (``block_size`` consecutive elements along
     ``axis``; default), ``PER_ROW`` (the whole of ``axis``), ``PER_TENSOR`` (all),
@@ -48,12 +57,12 @@ Public names
     Frozen, hashable: ``name``, ``elem``, ``scale`` (``None`` = no block scale), ``block_size``,
     ``rule``, ``policy`` (the element :class:`~fp4sim.formats.spec.Policy`), ``global_scale``,
     ``arithmetic``, ``min_scale`` (lower clamp of the block scale value before it is encoded;
-    torchao NVFP4: 2^-6), ``nonfinite``; ``.replace(**changes)``, ``.pow2``.
+    torchao NVFP4: 2^-6), ``nonfinite``; ``.replace(**changes)``, ``.pow2``, ``.divisor``.
 Constants
     ``MXFP4``, ``MXFP6_E2M3``, ``MXFP6_E3M2``, ``MXFP8_E4M3`` (= ``MXFP8``), ``MXFP8_E5M2`` (UE8M0
     per 32, ``RCEIL``); ``NVFP4`` (UE4M3 per 16, ``NEAREST``, per-tensor FP32 factor, TE order);
     ``NVFP4_SINGLE`` (no FP32 factor); ``FP8_E4M3_PER_TENSOR`` (no block scale, FP32 per-tensor
-    factor).
+    factor); ``MXFP4_AMPLITUDE`` (E2M1, UE8M0 per 32, ``AMPLITUDE``: value ``β·q/6``).
 ``QuantizedArray``
     A registered jax pytree. Children: ``codes`` (uint8; one code per byte, or packed along the
     last axis when ``packed``), ``scales`` (uint8 scale codes, ``shape[d] // extent[d]`` per
@@ -107,7 +116,7 @@ import ml_dtypes
 import numpy as np
 
 from fp4sim._xp import bitcast, is_jax, materialize, namespace
-from fp4sim.formats import codec
+from fp4sim.formats import codec, f32
 from fp4sim.formats.f32 import bitlen, compose, div_f32, f32_bits, ldexp_f32, mul_f32, split
 from fp4sim.formats.spec import (
     DEFAULT_POLICY,
@@ -140,6 +149,7 @@ __all__ = [
     "NVFP4",
     "NVFP4_SINGLE",
     "FP8_E4M3_PER_TENSOR",
+    "MXFP4_AMPLITUDE",
     "BLOCK_FORMATS",
     "QuantizedArray",
     "quantize",
@@ -167,9 +177,11 @@ class ScaleRule(enum.Enum):
     CEIL = "ceil"
     EVEN = "even"
     NEAREST = "nearest"
+    AMPLITUDE = "amplitude"
 
 
-_POW2_RULES = (ScaleRule.RCEIL, ScaleRule.FLOOR, ScaleRule.CEIL, ScaleRule.EVEN)
+_POW2_RULES = (ScaleRule.RCEIL, ScaleRule.FLOOR, ScaleRule.CEIL, ScaleRule.EVEN,
+               ScaleRule.AMPLITUDE)
 
 
 class Geometry(enum.Enum):
@@ -268,12 +280,29 @@ class BlockFormat:
                              f"allowed for {self.scale}: NEAREST, RCEIL")
         if not (isinstance(self.min_scale, float) and self.min_scale >= 0.0):
             raise ValueError(f"BlockFormat.min_scale={self.min_scale!r} must be a float >= 0")
+        if self.rule is ScaleRule.AMPLITUDE and self.scale is not UE8M0:
+            raise ValueError(f"BlockFormat {self.name!r}: rule=AMPLITUDE needs UE8M0 (power-of-two) "
+                             f"block scales; got scale={self.scale}")
+        if self.rule is ScaleRule.AMPLITUDE and (
+                self.global_scale is not GlobalScale.NONE
+                or self.arithmetic is not Arithmetic.TRANSFORMER_ENGINE or self.min_scale):
+            raise ValueError(f"BlockFormat {self.name!r}: rule=AMPLITUDE (value β·q/M) is defined "
+                             f"without an FP32 factor, min_scale or other arithmetic; allowed: "
+                             f"global_scale=NONE, arithmetic=TRANSFORMER_ENGINE, min_scale=0.0 "
+                             f"(got {self.global_scale.name}, {self.arithmetic.name}, "
+                             f"{self.min_scale})")
         codec.check_policy(self.elem, element_policy(self))
 
     @property
     def pow2(self) -> bool:
         """True when block scales are powers of two (UE8M0)."""
         return self.scale is UE8M0
+
+    @property
+    def divisor(self) -> float:
+        """The constant every value is divided by: ``elem.max`` under ``ScaleRule.AMPLITUDE``
+        (value ``2^e·q/M``), else 1.0 (value ``code·scale·global``)."""
+        return float(self.elem.max) if self.rule is ScaleRule.AMPLITUDE else 1.0
 
     def replace(self, **changes: Any) -> BlockFormat:
         """A copy with some fields changed (validated again)."""
@@ -304,8 +333,12 @@ NVFP4_SINGLE = BlockFormat(name="NVFP4_SINGLE", elem=E2M1, scale=UE4M3, block_si
                            rule=ScaleRule.NEAREST)
 FP8_E4M3_PER_TENSOR = BlockFormat(name="FP8_E4M3_PER_TENSOR", elem=E4M3, scale=None, block_size=1,
                                   global_scale=GlobalScale.PER_TENSOR)
+MXFP4_AMPLITUDE = BlockFormat(name="MXFP4_AMPLITUDE", elem=E2M1, scale=UE8M0, block_size=32,
+                              rule=ScaleRule.AMPLITUDE)
+"""Direct-P's V operand (:class:`ScaleRule` ``AMPLITUDE``): per 32 elements
+``β = 2^ceil(log2 amax)``, payload ``RN_E2M1(fl(6·fl(x/β)))`` (flushed), value ``β·q/6``."""
 BLOCK_FORMATS = (MXFP4, MXFP6_E2M3, MXFP6_E3M2, MXFP8_E4M3, MXFP8_E5M2, NVFP4, NVFP4_SINGLE,
-                 FP8_E4M3_PER_TENSOR)
+                 FP8_E4M3_PER_TENSOR, MXFP4_AMPLITUDE)
 
 
 _U = np.uint32
@@ -544,8 +577,8 @@ def _pow2_scale_code(xp: Any, amax_bits: Any, fmt: BlockFormat, rule: ScaleRule)
             half = _U(1 << (23 - fmt.elem.mbits - 1))
             field = (((amax_bits + half) >> _U(23)) & _U(0x1FF)).astype(np.int32)
         # floor(log2 amax): the exponent field (subnormal and zero blocks clamp to 2^-127 anyway)
-        e = field - 127 - e_m
-        if rule is ScaleRule.CEIL:
+        e = field - 127 - (0 if rule is ScaleRule.AMPLITUDE else e_m)
+        if rule in (ScaleRule.CEIL, ScaleRule.AMPLITUDE):
             e = e + ((amax_bits & _U(0x7FFFFF)) != 0).astype(np.int32)
         code = xp.clip(e + 127, 0, 254)
     is_nan = amax_bits > _U(0x7F800000)
@@ -745,8 +778,13 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
         elif fmt.arithmetic is Arithmetic.TORCHAO:  # torchao's handling of the 2^-127 code
             e = xp.where(code == 0, np.int32(0), e) if fmt.rule is ScaleRule.RCEIL \
                 else xp.maximum(e, np.int32(-126))
-        # the elements are encoded as the exact x·2^-e: one rounding, exponent arithmetic only
-        y, shift = xb, -xp.where(code == 255, np.int32(0), e)
+        if fmt.rule is ScaleRule.AMPLITUDE:
+            # fl(fl(x·2^-e)·M), both flushed, then the element rounding (the value is 2^e·q/M)
+            y = f32.mul_ftz(f32.ldexp_ftz(xb, -xp.where(code == 255, np.int32(0), e)),
+                            np.float32(fmt.elem.max))
+        else:
+            # the elements are encoded as the exact x·2^-e: one rounding, exponent arithmetic only
+            y, shift = xb, -xp.where(code == 255, np.int32(0), e)
         scales = code.astype(np.uint8)
     else:
         y, scales = _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec_b, s_enc_b)
@@ -871,6 +909,12 @@ def dequantize(q: QuantizedArray) -> Any:
     elif fmt.pow2:
         code = xp.reshape(q.scales.astype(np.int32), sshape)
         out = ldexp_f32(vb, code - 127)
+        if fmt.divisor != 1.0:
+            # AMPLITUDE: fl(2^e·q/M), one rounding: 2^e·q is exact (at least 2^-149) unless it
+            # overflows, and then 2^e·fl(q/M) is normal, so the scaling is exact
+            m = np.float32(fmt.divisor)
+            out = xp.where(xp.isinf(out), ldexp_f32(div_f32(vb, m), code - 127),
+                           div_f32(out, m))
         out = xp.where(code == 255, np.float32(np.nan), out)
     else:
         s = xp.reshape(q.scale_values(), sshape)
