@@ -44,6 +44,7 @@ import numpy as np
 from fp4sim._checks import softmax_scale as check_softmax_scale
 from fp4sim._xp import bitcast, materialize, namespace
 from fp4sim.attention import causal as sc
+from fp4sim.attention import operands as ops
 from fp4sim.attention.backward import (
     BackwardTrace,
     DeltaSource,
@@ -180,7 +181,7 @@ def _softmax_scale(head_dim: int, softmax_scale: float | None) -> float:
 
 def _quantizer(segment_ids: Any, aligned: bool):
     if segment_ids is None or not aligned:
-        return sc.fake_quantize
+        return ops.fake_quantize
     return _Segmented(segment_ids)
 
 
@@ -192,10 +193,10 @@ class _Segmented:
     def __init__(self, segment_ids: Any) -> None:
         self.segment_ids = segment_ids
 
-    def __call__(self, x: Any, scaling: sc.OperandScaling) -> Any:
+    def __call__(self, x: Any, scaling: ops.OperandScaling) -> Any:
         return sc.fake_quantize_segmented(x, scaling, self.segment_ids)
 
-    def with_stats(self, x: Any, scaling: sc.OperandScaling) -> tuple[Any, Any]:
+    def with_stats(self, x: Any, scaling: ops.OperandScaling) -> tuple[Any, Any]:
         return sc.fake_quantize_segmented_stats(x, scaling, self.segment_ids)
 
 

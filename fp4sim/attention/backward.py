@@ -35,7 +35,7 @@ This module owns the gradient of softmax attention ``O = softmax(c_e·Q Kᵀ + m
   operands: exact products, none below 2^-103), per cache-sized output block, skipping the
   all-zero terms of causal row blocks; otherwise as the flushed chain. The statistics of the
   quantized P, dO and dS operands are bounds taken from their quantizers' block exponents
-  (:func:`fp4sim.attention.causal.fake_quantize_stats`), not a pass over the elements; any
+  (:func:`fp4sim.attention.operands.fake_quantize_stats`), not a pass over the elements; any
   sound bounds give the same bits (:func:`fp4sim.attention._ordered.quantized_stats`). ``D`` is a fixed
   pairwise-tree sum, ``dS`` is formed elementwise; every float32 step flushes results below
   2^-126 (``.ftz`` arithmetic).
@@ -59,7 +59,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fp4sim import _xp
-from fp4sim.attention import causal
+from fp4sim.attention import operands
 from fp4sim.attention._ordered import operand_stats, plain_or_chain, plain_sum_is_exact
 from fp4sim.attention.recipe import (  # defined with every recipe; re-exported here
     BackwardAccumulation,
@@ -343,13 +343,13 @@ class BackwardTrace(NamedTuple):
 def _quantized(fq: Any, x: Any, scaling: Any, with_stats: bool) -> tuple[Any, Any]:
     """``fq(x, scaling)`` and (``with_stats``) bounds on its :class:`OperandStats`: from the
     quantizer's block exponents for the built-in quantizers
-    (:func:`fp4sim.attention.causal.fake_quantize_stats`, or a quantizer's own ``with_stats``),
+    (:func:`fp4sim.attention.operands.fake_quantize_stats`, or a quantizer's own ``with_stats``),
     else a pass over the result (:func:`operand_stats`). Any bounds serve: the predicate of
     :func:`plain_sum_is_exact` on them implies it on the true statistics
     (:func:`fp4sim.attention._ordered.quantized_stats`)."""
     if not with_stats:
         return fq(x, scaling), None
-    both = causal.fake_quantize_stats if fq is causal.fake_quantize else \
+    both = operands.fake_quantize_stats if fq is operands.fake_quantize else \
         getattr(fq, "with_stats", None)
     if both is None:
         y = fq(x, scaling)
@@ -358,12 +358,12 @@ def _quantized(fq: Any, x: Any, scaling: Any, with_stats: bool) -> tuple[Any, An
 
 
 def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_out: Any, *,
-                      softmax_scale: float, d_out_scaling: causal.OperandScaling,
-                      p_scaling: causal.OperandScaling, ds_scaling: causal.OperandScaling,
+                      softmax_scale: float, d_out_scaling: operands.OperandScaling,
+                      p_scaling: operands.OperandScaling, ds_scaling: operands.OperandScaling,
                       delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT,
                       accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL,
                       p_ds: Any = None, out_delta: Any = None,
-                      dq_scaling: causal.OperandScaling | None = None,
+                      dq_scaling: operands.OperandScaling | None = None,
                       quantize: Any = None, dp_only_where_p: bool = False) -> BackwardTrace:
     """The backward of one attention call from the forward's saved state (module docstring).
 
@@ -371,9 +371,9 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     (rebuilt by :func:`fp4sim.attention.autodiff.rebuild_p`); ``q_hat``, ``k_hat``, ``v_hat`` the
     dequantized operands the forward used; ``out`` the forward's O; ``d_out`` the float32
     upstream gradient. ``d_out_scaling``, ``p_scaling`` (P for dV, rows = queries) and
-    ``ds_scaling`` are :class:`fp4sim.attention.causal.OperandScaling`; ``quantize`` is the
+    ``ds_scaling`` are :class:`fp4sim.attention.operands.OperandScaling`; ``quantize`` is the
     fake-quantizer ``(x, scaling) -> float32`` (by default
-    :func:`fp4sim.attention.causal.fake_quantize`; the document-aware one for packed sequences).
+    :func:`fp4sim.attention.operands.fake_quantize`; the document-aware one for packed sequences).
     ``p_ds`` is the P of dS (default ``p``), ``out_delta`` the O of D (default ``out``);
     ``dq_scaling`` quantizes the dQ output (default: float32). ``dp_only_where_p`` (jax,
     SEQUENTIAL): dP may be left +0 in output blocks where the P of dS is all zero (a causal
@@ -387,7 +387,7 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     if not isinstance(delta, DeltaSource):
         raise TypeError(f"delta={delta!r} must be a DeltaSource; allowed: "
                         f"{[m.name for m in DeltaSource]}")
-    fq = causal.fake_quantize if quantize is None else quantize
+    fq = operands.fake_quantize if quantize is None else quantize
     xp = _xp.namespace(p, q_hat, k_hat, v_hat, out, d_out)
     d_out = xp.asarray(d_out, dtype=np.float32)
     seq = accumulation is BackwardAccumulation.SEQUENTIAL

@@ -79,7 +79,7 @@ import numpy as np
 
 from fp4sim._checks import softmax_scale as check_softmax_scale
 from fp4sim._xp import materialize, namespace
-from fp4sim.attention import causal
+from fp4sim.attention import operands
 from fp4sim.attention._ordered import operand_stats, ordered_product
 from fp4sim.attention.converters import PTile, convert_tile
 from fp4sim.attention.exp2 import exp2_rn, log2_f32
@@ -214,7 +214,7 @@ def _quantize_qk(x: Any, recipe: AttentionRecipe) -> Operand:
         return Operand(bf16_values(c), None, None, None, d, False, 1.0, c)
     if fmt is QKFormat.TOKEN_BLOCK_FP8 and x.shape[-2] % 32:
         raise ValueError(f"token-block Q/K need a multiple of 32 tokens; got {x.shape[-2]}")
-    q = causal.quantize_operand(x, recipe.qk_scaling)  # the declared Q/K scaling
+    q = operands.quantize_operand(x, recipe.qk_scaling)  # the declared Q/K scaling
     if fmt is QKFormat.FP8_PER_TENSOR:
         g = xp.broadcast_to(xp.reshape(q.global_scale, (1,) * (x.ndim - 1)), x.shape[:-1])
         return Operand(decode(q.codes, E4M3), None, g, None, d, False, 1.0, q)
@@ -255,7 +255,7 @@ def _quantize_v(v: Any, recipe: AttentionRecipe) -> Operand:
     if fmt is VFormat.BF16:
         c = bf16_round(v)
         return Operand(bf16_values(c), None, None, None, 1, False, 1.0, c)
-    q = causal.quantize_operand(v, recipe.v_scaling)  # the declared V scaling
+    q = operands.quantize_operand(v, recipe.v_scaling)  # the declared V scaling
     if fmt is VFormat.MXFP4_TOKENS:
         # Direct-P's amplitude rule (blocks.MXFP4_AMPLITUDE): payloads q with the exponents of
         # β = 2^e, the divisor 6 applied at the end; a NaN block (scale code 0xFF, e = 128) is

@@ -693,7 +693,7 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
                              pack: bool = False) -> tuple[QuantizedArray, Any]:
     """:func:`quantize` and, for power-of-two block scales without an FP32 factor, the max-abs
     bit pattern (uint32) of ``x`` in each block, shaped like the scales (the quantizer's own,
-    not a second pass; what :func:`fp4sim.attention.causal.fake_quantize_stats` bounds the
+    not a second pass; what :func:`fp4sim.attention.operands.fake_quantize_stats` bounds the
     dequantized values with); ``None`` for the other formats."""
     if not isinstance(fmt, BlockFormat):
         raise TypeError(f"fmt={fmt!r} must be a BlockFormat (e.g. MXFP8, MXFP4, NVFP4)")
