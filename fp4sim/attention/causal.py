@@ -35,6 +35,7 @@ rows are the *query* tokens, so a per-row dS scale (``PER_ROW`` along ``axis=-1`
 from __future__ import annotations
 
 import enum
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -88,7 +89,7 @@ def token_group_length(scaling: OperandScaling, n_tokens: int) -> int:
     return fmt.block_size
 
 
-def _segment_ranks(xp: Any, segment_ids: Array, group: int) -> Array:
+def _segment_ranks(xp: ModuleType, segment_ids: Array, group: int) -> Array:
     """Per row, which document of its row group it belongs to: 0 for the group's first document,
     +1 at every change of segment id inside the group (documents are contiguous runs)."""
     n = segment_ids.shape[-1]

@@ -115,7 +115,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fp4sim._xp import bitcast, is_jax, materialize, namespace
+from fp4sim._xp import Array, bitcast, is_jax, materialize, namespace
 from fp4sim.formats import codec, f32
 from fp4sim.formats.f32 import bitlen, compose, div_f32, f32_bits, ldexp_f32, mul_f32, split
 from fp4sim.formats.spec import (
@@ -404,7 +404,7 @@ def _block_reduce_axes(nd: int) -> tuple[int, ...]:
     return tuple(2 * d + 1 for d in range(nd))
 
 
-def expand_scales(values: Any, q: QuantizedArray) -> Any:
+def expand_scales(values: Array, q: QuantizedArray) -> Array:
     """Broadcast an array shaped like ``q.scales`` (one value per block) to the element shape."""
     xp = namespace(values)
     shape = q.shape
@@ -427,9 +427,9 @@ class QuantizedArray:
     broadcastable to the scales' shape, or ``None``.
     """
 
-    codes: Any
-    scales: Any
-    global_scale: Any
+    codes: Array
+    scales: Array | None
+    global_scale: Array | None
     format: BlockFormat
     geometry: Geometry = Geometry.BLOCK
     axis: int = -1
@@ -492,7 +492,7 @@ class QuantizedArray:
     def ndim(self) -> int:
         return len(self.codes.shape)
 
-    def unpacked_codes(self) -> Any:
+    def unpacked_codes(self) -> Array:
         """One element code per byte, in the logical shape."""
         if not self.packed:
             return self.codes
@@ -514,18 +514,18 @@ class QuantizedArray:
             return self
         return dataclasses.replace(self, codes=self.unpacked_codes(), packed=False)
 
-    def values(self) -> Any:
+    def values(self) -> Array:
         """Decoded element values (float32) before any scale is applied."""
         return codec.decode(self.unpacked_codes(), self.format.elem)
 
-    def scale_values(self) -> Any:
+    def scale_values(self) -> Array:
         """Decoded block scales (float32; UE8M0 0x00 is the float32 subnormal 2^-127 as bits)."""
         if self.scales is None:
             raise ValueError(f"{self.format.name} has no block scales")
         return codec.decode(self.scales, self.format.scale)
 
 
-def _is_array(x: Any) -> bool:
+def _is_array(x: object) -> bool:
     return isinstance(x, np.ndarray) or is_jax(x)
 
 
@@ -553,7 +553,7 @@ except ImportError:  # pragma: no cover
 
 
 # --- scale derivation -------------------------------------------------------------------------
-def _ue8m0_from_descale(xp: Any, d_bits: Any) -> Any:
+def _ue8m0_from_descale(xp: ModuleType, d_bits: Array) -> Array:
     """UE8M0 code of a float32 descale d >= 0 rounded up (TE / cuDNN / torchao RCEIL bit rule)."""
     field = (d_bits >> _U(23)) & _U(0xFF)
     mant = d_bits & _U(0x7FFFFF)
@@ -561,7 +561,7 @@ def _ue8m0_from_descale(xp: Any, d_bits: Any) -> Any:
     return xp.minimum(field + up.astype(np.uint32), _U(0xFE)).astype(np.int32)
 
 
-def _pow2_scale_code(xp: Any, amax_bits: Any, fmt: BlockFormat, rule: ScaleRule) -> Any:
+def _pow2_scale_code(xp: ModuleType, amax_bits: Array, fmt: BlockFormat, rule: ScaleRule) -> Array:
     """int32 UE8M0 code (0..254; 255 = NaN) of blocks with max-abs bits ``amax_bits``."""
     e_m = fmt.elem.emax
     field = ((amax_bits >> _U(23)) & _U(0xFF)).astype(np.int32)
@@ -595,7 +595,7 @@ def _pow2_scale_code(xp: Any, amax_bits: Any, fmt: BlockFormat, rule: ScaleRule)
     return xp.where(is_nan, np.int32(nan_c), code)
 
 
-def _block_amax_bits(xp: Any, bits: Any, blocked: tuple[int, ...]) -> Any:
+def _block_amax_bits(xp: ModuleType, bits: Array, blocked: tuple[int, ...]) -> Array:
     """Max-abs bits per block, shaped ``blocked`` with the block axes kept (size 1).
 
     Integer max (exact, NaN-aware). Shaped for XLA CPU, which vectorizes a max over a non-minor
@@ -619,7 +619,7 @@ def _block_amax_bits(xp: Any, bits: Any, blocked: tuple[int, ...]) -> Any:
     return materialize(xp.reshape(a, tuple(1 if i in red else n for i, n in enumerate(blocked))))
 
 
-def tensor_amax_bits(xp: ModuleType, bits: Any) -> Any:
+def tensor_amax_bits(xp: ModuleType, bits: Array) -> Array:
     """Max-abs bits (uint32) of the whole array of float32 bit patterns ``bits``: rows of 4096 (or fewer) elements maxed pairwise (halves
     of the row range, which XLA CPU vectorizes; its full reduction is ~4x slower), then one row."""
     mag = bits & _U(0x7FFFFFFF)
@@ -634,19 +634,19 @@ def tensor_amax_bits(xp: ModuleType, bits: Any) -> Any:
     return xp.max(materialize(a))
 
 
-def global_decode_scale(amax: Any, fmt: BlockFormat = NVFP4) -> Any:
+def global_decode_scale(amax: Array, fmt: BlockFormat = NVFP4) -> Array:
     """The NVFP4 decode factor ``amax/(M·S)`` (2688 for NVFP4) as float32 (torchao/JAX form)."""
     xp = namespace(amax)
     return div_f32(xp.asarray(amax, dtype=np.float32), np.float32(_global_max(fmt)))
 
 
-def global_encode_scale(amax: Any, fmt: BlockFormat = NVFP4) -> Any:
+def global_encode_scale(amax: Array, fmt: BlockFormat = NVFP4) -> Array:
     """TE's encode factor ``(M·S)/amax`` as float32, capped at float32 max (amax 0), 1 where it
     would be 0 (amax Inf)."""
     return _encode_factor(amax, fmt)
 
 
-def _encode_factor(amax: Any, fmt: BlockFormat) -> Any:
+def _encode_factor(amax: Array, fmt: BlockFormat) -> Array:
     xp = namespace(amax)
     amax = xp.asarray(amax, dtype=np.float32)
     s = div_f32(np.float32(_global_max(fmt)), amax)
@@ -659,7 +659,7 @@ def _global_max(fmt: BlockFormat) -> float:
 
 
 # --- quantize ---------------------------------------------------------------------------------
-def _as_f32(x: Any) -> Any:
+def _as_f32(x: Array) -> Array:
     xp = namespace(x)
     x = xp.asarray(x)
     dt = np.dtype(x.dtype)
@@ -671,9 +671,9 @@ def _as_f32(x: Any) -> Any:
                     f"(round float64 to float32 yourself)")
 
 
-def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = Geometry.BLOCK,
-             rule: ScaleRule | None = None, global_scale: Any = None,
-             global_encode_scale: Any = None, pack: bool = False) -> QuantizedArray:
+def quantize(x: Array, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = Geometry.BLOCK,
+             rule: ScaleRule | None = None, global_scale: Array | None = None,
+             global_encode_scale: Array | None = None, pack: bool = False) -> QuantizedArray:
     """Quantize ``x`` to ``fmt`` with scales shared per ``geometry`` block along ``axis``.
 
     ``rule`` overrides ``fmt.rule``. ``global_scale`` (decode factor) or ``global_encode_scale``
@@ -687,9 +687,10 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
                                     global_encode_scale=global_encode_scale, pack=pack)[0]
 
 
-def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
+def quantize_with_block_amax(x: Array, fmt: BlockFormat, *, axis: int = -1,
                              geometry: Geometry = Geometry.BLOCK, rule: ScaleRule | None = None,
-                             global_scale: Any = None, global_encode_scale: Any = None,
+                             global_scale: Array | None = None,
+                             global_encode_scale: Array | None = None,
                              pack: bool = False) -> tuple[QuantizedArray, Any]:
     """:func:`quantize` and, for power-of-two block scales without an FP32 factor, the max-abs
     bit pattern (uint32) of ``x`` in each block, shaped like the scales (the quantizer's own,
@@ -809,7 +810,8 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
     return (q.pack() if pack else q), block_amax
 
 
-def _to_blocked(xp: Any, g: Any, shape: tuple[int, ...], blocked: tuple[int, ...]) -> Any:
+def _to_blocked(xp: ModuleType, g: Array, shape: tuple[int, ...],
+                blocked: tuple[int, ...]) -> Array:
     """A global factor (scalar, or broadcastable to the scales' shape) shaped to broadcast
     against the blocked elements ``(n0/b0, b0, n1/b1, b1, ...)``."""
     g = xp.asarray(g, dtype=np.float32)
@@ -823,7 +825,7 @@ def _to_blocked(xp: Any, g: Any, shape: tuple[int, ...], blocked: tuple[int, ...
     return xp.reshape(g, tuple(target))
 
 
-def _clip_scale(xp: Any, v: Any, lo: float, hi: Any) -> Any:
+def _clip_scale(xp: ModuleType, v: Array, lo: float, hi: Array) -> Array:
     """``clip(v, lo, hi)`` for float32 ``v >= +0`` or NaN (kept), compared as bit patterns: a
     float max/min would see a float32-subnormal ``v`` as 0 where XLA flushes (XLA CPU's DAZ)."""
     vb = f32_bits(xp, v)
@@ -869,7 +871,7 @@ def _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec, s_enc):
 
 
 # --- dequantize -------------------------------------------------------------------------------
-def scale_exponents(q: QuantizedArray) -> Any:
+def scale_exponents(q: QuantizedArray) -> Array:
     """int32 power-of-two exponents of UE8M0 scales (code − 127; NaN code 0xFF gives 128)."""
     if not q.format.pow2:
         raise ValueError(f"scale_exponents needs UE8M0 scales; {q.format.name} has "
@@ -877,7 +879,7 @@ def scale_exponents(q: QuantizedArray) -> Any:
     return q.scales.astype(np.int32) - 127
 
 
-def _mul_exact_small(xp: Any, v: Any, g: Any) -> Any:
+def _mul_exact_small(xp: ModuleType, v: Array, g: Array) -> Array:
     """Correctly rounded float32 v·g for v with <= 8 significant bits and any float32 g."""
     vb, gb = bitcast(v, np.uint32), bitcast(g, np.uint32)
     _, sv, ev = split(xp, vb)
@@ -892,7 +894,7 @@ def _mul_exact_small(xp: Any, v: Any, g: Any) -> Any:
     return xp.where(plain, bitcast(out, np.float32), mul_f32(v, g))
 
 
-def dequantize(q: QuantizedArray) -> Any:
+def dequantize(q: QuantizedArray) -> Array:
     """float32 values ``code · scale · global`` (correctly rounded, FTZ-proof)."""
     if not isinstance(q, QuantizedArray):
         raise TypeError(f"q={q!r} must be a QuantizedArray")
