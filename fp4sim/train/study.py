@@ -287,8 +287,7 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
     try:
         device = jax.devices(cfg.device.value)[0]
     except RuntimeError as e:
-        raise ValueError(f"device={cfg.device.value!r}: jax finds no such device here ({e})"
-                         ) from e
+        raise ValueError(f"device={cfg.device.value!r}: jax finds no such device here ({e})")
     with jax.default_device(device):  # every array of the run on that device
         return _run_study(cfg, recipe_names, out_dir, progress=progress, argv=argv, t0=t0,
                           figure=figure, device=device)
