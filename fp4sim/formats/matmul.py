@@ -44,11 +44,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from types import ModuleType
+from typing import Any
 
 import numpy as np
 
-from fp4sim._xp import Array, bitcast, namespace
+from fp4sim._xp import bitcast, namespace
 from fp4sim.formats.blocks import QuantizedArray, block_extents, expand_scales
 from fp4sim.formats.f32 import bitlen, compose, ldexp_f32, mul_f32, split
 
@@ -123,7 +123,7 @@ class BLayout(enum.Enum):
     KN = "kn"
 
 
-def _check_operand(q: object, name: str) -> None:
+def _check_operand(q: Any, name: str) -> None:
     if not isinstance(q, QuantizedArray):
         raise TypeError(f"{name}={q!r} must be a QuantizedArray")
     if q.ndim < 2:
@@ -199,7 +199,7 @@ def _at(s, k):
 def scaled_matmul(a: QuantizedArray, b: QuantizedArray, *,
                   accumulation: Accumulation = Accumulation.FLOAT32,
                   model: WgmmaFp8Model = HOPPER_FP8_MODEL,
-                  b_layout: BLayout = BLayout.NK) -> Array:
+                  b_layout: BLayout = BLayout.NK) -> Any:
     """float32 ``(..., M, N)`` product of ``a (..., M, K)`` and ``b`` (``(..., N, K)``, or
     ``(..., K, N)`` with ``b_layout=BLayout.KN``); any geometry whose scales are applied per
     element of K (see the module docstring)."""
@@ -258,13 +258,13 @@ def scaled_matmul(a: QuantizedArray, b: QuantizedArray, *,
     return out
 
 
-def _exponent(xp: ModuleType, x: Array) -> Array:
+def _exponent(xp: Any, x: Any) -> Any:
     """floor(log2|x|) of float32 ``x`` as int32 (-1000 for zero), from the bits."""
     _, sig, exp = split(xp, bitcast(x, np.uint32))
     return xp.where(sig == 0, np.int32(-1000), exp + bitlen(xp, sig) - 1)
 
 
-def wgmma_fp8_dot(a: Array, b: Array, model: WgmmaFp8Model = HOPPER_FP8_MODEL) -> Array:
+def wgmma_fp8_dot(a: Any, b: Any, model: WgmmaFp8Model = HOPPER_FP8_MODEL) -> Any:
     """Σ_k a[..., k]·b[..., k] under ``model`` for float32 inputs whose products are exact
     (FP8/FP6/FP4 values), broadcasting ``a`` and ``b``; float32 result."""
     xp = namespace(a, b)
@@ -292,8 +292,8 @@ def wgmma_fp8_dot(a: Array, b: Array, model: WgmmaFp8Model = HOPPER_FP8_MODEL) -
     return acc
 
 
-def _aligned_sum(xp: ModuleType, terms: Array, top: Array, frac_bits: int,
-                 out_frac_bits: int | None = None) -> Array:
+def _aligned_sum(xp: Any, terms: Any, top: Any, frac_bits: int,
+                 out_frac_bits: int | None = None) -> Any:
     """Align finite float32 terms (last axis) to the largest of ``top`` (their alignment
     exponents), truncate toward zero to ``frac_bits`` bits below it, sum exactly; then truncate
     toward zero to ``out_frac_bits`` bits below the sum's own leading bit (if given); float32
