@@ -2,7 +2,7 @@
 training step, and the named ones.
 
 An :class:`AttentionRecipe` names every numerical choice between the raw inputs and the output
-(seed_algorithms.md §2-§4); a :class:`TrainingRecipe` adds the backward's formats (its operand
+(see docs/algorithms.md); a :class:`TrainingRecipe` adds the backward's formats (its operand
 scalings are :class:`~fp4sim.attention.operands.OperandScaling`). Both are static ``jax.jit``
 arguments. This module owns no arithmetic: the converters live in
 :mod:`fp4sim.attention.converters`, the forward in :mod:`fp4sim.attention.forward`, the backward
