@@ -309,10 +309,10 @@ def _sequential_jax(transposed: bool = False):
     :func:`plain_sum_is_exact` holds, else the flushed chain, by one ``lax.cond`` whose
     predicate stays unbatched under ``vmap`` (:func:`fp4sim.attention._ordered.plain_or_chain`)."""
 
-    def plain(a: Array, b: Array, *needed: Any) -> Array:
+    def plain(a: Any, b: Any, *needed: Any) -> Any:
         return _loop(a, b, True, needed[0] if needed else None, transposed)
 
-    def chain(a: Array, b: Array, *needed: Any) -> Array:
+    def chain(a: Any, b: Any, *needed: Any) -> Any:
         return _loop(a, b, False, None, transposed)
 
     return plain_or_chain(plain, chain)

@@ -307,7 +307,7 @@ def scores(q: Operand, k: Operand) -> Array:
     return _scores(q, k, _key_blocks(k))
 
 
-def _scores(q: Operand, k: Operand, kbt: Array | None) -> Array:
+def _scores(q: Operand, k: Operand, kbt: Any) -> Any:
     xp = namespace(q.values, k.values)
     d = q.values.shape[-1]
     blk = q.block
@@ -398,7 +398,7 @@ def _group_partials(xp: ModuleType, p: PTile, v_vals: Array, v_exps: Array | Non
     return g
 
 
-def _pv_chain(pr: Array, vr: Array) -> Array:
+def _pv_chain(pr: Any, vr: Any) -> Any:
     """Σ_j fl(pr[..., :, j]·vr[..., j, :]) in j order, every step flushed (the definition):
     pr (..., I, sub), vr (..., sub, Dv)."""
     parts = f32.mul_ftz(pr[..., :, 0, None], vr[..., 0, None, :])
