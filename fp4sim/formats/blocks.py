@@ -116,8 +116,18 @@ import ml_dtypes
 import numpy as np
 
 from fp4sim._xp import Array, bitcast, is_jax, materialize, namespace
-from fp4sim.formats import codec, f32
-from fp4sim.formats.f32 import bitlen, compose, div_f32, f32_bits, ldexp_f32, mul_f32, split
+from fp4sim.formats import codec
+from fp4sim.formats.f32 import (
+    bitlen,
+    compose,
+    div_f32,
+    f32_bits,
+    ldexp_f32,
+    ldexp_ftz,
+    mul_f32,
+    mul_ftz,
+    split,
+)
 from fp4sim.formats.spec import (
     DEFAULT_POLICY,
     E2M1,
@@ -671,9 +681,9 @@ def _as_f32(x: Array) -> Array:
                     f"(round float64 to float32 yourself)")
 
 
-def quantize(x: Array, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = Geometry.BLOCK,
-             rule: ScaleRule | None = None, global_scale: Array | None = None,
-             global_encode_scale: Array | None = None, pack: bool = False) -> QuantizedArray:
+def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = Geometry.BLOCK,
+             rule: ScaleRule | None = None, global_scale: Any = None,
+             global_encode_scale: Any = None, pack: bool = False) -> QuantizedArray:
     """Quantize ``x`` to ``fmt`` with scales shared per ``geometry`` block along ``axis``.
 
     ``rule`` overrides ``fmt.rule``. ``global_scale`` (decode factor) or ``global_encode_scale``
@@ -689,8 +699,7 @@ def quantize(x: Array, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry =
 
 def quantize_with_block_amax(x: Array, fmt: BlockFormat, *, axis: int = -1,
                              geometry: Geometry = Geometry.BLOCK, rule: ScaleRule | None = None,
-                             global_scale: Array | None = None,
-                             global_encode_scale: Array | None = None,
+                             global_scale: Any = None, global_encode_scale: Any = None,
                              pack: bool = False) -> tuple[QuantizedArray, Any]:
     """:func:`quantize` and, for power-of-two block scales without an FP32 factor, the max-abs
     bit pattern (uint32) of ``x`` in each block, shaped like the scales (the quantizer's own,
@@ -781,8 +790,8 @@ def quantize_with_block_amax(x: Array, fmt: BlockFormat, *, axis: int = -1,
                 else xp.maximum(e, np.int32(-126))
         if fmt.rule is ScaleRule.AMPLITUDE:
             # fl(fl(x·2^-e)·M), both flushed, then the element rounding (the value is 2^e·q/M)
-            y = f32.mul_ftz(f32.ldexp_ftz(xb, -xp.where(code == 255, np.int32(0), e)),
-                            np.float32(fmt.elem.max))
+            y = mul_ftz(ldexp_ftz(xb, -xp.where(code == 255, np.int32(0), e)),
+                        np.float32(fmt.elem.max))
         else:
             # the elements are encoded as the exact x·2^-e: one rounding, exponent arithmetic only
             y, shift = xb, -xp.where(code == 255, np.int32(0), e)
@@ -810,8 +819,7 @@ def quantize_with_block_amax(x: Array, fmt: BlockFormat, *, axis: int = -1,
     return (q.pack() if pack else q), block_amax
 
 
-def _to_blocked(xp: ModuleType, g: Array, shape: tuple[int, ...],
-                blocked: tuple[int, ...]) -> Array:
+def _to_blocked(xp: Any, g: Any, shape: tuple[int, ...], blocked: tuple[int, ...]) -> Any:
     """A global factor (scalar, or broadcastable to the scales' shape) shaped to broadcast
     against the blocked elements ``(n0/b0, b0, n1/b1, b1, ...)``."""
     g = xp.asarray(g, dtype=np.float32)
