@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk", type=int, default=None,
                         help="steps per dispatch (one lax.scan, one host synchronization)")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    parser.add_argument("--loss-scale", type=float, default=None,
+                        help="power-of-two loss scale (default 4096; 1 = none: the emulated "
+                             "backward's unscaled E5M2 dO then underflows)")
     parser.add_argument("--out", default="train-out", help="output folder (default train-out)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--workers", type=int, default=None,
@@ -85,6 +88,8 @@ def _config(args: argparse.Namespace):
         cfg = cfg.replace(model=dataclasses.replace(cfg.model, **model))
     if args.lr is not None:
         cfg = cfg.replace(optim=dataclasses.replace(cfg.optim, lr=args.lr))
+    if args.loss_scale is not None:
+        cfg = cfg.replace(optim=dataclasses.replace(cfg.optim, loss_scale=args.loss_scale))
     changes: dict = {"accumulation": BackwardAccumulation[args.accumulation.upper()]}
     if args.device is not None:
         changes["device"] = Device(args.device)

@@ -109,12 +109,15 @@ class Trainer:
         cfg = self.cfg
         tx = make_optimizer(cfg.optim)
 
+        scale = float(cfg.optim.loss_scale)  # a power of two: exact in float32
+
         def loss_fn(p: Any) -> tuple[Any, tuple[Any, Any]]:
             losses = _model.position_losses(p, x, y, self._attn, cfg.model)  # (s, B, T)
             per_seed = jnp.sum(losses * w, axis=(1, 2)) / jnp.sum(w)
-            return jnp.sum(per_seed), (per_seed, losses)
+            return jnp.sum(per_seed) * scale, (per_seed, losses)
 
         (_, (loss, losses)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        grads = jax.tree_util.tree_map(lambda g: g * (1.0 / scale), grads)
 
         def update(g: Any, o: Any, p: Any) -> tuple[Any, Any, Any]:
             u, o2 = tx.update(g, o, p)
