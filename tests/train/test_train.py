@@ -267,6 +267,8 @@ def test_smoke_run_record(smoke):
     assert set(comp["per_recipe"]) == set(R.SMOKE_STUDY) and comp["cache_entries_after"] > 0
     for secs in comp["per_recipe"].values():
         assert secs["trace_lower_s"] > 0 and secs["xla_compile_s"] > 0
+    assert "export_s" in comp["per_recipe"]["direct_p_fp8_training"]  # traced in a worker
+    assert comp["trace_processes"] is True
     assert "steps/s" in stdout and "XLA" in stdout
     assert "definition" in emu and "TrainingRecipe" in emu["definition"]
     assert emu["operator_probe"]["leak_o"] == 0.0  # token-block ceil V: bitwise causal O
@@ -384,3 +386,22 @@ def test_a_route_that_trains_but_ends_far_worse_does_not_reproduce_close():
     near = REP.table_markdown(_synthetic_record(0.0))
     assert "reproduced (no difference beyond 3 standard errors)" in near
     assert "loss scale 4096" in near
+
+
+def test_an_exported_chunk_gives_the_same_bits_as_the_direct_compile(cpu, f32_chunk):
+    """The study traces emulated recipes in worker processes (jax.export, pickled) and
+    compiles them here: the same module, so the same loss curve bit for bit."""
+    import jax
+
+    from fp4sim.train import loop
+
+    tokens = _tokens()
+    chunk, state0 = f32_chunk
+    like = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state0)
+    blob = loop.Trainer(recipe=R.study_recipe("jnp_float32"), cfg=TINY).export("cpu",
+                                                                                len(tokens))
+    exported = loop.compile_exported(blob, TINY, cpu, like, len(tokens))
+    _, a, ga = chunk.train(state0, tokens, 2)
+    _, b, gb = exported.train(state0, tokens, 2)
+    assert np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+    assert np.array_equal(np.asarray(ga).view(np.uint32), np.asarray(gb).view(np.uint32))
