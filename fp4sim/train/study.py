@@ -49,6 +49,7 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -152,6 +153,9 @@ def provenance(device: Any, argv: Sequence[str] | None = None) -> dict[str, Any]
                    "count": len(jax.devices(device.platform)),
                    "platform_version": platform_version},
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "fp4sim_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FP4SIM_")},
+        "gpu_kernels_module": importlib.util.find_spec("fp4sim.attention.ordered_gpu")
+        is not None,
         "jax_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("JAX_")},
         "jax_config": {"jax_enable_x64": bool(jax.config.jax_enable_x64),
                        "jax_default_matmul_precision":
@@ -246,9 +250,10 @@ def _cache_entries(cache_dir: Path | None) -> int | None:
 
 
 def _worker_init() -> None:
-    """A tracing worker process: jax on the CPU only (it lowers for the study's device
-    without touching it)."""
-    os.environ["JAX_PLATFORMS"] = "cpu"
+    """A tracing worker process: it lowers for the study's device (Pallas kernels of the
+    emulator need the device to lower) but computes nothing there, so jax must not
+    preallocate the device's memory."""
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
 
 
 def _export_job(name: str, cfg: StudyConfig, platform: str, n_tokens: int
@@ -257,9 +262,6 @@ def _export_job(name: str, cfg: StudyConfig, platform: str, n_tokens: int
     pickled (:meth:`fp4sim.train.loop.Trainer.export`)."""
     t0 = time.perf_counter()
     try:
-        import jax
-
-        jax.config.update("jax_platforms", "cpu")
         recipe = study_recipe(name).with_accumulation(cfg.accumulation)
         blob = _loop.Trainer(recipe=recipe, cfg=cfg).export(platform, n_tokens)
         return name, blob, time.perf_counter() - t0, None
@@ -275,8 +277,8 @@ def _compile_all(cfg: StudyConfig, device: Any, names: Sequence[str], state_like
     """Phase 1: every recipe's chunk traced and compiled by XLA in parallel threads, until
     ``compile_deadline`` (``time.monotonic()``; a recipe not compiled by then is skipped; the
     reference is always waited for). Tracing holds the GIL: with ``processes`` the emulated
-    recipes are traced in parallel worker processes (:func:`_export_job`, jax on their CPU,
-    lowered for the study's device) and only compiled here; a recipe whose export fails, and
+    recipes are traced in parallel worker processes (:func:`_export_job`, lowered for the
+    study's device, nothing computed there) and only compiled here; a recipe whose export fails, and
     every recipe without ``processes``, is traced here, one at a time in priority order.
     Returns (compiled chunks, seconds per recipe, errors)."""
     import multiprocessing
