@@ -14,7 +14,7 @@ import sys
 
 # subcommand -> (module, one-line help)
 _COMMANDS: dict[str, tuple[str, str]] = {
-    "reproduce": ("fp4sim.report.cli", "recompute the seeds' tables on the emulator; write a Markdown report and figures"),
+    "reproduce": ("fp4sim.report.cli", "recompute the published tables on the emulator; write a Markdown report and figures"),
     "golden": ("fp4sim.golden.cli", "write or check the golden vectors (check: the set shipped with fp4sim)"),
     "figures": ("fp4sim.report.figures", "regenerate every figure (into ./figures or --out)"),
     "bench": ("fp4sim.benchmarks.cli", "benchmarks: formats, microscaling, attention, training (CPU) and gpu (H200)"),

@@ -32,7 +32,7 @@ def test_writes_every_section_table_and_figure(quick_run):
         assert f"## {section.title}" in text
         for table in section.tables:
             assert f"**{table.title}**" in text
-            assert table.seed, f"table {table.title!r} does not say what the seed reported"
+            assert table.source, f"table {table.title!r} does not say what it is set beside"
         for fig in section.figures:
             png = out / "figures" / FIGURES[fig].filename
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
@@ -85,7 +85,7 @@ def test_code_match_numbers(quick_run):
     for name, conv in (("affine", fp4sim.AffineP()), ("mitchell_boundary", fp4sim.MitchellP()),
                        ("mitchell_s0", fp4sim.MitchellP(shift=0.0))):
         assert nums["grid"][name] == fp4sim.code_match_rate(conv, fp4sim.ExactP(), x)
-    # and they are the seeds' rates (seed_algorithms §8 item 3) to within the grid's resolution
+    # and they are the published grid rates to within the grid's resolution
     assert abs(nums["grid"]["affine"] - 0.632884) < 2e-4
     assert abs(nums["grid"]["mitchell_boundary"] - 0.98671) < 2e-4
 
@@ -119,7 +119,7 @@ def test_exp2_numbers(quick_run):
     x = np.linspace(-126.0, 0.0, report.QUICK.grid_points, endpoint=False).astype(np.float32)
     rel = np.asarray(fp4sim.exp2_fa4(x), np.float64) / np.exp2(x.astype(np.float64)) - 1
     assert nums["fa4_rel_min"] == rel.min() and nums["fa4_rel_max"] == rel.max()
-    assert nums["fa4_abs_max"] <= 9e-5  # seed_algorithms §8 item 10
+    assert nums["fa4_abs_max"] <= 9e-5  # FA4 polynomial bound
     assert nums["rn_mismatches"] == 0
 
 

@@ -3,7 +3,7 @@
 This module owns :class:`OperandScaling` (the quantization of one token-major training operand:
 K, V, dO, or the score gradient dS, described with the block formats of
 :mod:`fp4sim.formats.blocks`), its application :func:`fake_quantize`, and the classification
-:func:`leak_class` of seed_algorithms.md §6.1. Under a causal mask, token i's output may depend
+:func:`leak_class` (the causal-safety question of FLAMIA, github.com/yandex-research/flamia-blackwell-attention). Under a causal mask, token i's output may depend
 only on tokens ≤ i; any scale shared by tokens i < j lets token j reach token i through the
 rounding of token i's elements.
 
@@ -18,7 +18,7 @@ Classes (:class:`LeakClass`), derived from the scaling's *properties* (and check
   range (E4M3, E5M2). Rounding in a floating-point format is invariant under power-of-two scaling
   except at the ends of its range, so a future token that raises the group max changes only the
   past elements that drop into the element format's *subnormal* range: a tiny leak
-  (seed_algorithms.md §6.3: ~1e-7..1e-6 relative).
+  (~1e-7..1e-6 relative).
 * ``LARGE`` — shared scales that are not powers of two (UE4M3 block scales, an FP32 per-tensor
   amax factor), power-of-two scales that can clamp (OCP ``FLOOR``, torchao ``EVEN``), or shared
   scales over a narrow element format (E2M1, E2M3, E3M2: ~2-4 binades). Every past element of the
@@ -27,7 +27,7 @@ Classes (:class:`LeakClass`), derived from the scaling's *properties* (and check
 Token axis convention: operands are (..., tokens, features); ``axis=-1`` runs along features
 (head dimension: one token per group), ``axis=-2`` along tokens. dS is (..., queries, keys): its
 rows are the *query* tokens, so a per-row dS scale (``PER_ROW`` along ``axis=-1``) is the
-"exact" option (seed_algorithms.md §6.3) — each dQ row then depends on its own row of dS only.
+"exact" option of FLAMIA's leak table — each dQ row then depends on its own row of dS only.
 """
 
 from __future__ import annotations
@@ -396,7 +396,7 @@ V_OPTIONS: tuple[OperandScaling, ...] = (
     FLOAT32, E4M3_CAST, PER_TOKEN_POW2, TOKEN_BLOCK_POW2, MXFP8_TOKENS_RCEIL, MXFP8_TOKENS_FLOOR,
     MXFP4_TOKENS_RCEIL, NVFP4_TOKENS, FP8_PER_TENSOR_AMAX, PER_TENSOR_POW2,
 )
-"""The V scalings of the leak table (seed_algorithms.md §6.3), safest first."""
+"""The V scalings of the leak table (FLAMIA), safest first."""
 
 
 FP8_PER_TENSOR_QK = OperandScaling(name="FP8 per-tensor amax/448 (Q/K)", fmt=FP8_E4M3_PER_TENSOR)

@@ -6,8 +6,8 @@ folder (``fp4sim-report-YYYYmmdd-HHMMSS/`` in the working directory, or ``--out 
 ``make demo`` runs it. Its modules, in import order (each imports only those above it):
 
 * :mod:`~fp4sim.report.sizes` — :class:`Sizes` and :data:`QUICK`, :data:`DEFAULT`, :data:`FULL`;
-* :mod:`~fp4sim.report.claims` — :data:`SEED`, what the articles reported (the only numbers
-  typed in by hand);
+* :mod:`~fp4sim.report.claims` — :data:`SOURCES` (the cited papers, repositories and
+  specifications) and :data:`EXPECTED`, the published or expected values (the only numbers typed in by hand);
 * :mod:`~fp4sim.report.tables` — :class:`Table`, :class:`Section` and value formatting;
 * :mod:`~fp4sim.report.experiments` — the ``experiment_*`` functions: they only *call* the
   public emulators of :mod:`fp4sim.formats` and :mod:`fp4sim.attention`; the tests call the same

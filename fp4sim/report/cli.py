@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="small sizes (under a minute; what CI runs)")
     size.add_argument("--full", dest="size", action="store_const", const="full",
                       help="longer sequences (to 4096), more blocks and leak tokens (slow); the "
-                           "default sizes (make demo, a few minutes) already use the seeds' "
+                           "default sizes (make demo, a few minutes) already use the published "
                            "8,000,000-point code-match grid")
     parser.set_defaults(size="default")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",

@@ -161,7 +161,7 @@ def fig_e2m1_grid(fig, sizes) -> None:
 
 
 @_figure("scale_rule_clipping", "UE8M0 scale rules on Gaussian blocks of 32: share of blocks whose max "
-                                "is clipped (left; hatched: the seed's mantissa rule predicts it) and "
+                                "is clipped (left; hatched: the OCP mantissa rule predicts it) and "
                                 "relative L2 error (right)", size=(8.0, 3.4))
 def fig_scale_rule_clipping(fig, sizes) -> None:
     rows = experiments.experiment_scale_rules(sizes)["rows"]
@@ -175,8 +175,8 @@ def fig_scale_rule_clipping(fig, sizes) -> None:
         off = xs + (i - (len(formats) - 1) / 2) * width
         bars = ax1.bar(off, [100 * r["clip_rate"] for r in sel], width, color=f"C{i}", label=f"{f} measured")
         ax1.bar_label(bars, fmt="%.1f", fontsize=7, padding=1)
-        ax1.bar(off, [100 * r["seed_predicted"] for r in sel], width, fill=False, hatch="//",
-                edgecolor="k", lw=0.6, label="seed's rule predicts" if i == 0 else None)
+        ax1.bar(off, [100 * r["mantissa_rule_predicts"] for r in sel], width, fill=False, hatch="//",
+                edgecolor="k", lw=0.6, label="mantissa rule predicts" if i == 0 else None)
         bars = ax2.bar(off, [r["rel_l2"] for r in sel], width, color=f"C{i}", label=f)
         ax2.bar_label(bars, fmt="%.3f", fontsize=7, padding=1)
     for ax in (ax1, ax2):
@@ -189,13 +189,13 @@ def fig_scale_rule_clipping(fig, sizes) -> None:
 
 
 @_figure("exp2_error", "Relative error of FA4's degree-3 polynomial ex2 emulation against 2^x, "
-                       "as a function of the fractional part of x (dashed: the seed's bounds)")
+                       "as a function of the fractional part of x (dashed: the expected bounds)")
 def fig_exp2_error(fig, sizes) -> None:
     r = experiments.experiment_exp2(sizes)
     ax = fig.add_subplot()
     ax.plot(r["curve_frac"], 1e5 * r["curve_rel"], ".", ms=1.5, color="C0", label="exp2_fa4(x) / 2^x − 1")
     for i, b in enumerate((-8.52e-5, 8.76e-5)):
-        ax.axhline(1e5 * b, color="C3", ls="--", lw=0.8, label="seed's bounds (§2.6)" if i == 0 else None)
+        ax.axhline(1e5 * b, color="C3", ls="--", lw=0.8, label="expected bounds" if i == 0 else None)
     ax.set_xlabel("frac(x)")
     ax.set_ylabel("relative error (×1e-5)")
     ax.legend(loc="upper center", markerscale=6)
