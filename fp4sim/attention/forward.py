@@ -78,7 +78,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fp4sim._checks import softmax_scale as check_softmax_scale
-from fp4sim._xp import materialize, namespace
+from fp4sim._xp import adopt, materialize, namespace
 from fp4sim.attention import causal
 from fp4sim.attention._ordered import operand_stats, ordered_product
 from fp4sim.attention.converters import PTile, convert_tile
@@ -675,7 +675,10 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
                       softmax_scale: float | None = None,
                       return_intermediates: bool = False) -> ForwardResult:
     """Emulated forward of ``recipe`` (see the module docstring). Returns O, LSE (natural log)
-    and, on request, the intermediates."""
+    and, on request, the intermediates. PyTorch tensors (any float dtype, any device) and other
+    ``__dlpack__`` arrays are read as NumPy (:func:`fp4sim._xp.adopt`); the results are NumPy."""
+    q, k, v = adopt(q, "q"), adopt(k, "k"), adopt(v, "v")
+    q_segment_ids, kv_segment_ids = adopt(q_segment_ids, "q_segment_ids"), adopt(kv_segment_ids, "kv_segment_ids")
     if not isinstance(recipe, AttentionRecipe):
         raise TypeError(f"recipe={recipe!r} must be an AttentionRecipe (see "
                         f"fp4sim.attention.recipe.PRESETS)")

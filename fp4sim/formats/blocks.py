@@ -106,7 +106,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fp4sim._xp import bitcast, is_jax, materialize, namespace
+from fp4sim._xp import adopt, bitcast, is_jax, materialize, namespace
 from fp4sim.formats import codec
 from fp4sim.formats.f32 import bitlen, compose, div_f32, f32_bits, ldexp_f32, mul_f32, split
 from fp4sim.formats.spec import (
@@ -647,8 +647,11 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
     (encode factor, TE's ``S_enc``) are required exactly when ``fmt.global_scale`` is
     ``CONSTANT`` (scalar or broadcastable to the scales' shape). ``pack=True`` packs FP4/FP6
     codes along the last axis. See the module docstring for the scale rules and the
-    :class:`Arithmetic` orders.
+    :class:`Arithmetic` orders. ``x`` may also be a PyTorch tensor (float32, bfloat16 or float16,
+    any device) or another ``__dlpack__`` array: it is read as NumPy (:func:`fp4sim._xp.adopt`)
+    and the result holds NumPy codes and scales, the same bits as for the same values in NumPy.
     """
+    x = adopt(x, "x")
     return quantize_with_block_amax(x, fmt, axis=axis, geometry=geometry, rule=rule,
                                     global_scale=global_scale,
                                     global_encode_scale=global_encode_scale, pack=pack)[0]
