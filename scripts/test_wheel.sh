@@ -44,7 +44,16 @@ py=${PYTHON:-$(bash "$repo/scripts/find_python.sh")}
 work=$(mktemp -d "${TMPDIR:-/tmp}/fp4sim-wheel.XXXXXX")
 if [ "${KEEP:-0}" != 1 ]; then trap 'rm -rf "$work"' EXIT; fi
 echo "test_wheel: building the wheel in $work"
-"$py" -m pip wheel -q --no-deps -w "$work/dist" "$repo"
+# build from a copy of the working tree (tracked and untracked, not ignored, files), so that the
+# build leaves nothing (build/, *.egg-info) in the checkout
+mkdir -p "$work/src"
+if git -C "$repo" rev-parse --git-dir >/dev/null 2>&1; then
+  (cd "$repo" && git ls-files -co --exclude-standard -z | while IFS= read -r -d '' f; do
+     [ -e "$f" ] && printf '%s\0' "$f"; done | tar --null -T - -cf -) | tar -C "$work/src" -xf -
+else
+  tar -C "$repo" --exclude=.venv --exclude=build --exclude='*.egg-info' -cf - . | tar -C "$work/src" -xf -
+fi
+"$py" -m pip wheel -q --no-deps -w "$work/dist" "$work/src"
 wheel=$(ls "$work"/dist/fp4sim-*.whl)
 
 # what a wheel must carry: the golden vectors, the license, the type marker
