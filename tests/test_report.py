@@ -199,3 +199,31 @@ def test_library_numbers(quick_run):
     ref, ocp = (blocks.quantize(x, presets.preset(n)) for n in ("TE_MXFP8", "OCP_MXFP8_E4M3"))
     assert rows[("OCP_MXFP8_E4M3", "TE_MXFP8")]["scales_differ"] == np.mean(ocp.scales != ref.scales) > 0
     assert rows[("TORCHAO_MXFP8_E4M3_RCEIL", "TE_MXFP8")]["values_differ"] == 0.0
+
+
+def test_provenance_in_the_report_and_the_json(quick_run):
+    import jax
+
+    import fp4sim
+
+    prov = quick_run[2]["provenance"]
+    assert prov["versions"]["jax"] == jax.__version__ and prov["versions"]["fp4sim"] == fp4sim.__version__
+    assert prov["git"]["revision"] and prov["jax"]["backend"] == jax.default_backend()
+    assert set(prov) >= {"git", "versions", "platform", "jax", "flags", "argv"}
+    text = quick_run[1]
+    assert "## Provenance" in text and f"| jax | {jax.__version__} |" in text
+    assert prov["git"]["revision"] in text
+
+
+def test_git_revision_falls_back_to_the_environment(monkeypatch):
+    from fp4sim.report import provenance as prov
+
+    monkeypatch.setattr(prov, "_git", lambda *a: None)
+    monkeypatch.setenv("FP4SIM_GIT_REVISION", "abc1234")
+    assert prov.git_revision() == {"revision": "abc1234", "dirty": None, "source": "environment"}
+    monkeypatch.delenv("FP4SIM_GIT_REVISION")
+    assert prov.git_revision()["revision"] == "unknown"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    p = prov.provenance(["fp4sim", "reproduce"])
+    assert p["flags"]["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false" and p["argv"] == ["fp4sim", "reproduce"]
+    assert "`--xla_cpu_enable_fast_math=false`" in prov.provenance_markdown(p)

@@ -15,6 +15,7 @@ folder (``fp4sim-report-YYYYmmdd-HHMMSS/`` in the working directory, or ``--out 
 * :mod:`~fp4sim.report.figures` — one ``fig_*`` per figure, drawn from the experiments, and the
   ``figures`` command;
 * :mod:`~fp4sim.report.sections` — one ``section_*(sizes) -> Section`` per topic, :data:`SECTIONS`;
+* :mod:`~fp4sim.report.provenance` — :func:`provenance`: git revision, versions, platform, flags;
 * :mod:`~fp4sim.report.document` — :func:`reproduce`, the Markdown and the headline table;
 * :mod:`~fp4sim.report.cli` — the ``reproduce`` command.
 

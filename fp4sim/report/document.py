@@ -20,6 +20,7 @@ from typing import Any
 from fp4sim.report.claims import EXPECTED, cite
 from fp4sim.report.experiments import show_progress
 from fp4sim.report.figures import FIGURES, render
+from fp4sim.report.provenance import provenance, provenance_markdown
 from fp4sim.report.sections import SECTIONS
 from fp4sim.report.sizes import DEFAULT, Sizes
 from fp4sim.report.tables import Section, percent, to_jsonable
@@ -74,11 +75,12 @@ def reproduce(out_dir: str | Path | None = None, *, sizes: Sizes = DEFAULT,
 
     from fp4sim import __version__
 
-    results = {"fp4sim_version": __version__, "sizes": dataclasses.asdict(sizes),
+    prov = provenance()
+    results = {"fp4sim_version": __version__, "provenance": prov, "sizes": dataclasses.asdict(sizes),
                "sections": {s.key: {"numbers": s.numbers, "seconds": round(dt, 2)} for s, dt in done}}
     (out / "results.json").write_text(json.dumps(to_jsonable(results), indent=1) + "\n")
     report = out / "report.md"
-    report.write_text(render_markdown(done, sizes, figures))
+    report.write_text(render_markdown(done, sizes, figures, prov))
     return report
 
 
@@ -178,7 +180,9 @@ def summary_markdown(numbers: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(done: list[tuple[Section, float]], sizes: Sizes, figures: bool) -> str:
+def render_markdown(done: list[tuple[Section, float]], sizes: Sizes, figures: bool,
+                    prov: dict[str, Any] | None = None) -> str:
+    """The report's Markdown: header, summary, sections, sizes and (given ``prov``) provenance."""
     from fp4sim import __version__
 
     lines = [
@@ -210,6 +214,8 @@ def render_markdown(done: list[tuple[Section, float]], sizes: Sizes, figures: bo
     sz = dataclasses.asdict(sizes)
     lines += ["", "## Sizes", "", "| parameter | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in sz.items()]
+    if prov is not None:
+        lines += ["", "## Provenance", "", provenance_markdown(prov)]
     return "\n".join(lines) + "\n"
 
 
