@@ -188,8 +188,10 @@ def _rceil_exponent(amax: Any) -> Any:
     bits = lax.bitcast_convert_type(d, jnp.int32)
     field = lax.shift_right_logical(bits, 23) & 0xFF
     mant = bits & 0x7FFFFF
-    up = (mant != 0) & (field != 0xFE) & ~((field == 0) & (mant <= 0x400000))
-    code = jnp.minimum(field + jnp.where(up, 1, 0), 0xFE)
+    # +1 iff a mantissa bit is set, except at 0xFE and for d <= 2^-127 (bool-free selects)
+    up = jnp.where(mant == 0, 0, jnp.where(field == 0xFE, 0, jnp.where(
+        field == 0, jnp.where(mant <= 0x400000, 0, 1), 1)))
+    code = jnp.minimum(field + up, 0xFE)
     return code - 127
 
 
@@ -205,12 +207,12 @@ def _square_quantize(x: Any, rows: Any, cols: Any):
     a = jnp.abs(x)
     grp = jnp.zeros_like(a)  # each row's max-abs over its 32-column group
     for j in range(n_c // CHUNK):
-        in_j = (cols >= j * CHUNK) & (cols < (j + 1) * CHUNK)
+        in_j = _in_chunk(cols, j)
         r = jnp.where(in_j, a, 0.0).max(axis=1)
         grp = jnp.where(in_j, lax.broadcast_in_dim(r, (n_r, n_c), [0]), grp)
     amax = jnp.zeros_like(a)
     for i in range(n_r // CHUNK):
-        in_i = (rows >= i * CHUNK) & (rows < (i + 1) * CHUNK)
+        in_i = _in_chunk(rows, i)
         c = jnp.where(in_i, grp, 0.0).max(axis=0)
         amax = jnp.where(in_i, lax.broadcast_in_dim(c, (n_r, n_c), [1]), amax)
     e = _rceil_exponent(amax)
@@ -222,8 +224,15 @@ def _chunk_row_scale(scale: Any, cols: Any, j: int) -> Any:
     """The (R,) row vector of block scales of the 32-column chunk ``j`` of ``scale``."""
     import jax.numpy as jnp
 
-    in_j = (cols >= j * CHUNK) & (cols < (j + 1) * CHUNK)
-    return jnp.where(in_j, scale, 0.0).max(axis=1)
+    return jnp.where(_in_chunk(cols, j), scale, 0.0).max(axis=1)
+
+
+def _in_chunk(idx: Any, j: int) -> Any:
+    """``idx // 32 == j`` for an int32 index array (one compare: Mosaic has no i1 vector
+    conversions for combined masks)."""
+    from jax import lax
+
+    return lax.shift_right_logical(idx, 5) == j
 
 
 # --- inputs -------------------------------------------------------------------------------------
@@ -396,6 +405,7 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
     nch = bq // CHUNK
     group = hq // hkv
     n_q = t_len // bq
+    n_kt = s_len // bkv
     f32, f8, f8b = jnp.float32, jnp.float8_e4m3fn, jnp.float8_e5m2
     wg = plgpu.Layout.WGMMA
     row_l, col_l = wg.reduce(1), wg.reduce(0)
@@ -485,10 +495,15 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
                     for i, tile in enumerate((p, ds, p_scale, ds_scale)):
                         dbg_t_smem.at[i][...] = tile
                     plgpu.commit_smem()
-                    plgpu.copy_smem_to_gmem(dbg_t_smem, dbg_t_ref.at[bi, kvh, kt])
-                    plgpu.copy_smem_to_gmem(pt_smem, dbg_c_ref.at[bi, kvh, kt, 0])
-                    plgpu.copy_smem_to_gmem(dst_smem, dbg_c_ref.at[bi, kvh, kt, 1])
+                    cta = (bi * hkv + kvh) * n_kt + kt  # flat: TMA strides at most 5 dims
+                    for i in range(4):
+                        plgpu.copy_smem_to_gmem(dbg_t_smem.at[i], dbg_t_ref.at[cta, i])
+                    for j in range(nch):
+                        plgpu.copy_smem_to_gmem(pt_smem.at[j], dbg_c_ref.at[2 * cta, j])
+                        plgpu.copy_smem_to_gmem(dst_smem.at[j], dbg_c_ref.at[2 * cta + 1, j])
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            # 2^(e_dS + e_Q): Q's token-block exponent is constant along each 32-query chunk
+            dsq_scale = ds_scale * bc_col(plgpu.load(r_smem.at[slot, 3], layout=col_l))
             for j in range(nch):
                 def dv_c(acc_ref, j=j):  # dV += Pᵀ_j · dO_j (K = 32 queries)
                     plgpu.wgmma(acc_ref, pt_smem.at[j], dot_smem.at[slot, j].T)
@@ -500,12 +515,13 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
 
                 sp = _chunk_row_scale(p_scale, cols, j)
                 dv_acc = dv_acc + pl.run_scoped(dv_c, plgpu.ACC((bkv, d), f32)) * bc_row(sp, d)
-                sd = _chunk_row_scale(ds_scale, cols, j) * r_smem[slot, 3, j * CHUNK]
+                sd = _chunk_row_scale(dsq_scale, cols, j)
                 dk_acc = dk_acc + pl.run_scoped(dk_c, plgpu.ACC((bkv, d), f32)) * bc_row(sd, d)
             nxt = step + slots
 
             @pl.when(nxt < n_steps)
-            def _():
+            def _():  # the slot's generic-proxy reads are ordered before the TMA refill
+                plgpu.commit_smem()
                 issue(nxt, slot)
 
             return dk_acc, dv_acc
@@ -547,11 +563,10 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
             plgpu.Barrier(num_barriers=3),
         )
 
-    n_kt = s_len // bkv
     out_types = [jax.ShapeDtypeStruct((b_sz, s_len, hkv, d), f32)] * 2
     if debug:
-        out_types += [jax.ShapeDtypeStruct((b_sz, hkv, n_kt, 4, bkv, bq), f32),
-                      jax.ShapeDtypeStruct((b_sz, hkv, n_kt, 2, nch, bkv, CHUNK), f8)]
+        out_types += [jax.ShapeDtypeStruct((b_sz * hkv * n_kt, 4, bkv, bq), f32),
+                      jax.ShapeDtypeStruct((b_sz * hkv * n_kt * 2, nch, bkv, CHUNK), f8)]
     call = plgpu.kernel(entry, out_type=out_types, grid=(hkv, n_kt, b_sz),
                         grid_names=("heads", "kv_seq", "batch"),
                         compiler_params=plgpu.CompilerParams(approx_math=True))
@@ -569,7 +584,9 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
             (cfg.debug_step // n_per)[None, :]  # (hkv, n_kt)
         meta = jnp.stack([jnp.broadcast_to(qi, (hkv, n_kt)), head], axis=-1)
         meta = jnp.broadcast_to(meta, (b_sz, hkv, n_kt, 2))
-        return outs[0], outs[1], outs[2], outs[3], meta
+        tiles = jnp.reshape(outs[2], (b_sz, hkv, n_kt, 4, bkv, bq))
+        codes = jnp.reshape(outs[3], (b_sz, hkv, n_kt, 2, nch, bkv, CHUNK))
+        return outs[0], outs[1], tiles, codes, meta
 
     return run
 
@@ -659,17 +676,19 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
             for j in range(nch):
                 ds_smem.at[j][...] = ds_codes[:, j * CHUNK:(j + 1) * CHUNK]
             plgpu.commit_smem()
+            dsk_scale = ds_scale * bc_col(kscale)  # 2^(e_dS + e_K), constant per 32-key chunk
             for j in range(nch):
                 def dq_c(acc_ref, j=j):  # dQ += dS_j · K_j (K = 32 keys)
                     plgpu.wgmma(acc_ref, ds_smem.at[j], kt_smem.at[slot, j].T)
                     return acc_ref[...]
 
-                sd = _chunk_row_scale(ds_scale, cols, j) * c_smem[slot, 0, j * CHUNK]
+                sd = _chunk_row_scale(dsk_scale, cols, j)
                 dq_acc = dq_acc + pl.run_scoped(dq_c, plgpu.ACC((bq, d), f32)) * bc_row(sd, d)
             nxt = step + slots
 
             @pl.when(nxt < n_steps)
-            def _():
+            def _():  # the slot's generic-proxy reads are ordered before the TMA refill
+                plgpu.commit_smem()
                 issue(nxt, slot)
 
             return dq_acc
