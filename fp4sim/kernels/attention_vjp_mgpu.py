@@ -36,6 +36,7 @@ from typing import Any
 
 from fp4sim.kernels.attention_bwd_mgpu import (
     P_SQUARE_RCEIL,
+    SHIPPED_BACKWARD_CONFIGS,
     BackwardConfig,
     BackwardResiduals,
     attention_fp8_backward,
@@ -78,8 +79,8 @@ def tile_multiple(forward: FP8AttentionConfig, backward: BackwardConfig) -> int:
 
 def fp8_attention(q: Any, k: Any, v: Any, *, causal: bool = False,
                   softmax_scale: float | None = None,
-                  forward: FP8AttentionConfig = FP8AttentionConfig(),
-                  backward: BackwardConfig = BackwardConfig()) -> Any:
+                  forward: FP8AttentionConfig = SHIPPED_CONFIGS[0],
+                  backward: BackwardConfig = SHIPPED_BACKWARD_CONFIGS[0]) -> Any:
     """O (B, T, Hq, D) of the FP8 forward kernel, differentiable by ``jax.grad``/``jax.vjp``.
 
     ``q`` (B, T, Hq, D), ``k``/``v`` (B, S, Hkv, D) floating jax arrays. ``causal`` overrides
