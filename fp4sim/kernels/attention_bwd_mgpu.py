@@ -54,7 +54,7 @@ Assumptions: those of the forward (every query row sees a key; exponents above �
 whose amax is below 448·2^-127 gets the scale code 0 (its codes are then 0, as the
 emulator's). Public names: :data:`P_SQUARE_RCEIL`, :class:`BackwardConfig`,
 :class:`BackwardDebug`, :class:`BackwardResiduals`, :func:`attention_fp8_backward`,
-:func:`backward_inputs`, :data:`SHIPPED_BACKWARD_CONFIGS`.
+:func:`backward_inputs`, :func:`reference_backward`, :data:`SHIPPED_BACKWARD_CONFIGS`.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ __all__ = [
     "BackwardResiduals",
     "backward_inputs",
     "attention_fp8_backward",
+    "reference_backward",
     "SHIPPED_BACKWARD_CONFIGS",
 ]
 
@@ -724,3 +725,79 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
     return plgpu.kernel(entry, out_type=jax.ShapeDtypeStruct((b_sz, t_len, hq, d), f32),
                         grid=(hq, t_len // bq, b_sz), grid_names=("heads", "q_seq", "batch"),
                         compiler_params=plgpu.CompilerParams(approx_math=True))
+
+
+# --- float64 reference of the kernels' numerics (the test oracle) -------------------------------
+def reference_backward(res: BackwardResiduals, d_out: Any, *, softmax_scale: float,
+                       causal: bool, scores: Any = None, dp: Any = None,
+                       delta: Any = None) -> dict[str, np.ndarray]:
+    """NumPy evaluation of the module docstring's steps 1-5 on NumPy residuals.
+
+    float32 where the kernels' result is bit-defined given S and dP (u, p with a correctly
+    rounded exp2, dS, the quantized P and dS by the emulator's quantizer
+    :func:`fp4sim.attention.causal.fake_quantize`), float64 for the three gradient products
+    (which the tensor core accumulates in its own order). ``scores`` (B, Hq, T, S) and ``dp``
+    (B, Hq, T, S) float32: the raw products ``Q_c·K_cᵀ`` and ``dO_q·V_cᵀ`` to use instead of
+    the exact ones (e.g. from :func:`fp4sim.formats.matmul.wgmma_fp8_dot`); ``delta``
+    (B, T, Hq) float32 instead of the float64 row sums. Returns ``dq`` (B, T, Hq, D), ``dk``,
+    ``dv`` (B, S, Hkv, D) float64, their sums of absolute terms ``abs_dq``, ``abs_dk``,
+    ``abs_dv`` (for error bounds), and per query head ``p``, ``ds``, ``p_q``, ``ds_q``
+    (B, Hq, T, S) float32."""
+    ops = res.ops
+    qc = np.asarray(ops.q_codes).astype(np.float32)
+    kc = np.asarray(ops.k_codes).astype(np.float32)
+    vc = np.swapaxes(np.asarray(ops.vt_codes).astype(np.float32), -1, -2)  # (B, Hkv, S, D)
+    b, t, hq, d = qc.shape
+    s, hkv = kc.shape[1], kc.shape[2]
+    group = hq // hkv
+    rep = lambda e: np.repeat(np.asarray(e, np.int64), CHUNK, axis=-1)  # noqa: E731
+    eq, ek, ev = rep(ops.q_exp), rep(ops.k_exp), rep(ops.v_exp)
+    c = np.float32(softmax_scale * _LOG2E)
+    cs = np.float32(softmax_scale)
+    lse = np.asarray(res.lse, np.float64)
+    out = np.asarray(res.out).astype(np.float32)
+    do_q = np.asarray(sc.fake_quantize(np.asarray(d_out, np.float32), sc.E5M2_CAST), np.float32)
+    if delta is None:
+        delta = np.sum(do_q.astype(np.float64) * out, axis=-1).astype(np.float32)
+    delta = np.asarray(delta, np.float32)
+    r = {name: np.zeros((b, n, h, d)) for name, n, h in
+         (("dq", t, hq), ("dk", s, hkv), ("dv", s, hkv), ("abs_dq", t, hq), ("abs_dk", s, hkv),
+          ("abs_dv", s, hkv))}
+    for name in ("p", "ds", "p_q", "ds_q"):
+        r[name] = np.zeros((b, hq, t, s), np.float32)
+    visible = np.tril(np.ones((t, s), bool)) if causal else np.ones((t, s), bool)
+    for bi in range(b):
+        for h in range(hq):
+            kh = h // group
+            if scores is None:
+                sc_ = (qc[bi, :, h].astype(np.float64) @ kc[bi, :, kh].astype(np.float64).T)
+            else:
+                sc_ = np.asarray(scores)[bi, h]
+            z = (sc_.astype(np.float32) * np.exp2(ek[bi, kh]).astype(np.float32)[None, :])
+            cq = (c * np.exp2(eq[bi, h]).astype(np.float32)).astype(np.float32)
+            u = (z.astype(np.float32) * cq[:, None]).astype(np.float32)
+            with np.errstate(invalid="ignore", over="ignore"):
+                p = np.exp2(u.astype(np.float64) - lse[bi, h][:, None]).astype(np.float32)
+            p = np.where(visible, p, np.float32(0.0))
+            if dp is None:
+                dpr = do_q[bi, :, h].astype(np.float64) @ vc[bi, kh].astype(np.float64).T
+            else:
+                dpr = np.asarray(dp)[bi, h]
+            dpv = (dpr.astype(np.float32) * np.exp2(ev[bi, kh]).astype(np.float32)[None, :])
+            ds = (p * (dpv.astype(np.float32) - delta[bi, :, h][:, None]).astype(np.float32))
+            ds = ds.astype(np.float32)
+            p_q = np.asarray(sc.fake_quantize(p, P_SQUARE_RCEIL), np.float32)
+            ds_q = np.asarray(sc.fake_quantize(ds, sc.DS_SQUARE_RCEIL), np.float32)
+            q_hat = qc[bi, :, h].astype(np.float64) * np.exp2(eq[bi, h])[:, None]
+            k_hat = kc[bi, :, kh].astype(np.float64) * np.exp2(ek[bi, kh])[:, None]
+            dq64, pq64, do64 = ds_q.astype(np.float64), p_q.astype(np.float64), \
+                do_q[bi, :, h].astype(np.float64)
+            r["dq"][bi, :, h] = float(cs) * (dq64 @ k_hat)
+            r["dk"][bi, :, kh] += float(cs) * (dq64.T @ q_hat)
+            r["dv"][bi, :, kh] += pq64.T @ do64
+            r["abs_dq"][bi, :, h] = float(cs) * (np.abs(dq64) @ np.abs(k_hat))
+            r["abs_dk"][bi, :, kh] += float(cs) * (np.abs(dq64).T @ np.abs(q_hat))
+            r["abs_dv"][bi, :, kh] += np.abs(pq64).T @ np.abs(do64)
+            for name, x in (("p", p), ("ds", ds), ("p_q", p_q), ("ds_q", ds_q)):
+                r[name][bi, h] = x
+    return r
