@@ -448,7 +448,7 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
         plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(k0, bkv), kvh], k_smem, kv_bar.at[0])
         plgpu.copy_gmem_to_smem(v_ref.at[bi, pl.ds(k0, bkv), kvh], v_smem, kv_bar.at[1])
         plgpu.copy_gmem_to_smem(cols_ref.at[bi, kvh, :, pl.ds(k0, bkv)], kc_smem, kv_bar.at[2])
-        for i in range(slots):
+        for i in range(min(slots, group * n_q)):  # static bound: no slice past the end
             pl.when(i < n_steps)(functools.partial(issue, i, i))
         for i in range(3):
             plgpu.barrier_wait(kv_bar.at[i])
@@ -640,7 +640,7 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
         plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(q0, bq), head], q_smem, q_bar.at[0])
         plgpu.copy_gmem_to_smem(do_ref.at[bi, pl.ds(q0, bq), head], do_smem, q_bar.at[1])
         plgpu.copy_gmem_to_smem(rows_ref.at[bi, head, :, pl.ds(q0, bq)], r_smem, q_bar.at[2])
-        for i in range(slots):
+        for i in range(min(slots, n_kv)):  # static bound: no slice past the end
             pl.when(i < n_steps)(functools.partial(issue, i, i))
         for i in range(3):
             plgpu.barrier_wait(q_bar.at[i])
