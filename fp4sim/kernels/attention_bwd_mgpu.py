@@ -236,6 +236,25 @@ def _in_chunk(idx: Any, j: int) -> Any:
     return lax.shift_right_logical(idx, 5) == j
 
 
+_OUT_COLS = 64
+"""Columns of a float32 gradient tile staged per TMA store (16 KiB for 64 rows: the staging
+buffer is a quarter of the SMEM a whole 64 × 128 tile would take, so two CTAs fit an SM)."""
+
+
+def _write_f32(acc: Any, o_smem: Any, dst: Any) -> None:
+    """Store the float32 register tile ``acc`` (R, D) to the GMEM ref ``dst`` (R, D) through
+    ``o_smem`` (R, 64), 64 columns at a time (the last TMA store is left in flight)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    w = o_smem.shape[-1]
+    for j in range(acc.shape[1] // w):
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # earlier stores have read it
+        o_smem[...] = acc[:, j * w:(j + 1) * w]
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, dst.at[:, pl.ds(j * w, w)])
+
+
 # --- inputs -------------------------------------------------------------------------------------
 def _chunks_t(x: Any) -> Any:
     """(B, N, H, D) -> (B, H, N/32, D, 32): 32-token chunks, transposed (D-major)."""
@@ -529,13 +548,8 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
 
         zero = plgpu.layout_cast(jnp.full((bkv, d), 0.0, f32), wg)
         dk_acc, dv_acc = lax.fori_loop(0, n_steps, step_fn, (zero, zero))
-        o_smem[...] = dk_acc * cs
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_smem, dk_ref.at[bi, pl.ds(k0, bkv), kvh])
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        o_smem[...] = dv_acc
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_smem, dv_ref.at[bi, pl.ds(k0, bkv), kvh])
+        _write_f32(dk_acc * cs, o_smem, dk_ref.at[bi, pl.ds(k0, bkv), kvh])
+        _write_f32(dv_acc, o_smem, dv_ref.at[bi, pl.ds(k0, bkv), kvh])
         plgpu.wait_smem_to_gmem(0)
 
     def entry(q_ref, qt_ref, k_ref, v_ref, do_ref, dot_ref, rows_ref, cols_ref, *outs):
@@ -553,7 +567,7 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
             plgpu.SMEM((slots, 4, bq), f32),
             plgpu.SMEM((nch, bkv, CHUNK), f8, transforms=tr(f8, CHUNK)),
             plgpu.SMEM((nch, bkv, CHUNK), f8, transforms=tr(f8, CHUNK)),
-            plgpu.SMEM((bkv, d), f32, transforms=tr(f32, d)),
+            plgpu.SMEM((bkv, _OUT_COLS), f32, transforms=tr(f32, _OUT_COLS)),
             plgpu.SMEM((4, bkv, bq), f32) if debug else None,
         ]
         pl.run_scoped(
@@ -696,9 +710,7 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
 
         zero = plgpu.layout_cast(jnp.full((bq, d), 0.0, f32), wg)
         dq_acc = lax.fori_loop(0, n_steps, step_fn, zero)
-        o_smem[...] = dq_acc * cs
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(o_smem, dq_ref.at[bi, pl.ds(q0, bq), head])
+        _write_f32(dq_acc * cs, o_smem, dq_ref.at[bi, pl.ds(q0, bq), head])
         plgpu.wait_smem_to_gmem(0)
 
     def entry(q_ref, k_ref, kt_ref, v_ref, do_ref, rows_ref, cols_ref, dq_ref):
@@ -712,7 +724,7 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
             plgpu.SMEM((slots, bkv, d), f8, transforms=tr(f8, d)),
             plgpu.SMEM((slots, 2, bkv), f32),
             plgpu.SMEM((nch, bq, CHUNK), f8, transforms=tr(f8, CHUNK)),
-            plgpu.SMEM((bq, d), f32, transforms=tr(f32, d)),
+            plgpu.SMEM((bq, _OUT_COLS), f32, transforms=tr(f32, _OUT_COLS)),
         ]
         pl.run_scoped(
             lambda *args: kernel(q_ref, k_ref, kt_ref, v_ref, do_ref, rows_ref, cols_ref,

@@ -304,7 +304,7 @@ def test_gpu_debug_bitwise_and_gradient_bound(causal, d, hq, hkv, t):
 
 
 @pytest.mark.gpu
-def test_gpu_two_layer_model_grads_match_emulator():
+def test_gpu_two_layer_model_grads_match_emulator(t=256):
     """jax.grad of a two-layer attention model with fp8_attention on the GPU against the same
     model with emulated_attention (the nearest emulator recipe) on the GPU: the two differ by
     the forward's P rule and P-for-dV source (attention_vjp_mgpu's docstring), so the bound is
@@ -314,7 +314,7 @@ def test_gpu_two_layer_model_grads_match_emulator():
     from fp4sim.attention.autodiff import emulated_attention
 
     rng = np.random.default_rng(2)
-    b, t, h, d, width = 1, 256, 2, 64, 128
+    b, h, d, width = 1, 2, 64, 128
     params = {f"w{i}{n}": jnp.asarray(rng.standard_normal((width, h * d)).astype(np.float32)
                                       / math.sqrt(width)) for i in range(2) for n in "qkv"}
     params.update({f"o{i}": jnp.asarray(rng.standard_normal((h * d, width)).astype(np.float32)
@@ -342,4 +342,5 @@ def test_gpu_two_layer_model_grads_match_emulator():
         a, e = np.asarray(g_ours[name]), np.asarray(g_emu[name])
         assert np.isfinite(a).all(), name
         rel = np.linalg.norm(a - e) / np.linalg.norm(e)
+        print(f"two-layer model: grad {name} rel-L2 ours vs emulator {rel:.3e}")
         assert rel < 0.1, (name, rel)
