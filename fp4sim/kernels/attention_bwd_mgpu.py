@@ -196,36 +196,59 @@ def _rceil_exponent(amax: Any) -> Any:
     return code - 127
 
 
-def _square_quantize(x: Any, rows: Any, cols: Any):
-    """E4M3 codes and per-element scales of ``x`` (R, C) float32 with one RCEIL power-of-two
-    scale per 32×32 block (R, C multiples of 32). ``rows``/``cols`` are the int32 index arrays
-    of x's layout. The block max-abs is formed by masked row reductions per 32-column group
-    and masked column reductions per 32-row group, so only full-tile operations are used."""
+class SquareQuantized(NamedTuple):
+    """A tile quantized with one power-of-two scale per 32×32 block (:func:`_square_quantize`).
+
+    ``codes`` (R, C) float8_e4m3fn; ``row_scales[j]`` the (R,) row vector of block scales 2^e
+    of the 32-column chunk j; ``scales`` the per-element (R, C) scales (only when asked for)."""
+
+    codes: Any
+    row_scales: tuple
+    scales: Any
+
+
+def _square_quantize(x: Any, rows: Any, cols: Any, *, with_scales: bool = False
+                     ) -> SquareQuantized:
+    """E4M3 codes of ``x`` (R, C) float32 with one RCEIL power-of-two scale per 32×32 block
+    (R, C multiples of 32); ``rows``/``cols`` are the int32 index arrays of x's layout.
+
+    Per 32-column chunk a masked row reduction gives each row's max-abs; per 32-row block a
+    masked column reduction of those gives a column vector holding the block amax of each
+    column's chunk, on which the scale exponents are computed (C values, not R·C); the
+    scales are broadcast back by one select per row block. Only full-tile selects and
+    reductions along one axis: layouts Mosaic lowers, no scalars."""
     import jax.numpy as jnp
     from jax import lax
 
     n_r, n_c = x.shape
     a = jnp.abs(x)
-    grp = jnp.zeros_like(a)  # each row's max-abs over its 32-column group
+    grp = None  # each row's max-abs over its 32-column chunk, broadcast along the chunk
     for j in range(n_c // CHUNK):
         in_j = _in_chunk(cols, j)
-        r = jnp.where(in_j, a, 0.0).max(axis=1)
-        grp = jnp.where(in_j, lax.broadcast_in_dim(r, (n_r, n_c), [0]), grp)
-    amax = jnp.zeros_like(a)
+        r = lax.broadcast_in_dim(jnp.where(in_j, a, 0.0).max(axis=1), (n_r, n_c), [0])
+        grp = r if grp is None else jnp.where(in_j, r, grp)
+    inv = scale = None
     for i in range(n_r // CHUNK):
         in_i = _in_chunk(rows, i)
-        c = jnp.where(in_i, grp, 0.0).max(axis=0)
-        amax = jnp.where(in_i, lax.broadcast_in_dim(c, (n_r, n_c), [1]), amax)
-    e = _rceil_exponent(amax)
-    codes = (x * _pow2(-e)).astype(jnp.float8_e4m3fn)
-    return codes, _pow2(e)
+        e = _rceil_exponent(jnp.where(in_i, grp, 0.0).max(axis=0))  # (C,): block exponents
+        inv_i = lax.broadcast_in_dim(_pow2(-e), (n_r, n_c), [1])
+        s_i = lax.broadcast_in_dim(_pow2(e), (n_r, n_c), [1])
+        inv = inv_i if inv is None else jnp.where(in_i, inv_i, inv)
+        scale = s_i if scale is None else jnp.where(in_i, s_i, scale)
+    codes = (x * inv).astype(jnp.float8_e4m3fn)
+    row_scales = tuple(jnp.where(_in_chunk(cols, j), scale, 0.0).max(axis=1)
+                       for j in range(n_c // CHUNK))
+    return SquareQuantized(codes, row_scales, scale if with_scales else None)
 
 
-def _chunk_row_scale(scale: Any, cols: Any, j: int) -> Any:
-    """The (R,) row vector of block scales of the 32-column chunk ``j`` of ``scale``."""
+def _chunk_scalar(vec: Any, cols: Any, j: int) -> Any:
+    """The (R,) row vector holding, in every row, the value of the column vector ``vec`` (C,)
+    on its 32-column chunk ``j`` (constant there); ``cols`` the (R, C) column index array."""
     import jax.numpy as jnp
+    from jax import lax
 
-    return jnp.where(_in_chunk(cols, j), scale, 0.0).max(axis=1)
+    b = lax.broadcast_in_dim(vec, cols.shape, [1])
+    return jnp.where(_in_chunk(cols, j), b, 0.0).max(axis=1)
 
 
 def _in_chunk(idx: Any, j: int) -> Any:
@@ -494,7 +517,8 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
             p = jnp.exp2(u - bc_col(lse))
             if cfg.causal:
                 p = jnp.where(rows + k0 <= cols + qi * bq, p, 0.0)
-            p_codes, p_scale = _square_quantize(p, rows, cols)
+            pq = _square_quantize(p, rows, cols, with_scales=debug)
+            p_codes = pq.codes
             for j in range(nch):
                 pt_smem.at[j][...] = p_codes[:, j * CHUNK:(j + 1) * CHUNK]
 
@@ -505,14 +529,15 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
             dp_t = pl.run_scoped(dpt, plgpu.ACC((bkv, bq), f32)) * bc_row(vscale, bq)
             dlt = plgpu.load(r_smem.at[slot, 2], layout=col_l)
             ds = p * (dp_t - bc_col(dlt))
-            ds_codes, ds_scale = _square_quantize(ds, rows, cols)
+            dsq = _square_quantize(ds, rows, cols, with_scales=debug)
+            ds_codes = dsq.codes
             for j in range(nch):
                 dst_smem.at[j][...] = ds_codes[:, j * CHUNK:(j + 1) * CHUNK]
             plgpu.commit_smem()
             if debug:
                 @pl.when(step == cfg.debug_step)
                 def _dump():
-                    for i, tile in enumerate((p, ds, p_scale, ds_scale)):
+                    for i, tile in enumerate((p, ds, pq.scales, dsq.scales)):
                         dbg_t_smem.at[i][...] = tile
                     plgpu.commit_smem()
                     cta = (bi * hkv + kvh) * n_kt + kt  # flat: TMA strides at most 5 dims
@@ -522,8 +547,7 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
                         plgpu.copy_smem_to_gmem(pt_smem.at[j], dbg_c_ref.at[2 * cta, j])
                         plgpu.copy_smem_to_gmem(dst_smem.at[j], dbg_c_ref.at[2 * cta + 1, j])
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            # 2^(e_dS + e_Q): Q's token-block exponent is constant along each 32-query chunk
-            dsq_scale = ds_scale * bc_col(plgpu.load(r_smem.at[slot, 3], layout=col_l))
+            q2 = plgpu.load(r_smem.at[slot, 3], layout=col_l)  # 2^e_Q, constant per chunk
             for j in range(nch):
                 def dv_c(acc_ref, j=j):  # dV += Pᵀ_j · dO_j (K = 32 queries)
                     plgpu.wgmma(acc_ref, pt_smem.at[j], dot_smem.at[slot, j].T)
@@ -533,9 +557,9 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
                     plgpu.wgmma(acc_ref, dst_smem.at[j], qt_smem.at[slot, j].T)
                     return acc_ref[...]
 
-                sp = _chunk_row_scale(p_scale, cols, j)
+                sp = pq.row_scales[j]
                 dv_acc = dv_acc + pl.run_scoped(dv_c, plgpu.ACC((bkv, d), f32)) * bc_row(sp, d)
-                sd = _chunk_row_scale(dsq_scale, cols, j)
+                sd = dsq.row_scales[j] * _chunk_scalar(q2, cols, j)  # 2^(e_dS + e_Q)
                 dk_acc = dk_acc + pl.run_scoped(dk_c, plgpu.ACC((bkv, d), f32)) * bc_row(sd, d)
             nxt = step + slots
 
@@ -687,17 +711,17 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
 
             dp = pl.run_scoped(dp_fn, plgpu.ACC((bq, bkv), f32)) * bc_col(vscale)
             ds = p * (dp - bc_row(dlt, bkv))
-            ds_codes, ds_scale = _square_quantize(ds, rows, cols)
+            dsq = _square_quantize(ds, rows, cols)
+            ds_codes = dsq.codes
             for j in range(nch):
                 ds_smem.at[j][...] = ds_codes[:, j * CHUNK:(j + 1) * CHUNK]
             plgpu.commit_smem()
-            dsk_scale = ds_scale * bc_col(kscale)  # 2^(e_dS + e_K), constant per 32-key chunk
             for j in range(nch):
                 def dq_c(acc_ref, j=j):  # dQ += dS_j · K_j (K = 32 keys)
                     plgpu.wgmma(acc_ref, ds_smem.at[j], kt_smem.at[slot, j].T)
                     return acc_ref[...]
 
-                sd = _chunk_row_scale(dsk_scale, cols, j)
+                sd = dsq.row_scales[j] * _chunk_scalar(kscale, cols, j)  # 2^(e_dS + e_K)
                 dq_acc = dq_acc + pl.run_scoped(dq_c, plgpu.ACC((bq, d), f32)) * bc_row(sd, d)
             nxt = step + slots
 
