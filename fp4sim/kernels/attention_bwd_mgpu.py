@@ -506,11 +506,13 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
             for bar in bars:
                 plgpu.barrier_wait(bar.at[slot])
 
-            def st(acc_ref):  # Sᵀ = K·Qᵀ (keys, queries)
-                plgpu.wgmma(acc_ref, k_smem, q_smem.at[slot].T)
-                return acc_ref[...]
+            def products(s_ref, dp_ref):  # Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, issued back to back
+                plgpu.wgmma(s_ref, k_smem, q_smem.at[slot].T)
+                plgpu.wgmma(dp_ref, v_smem, do_smem.at[slot].T)
+                return s_ref[...], dp_ref[...]
 
-            s_t = pl.run_scoped(st, plgpu.ACC((bkv, bq), f32))
+            s_t, dp_t = pl.run_scoped(products, plgpu.ACC((bkv, bq), f32),
+                                      plgpu.ACC((bkv, bq), f32))
             cq = plgpu.load(r_smem.at[slot, 0], layout=col_l)
             lse = plgpu.load(r_smem.at[slot, 1], layout=col_l)
             u = (s_t * bc_row(kscale, bq)) * bc_col(cq)
@@ -521,12 +523,7 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
             p_codes = pq.codes
             for j in range(nch):
                 pt_smem.at[j][...] = p_codes[:, j * CHUNK:(j + 1) * CHUNK]
-
-            def dpt(acc_ref):  # dPᵀ = V·dOᵀ
-                plgpu.wgmma(acc_ref, v_smem, do_smem.at[slot].T)
-                return acc_ref[...]
-
-            dp_t = pl.run_scoped(dpt, plgpu.ACC((bkv, bq), f32)) * bc_row(vscale, bq)
+            dp_t = dp_t * bc_row(vscale, bq)
             dlt = plgpu.load(r_smem.at[slot, 2], layout=col_l)
             ds = p * (dp_t - bc_col(dlt))
             dsq = _square_quantize(ds, rows, cols, with_scales=debug)
@@ -693,23 +690,19 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
             for bar in bars:
                 plgpu.barrier_wait(bar.at[slot])
 
-            def s_fn(acc_ref):  # S = Q·Kᵀ
-                plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].T)
-                return acc_ref[...]
+            def products(s_ref, dp_ref):  # S = Q·Kᵀ and dP = dO·Vᵀ, issued back to back
+                plgpu.wgmma(s_ref, q_smem, k_smem.at[slot].T)
+                plgpu.wgmma(dp_ref, do_smem, v_smem.at[slot].T)
+                return s_ref[...], dp_ref[...]
 
-            s = pl.run_scoped(s_fn, plgpu.ACC((bq, bkv), f32))
+            s, dp = pl.run_scoped(products, plgpu.ACC((bq, bkv), f32), plgpu.ACC((bq, bkv), f32))
             kscale = plgpu.load(c_smem.at[slot, 0], layout=col_l)
             vscale = plgpu.load(c_smem.at[slot, 1], layout=col_l)
             u = (s * bc_col(kscale)) * bc_row(cq, bkv)
             p = jnp.exp2(u - bc_row(lse, bkv))
             if cfg.causal:
                 p = jnp.where(cols + step * bkv <= rows + q0, p, 0.0)
-
-            def dp_fn(acc_ref):  # dP = dO·Vᵀ
-                plgpu.wgmma(acc_ref, do_smem, v_smem.at[slot].T)
-                return acc_ref[...]
-
-            dp = pl.run_scoped(dp_fn, plgpu.ACC((bq, bkv), f32)) * bc_col(vscale)
+            dp = dp * bc_col(vscale)
             ds = p * (dp - bc_row(dlt, bkv))
             dsq = _square_quantize(ds, rows, cols)
             ds_codes = dsq.codes
