@@ -183,12 +183,12 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
     if shapes is None:
         shapes = SHAPES[:2] if quick else SHAPES
     ok = True
-    for b, s, h, d, causal in shapes:
+    for i_shape, (b, s, h, d, causal) in enumerate(shapes):
         if deadline is not None and time.monotonic() > deadline:
             results.setdefault("skipped_shapes", []).append([b, s, h, d, causal])
             continue
         entry, shape_ok = _one_shape(b, s, h, d, causal, reps=reps, iters=iters,
-                                     interpret=interpret)
+                                     interpret=interpret, ablations=i_shape == 0 and not quick)
         ok = ok and shape_ok
         results["shapes"].append(entry)
         if interpret:
@@ -197,7 +197,7 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
         tag = f"B{b} S{s} H{h} D{d}{' causal' if causal else ''}"
         bf16 = m.get("cudnn_bf16_bwd", {}).get("tflops")
         for name, r in m.items():
-            if "tflops" in r:
+            if "tflops" in r and not name.startswith("ablate"):
                 results.setdefault("rows", []).append({
                     "name": f"bwd {tag} {name}", "ms": r["ms"],
                     "rate": f"{r['tflops']:.0f} TFLOP/s",
@@ -211,7 +211,7 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
 
 
 def _one_shape(b: int, s: int, h: int, d: int, causal: bool, *, reps: int, iters: int,
-               interpret: bool) -> tuple[dict[str, Any], bool]:
+               interpret: bool, ablations: bool = False) -> tuple[dict[str, Any], bool]:
     """Every method at one shape: ``(entry, ok)``."""
     import jax
     import jax.numpy as jnp
@@ -257,9 +257,16 @@ def _one_shape(b: int, s: int, h: int, d: int, causal: bool, *, reps: int, iters
             print(f"  {name:28s} FAILED {type(e).__name__}: {str(e)[:400]}", flush=True)
 
     # fp4sim FP8: the forward kernel once (its residuals), then the backward call timed
-    for name, bcfg in (("fp4sim_fp8_bwd", bw.BackwardConfig(causal=causal)),
-                       ("fp4sim_fp8_bwd_q128", bw.BackwardConfig(causal=causal, block_q=128,
-                                                                 dq_block_kv=128))):
+    base = bw.BackwardConfig(causal=causal)
+    ab = bw.BackwardAblation
+    variants = [("fp4sim_fp8_bwd", base),
+                ("fp4sim_fp8_bwd_q128", base.replace(block_q=128, dq_block_kv=128))]
+    if ablations:  # where the time goes (results wrong by design: their errors mean nothing)
+        variants += [("ablate_dkv_only", base.replace(ablation=ab.DKV_ONLY)),
+                     ("ablate_dq_only", base.replace(ablation=ab.DQ_ONLY)),
+                     ("ablate_plain_cast", base.replace(ablation=ab.PLAIN_CAST)),
+                     ("ablate_inputs_only", base.replace(ablation=ab.INPUTS_ONLY))]
+    for name, bcfg in variants:
         try:
             ops = jax.jit(am.quantize_operands)(q, k, v)
             fcfg = am.FP8AttentionConfig(causal=causal)

@@ -60,6 +60,7 @@ emulator's). Public names: :data:`P_SQUARE_RCEIL`, :class:`BackwardConfig`,
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import math
 from typing import Any, NamedTuple
@@ -71,6 +72,7 @@ from fp4sim.formats.blocks import MXFP8_E4M3, Geometry
 
 __all__ = [
     "P_SQUARE_RCEIL",
+    "BackwardAblation",
     "BackwardConfig",
     "BackwardDebug",
     "BackwardResiduals",
@@ -97,6 +99,16 @@ def _check_int(name: str, value: Any, allowed: tuple[int, ...]) -> None:
         raise ValueError(f"BackwardConfig.{name}={value!r} is not supported; allowed: {allowed}")
 
 
+class BackwardAblation(enum.Enum):
+    """Leave one part out to see where the time goes (results are then wrong by design)."""
+
+    NONE = "none"
+    DKV_ONLY = "dkv_only"  # no dQ kernel (dQ = 0)
+    DQ_ONLY = "dq_only"  # no dK/dV kernel (dK = dV = 0)
+    PLAIN_CAST = "plain_cast"  # P and dS cast to E4M3 without their 32x32 block scales
+    INPUTS_ONLY = "inputs_only"  # only the XLA side (dO_q, transposed chunks, rows): no kernel
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class BackwardConfig:
     """One compiled configuration of the backward kernels (hashable: a static jit argument).
@@ -104,7 +116,8 @@ class BackwardConfig:
     ``block_kv`` keys per dK/dV CTA (one warpgroup: 64), ``block_q`` queries per step of its
     loop (32..128, a multiple of 32); ``dq_block_q`` query rows per dQ CTA (64) and
     ``dq_block_kv`` keys per step of its loop. ``debug_step``: when an int, the dK/dV kernel
-    also returns :class:`BackwardDebug` for that step of its loop.
+    also returns :class:`BackwardDebug` for that step of its loop. ``ablation``: a
+    :class:`BackwardAblation` (timing studies only).
     """
 
     block_kv: int = 64
@@ -113,8 +126,12 @@ class BackwardConfig:
     dq_block_kv: int = 64
     causal: bool = False
     debug_step: int | None = None
+    ablation: BackwardAblation = BackwardAblation.NONE
 
     def __post_init__(self) -> None:
+        if not isinstance(self.ablation, BackwardAblation):
+            raise TypeError(f"BackwardConfig.ablation={self.ablation!r} must be a "
+                            f"BackwardAblation; allowed: {[m.name for m in BackwardAblation]}")
         _check_int("block_kv", self.block_kv, (64,))
         _check_int("block_q", self.block_q, (32, 64, 96, 128))
         _check_int("dq_block_q", self.dq_block_q, (64,))
@@ -207,8 +224,8 @@ class SquareQuantized(NamedTuple):
     scales: Any
 
 
-def _square_quantize(x: Any, rows: Any, cols: Any, *, with_scales: bool = False
-                     ) -> SquareQuantized:
+def _square_quantize(x: Any, rows: Any, cols: Any, *, with_scales: bool = False,
+                     plain: bool = False) -> SquareQuantized:
     """E4M3 codes of ``x`` (R, C) float32 with one RCEIL power-of-two scale per 32×32 block
     (R, C multiples of 32); ``rows``/``cols`` are the int32 index arrays of x's layout.
 
@@ -221,6 +238,10 @@ def _square_quantize(x: Any, rows: Any, cols: Any, *, with_scales: bool = False
     from jax import lax
 
     n_r, n_c = x.shape
+    if plain:  # BackwardAblation.PLAIN_CAST: scale 1 everywhere
+        ones = jnp.where(rows >= 0, 1.0, 0.0)  # in x's layout
+        return SquareQuantized(x.astype(jnp.float8_e4m3fn), (ones.max(axis=1),) * (n_c // CHUNK),
+                               ones if with_scales else None)
     a = jnp.abs(x)
     grp = None  # each row's max-abs over its 32-column chunk, broadcast along the chunk
     for j in range(n_c // CHUNK):
@@ -396,12 +417,26 @@ def _jitted():
 
 
 def _backward(res: BackwardResiduals, d_out: Any, softmax_scale: float, cfg: BackwardConfig):
+    import jax.numpy as jnp
+
     x = backward_inputs(res, d_out, softmax_scale)
     q_shape, k_shape = tuple(res.ops.q_codes.shape), tuple(res.ops.k_codes.shape)
-    dkv = _build_dkv(q_shape, k_shape, softmax_scale, cfg)
-    outs = dkv(x["q"], x["qt"], x["k"], x["v"], x["do"], x["dot"], x["rows"], x["cols"])
-    dq = _build_dq(q_shape, k_shape, softmax_scale, cfg)(
-        x["q"], x["k"], x["kt"], x["v"], x["do"], x["rows"], x["cols"])
+    ab = cfg.ablation
+    zq = jnp.zeros(q_shape, jnp.float32)
+    zk = jnp.zeros(k_shape, jnp.float32)
+    if ab is BackwardAblation.INPUTS_ONLY:  # keep every prepared input alive
+        tot = sum(jnp.sum(v.astype(jnp.float32)) for v in x.values())
+        return zq + tot, zk, zk
+    if ab is BackwardAblation.DQ_ONLY:
+        outs = (zk, zk)
+    else:
+        dkv = _build_dkv(q_shape, k_shape, softmax_scale, cfg)
+        outs = dkv(x["q"], x["qt"], x["k"], x["v"], x["do"], x["dot"], x["rows"], x["cols"])
+    if ab is BackwardAblation.DKV_ONLY:
+        dq = zq
+    else:
+        dq = _build_dq(q_shape, k_shape, softmax_scale, cfg)(
+            x["q"], x["k"], x["kt"], x["v"], x["do"], x["rows"], x["cols"])
     if cfg.debug_step is None:
         dk, dv = outs
         return dq, dk, dv
@@ -453,6 +488,7 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
     wg = plgpu.Layout.WGMMA
     row_l, col_l = wg.reduce(1), wg.reduce(0)
     debug = cfg.debug_step is not None
+    plain = cfg.ablation is BackwardAblation.PLAIN_CAST
     cs = np.float32(softmax_scale)
     slots = 2
 
@@ -519,14 +555,14 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
             p = jnp.exp2(u - bc_col(lse))
             if cfg.causal:
                 p = jnp.where(rows + k0 <= cols + qi * bq, p, 0.0)
-            pq = _square_quantize(p, rows, cols, with_scales=debug)
+            pq = _square_quantize(p, rows, cols, with_scales=debug, plain=plain)
             p_codes = pq.codes
             for j in range(nch):
                 pt_smem.at[j][...] = p_codes[:, j * CHUNK:(j + 1) * CHUNK]
             dp_t = dp_t * bc_row(vscale, bq)
             dlt = plgpu.load(r_smem.at[slot, 2], layout=col_l)
             ds = p * (dp_t - bc_col(dlt))
-            dsq = _square_quantize(ds, rows, cols, with_scales=debug)
+            dsq = _square_quantize(ds, rows, cols, with_scales=debug, plain=plain)
             ds_codes = dsq.codes
             for j in range(nch):
                 dst_smem.at[j][...] = ds_codes[:, j * CHUNK:(j + 1) * CHUNK]
@@ -646,6 +682,7 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
     f32, f8, f8b = jnp.float32, jnp.float8_e4m3fn, jnp.float8_e5m2
     wg = plgpu.Layout.WGMMA
     row_l, col_l = wg.reduce(1), wg.reduce(0)
+    plain = cfg.ablation is BackwardAblation.PLAIN_CAST
     cs = np.float32(softmax_scale)
     slots = 2
 
@@ -704,7 +741,7 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
                 p = jnp.where(cols + step * bkv <= rows + q0, p, 0.0)
             dp = dp * bc_col(vscale)
             ds = p * (dp - bc_row(dlt, bkv))
-            dsq = _square_quantize(ds, rows, cols)
+            dsq = _square_quantize(ds, rows, cols, plain=plain)
             ds_codes = dsq.codes
             for j in range(nch):
                 ds_smem.at[j][...] = ds_codes[:, j * CHUNK:(j + 1) * CHUNK]

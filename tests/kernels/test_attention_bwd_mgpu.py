@@ -168,6 +168,21 @@ def test_cross_lowers_for_sm90a(cfg, shape):
     assert text.count("mosaic_gpu") >= 2  # the dK/dV and the dQ kernel
 
 
+@pytest.mark.parametrize("ablation", list(bw.BackwardAblation), ids=lambda a: a.name)
+def test_ablations_cross_lower_for_sm90a(ablation):
+    cfg = bw.BackwardConfig(causal=True, ablation=ablation)
+
+    def fn(*a):
+        res = bw.BackwardResiduals(am.FP8Operands(*a[:6]), a[6], a[7])
+        return bw.attention_fp8_backward(res, a[8], config=cfg)
+
+    text = harness.cross_lower(fn, *_avals(2, 1024, 4, 4, 128))
+    if ablation is bw.BackwardAblation.INPUTS_ONLY:
+        assert "mosaic_gpu" not in text
+    else:
+        assert "mosaic_gpu" in text
+
+
 def test_vjp_cross_lowers_for_sm90a():
     S = jax.ShapeDtypeStruct
 

@@ -14,7 +14,7 @@ from fp4sim.benchmarks import gpu_backward as gb
 
 
 def test_section_runs_in_interpret_mode(tmp_path):
-    res = gb.measure(shapes=((1, 128, 1, 64, True),), reps=1, iters=1, interpret=True,
+    res = gb.measure(shapes=((1, 128, 1, 64, True),), reps=1, iters=1, interpret=True, quick=True,
                      out_dir=str(tmp_path))
     assert res["ok"], res
     m = res["shapes"][0]["methods"]
