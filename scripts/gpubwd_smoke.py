@@ -20,7 +20,7 @@ import traceback
 import jax.numpy as jnp
 import numpy as np
 
-from fp4sim.attention import causal as sc
+from fp4sim.attention import operands as sc
 from fp4sim.kernels import attention_bwd_mgpu as bw
 from fp4sim.kernels import attention_mgpu as am
 

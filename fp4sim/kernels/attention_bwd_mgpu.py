@@ -14,11 +14,11 @@ transposed products (it sums the same products over D in the same order):
    ``p = 2^(u − LSE₂)`` (``ex2.approx`` on the GPU): P is rebuilt from the saved quantized Q/K
    and the LSE, never stored. Because the forward's LSE comes from its represented normalizer,
    ``p`` is normalized consistently with the forward. Masked (causal) entries are 0.
-2. ``dO_q = E5M2(dO)`` (a plain cast, :data:`fp4sim.attention.causal.E5M2_CAST`);
+2. ``dO_q = E5M2(dO)`` (a plain cast, :data:`fp4sim.attention.operands.E5M2_CAST`);
    ``dP = fl(dO_q·V_cᵀ)·2^e_V`` (E5M2 × E4M3 ``wgmma``); ``D = rowsum(dO_q ∘ O)`` float32.
 3. ``dS = fl(p·fl(dP − D))``.
 4. P for dV and dS for dQ/dK are quantized to E4M3 with one power-of-two scale per 32×32
-   (query × key) block, rounded up (:data:`P_SQUARE_RCEIL`, :data:`fp4sim.attention.causal.
+   (query × key) block, rounded up (:data:`P_SQUARE_RCEIL`, :data:`fp4sim.attention.operands.
    DS_SQUARE_RCEIL`: ``2^e``, ``e = UE8M0_up(fl(amax·fl(1/448))) − 127``; codes
    ``RNE_E4M3(x·2^-e)``). Square blocks are "valid in both orientations": one copy serves the
    products over keys and over queries, and one ``wgmma`` of K = 32 sees one scale per output
@@ -48,7 +48,7 @@ shared memory (the interpreter and Mosaic cannot feed an 8-bit A operand from re
 Debug mode (:class:`BackwardConfig` ``debug_step``): the dK/dV kernel also returns, for step
 ``debug_step`` of every CTA (its query tile), the float32 p and dS tiles, their E4M3 codes and
 the per-element block scales (:class:`BackwardDebug`) — what the tests compare bitwise with
-the emulator's quantizer (:func:`fp4sim.attention.causal.fake_quantize`).
+the emulator's quantizer (:func:`fp4sim.attention.operands.fake_quantize`).
 
 Assumptions: those of the forward (every query row sees a key; exponents above −127); a block
 whose amax is below 448·2^-127 gets the scale code 0 (its codes are then 0, as the
@@ -67,7 +67,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fp4sim.attention import causal as sc
+from fp4sim.attention import operands as sc
 from fp4sim.formats.blocks import MXFP8_E4M3, Geometry
 
 __all__ = [
@@ -801,7 +801,7 @@ def reference_backward(res: BackwardResiduals, d_out: Any, *, softmax_scale: flo
 
     float32 where the kernels' result is bit-defined given S and dP (u, p with a correctly
     rounded exp2, dS, the quantized P and dS by the emulator's quantizer
-    :func:`fp4sim.attention.causal.fake_quantize`), float64 for the three gradient products
+    :func:`fp4sim.attention.operands.fake_quantize`), float64 for the three gradient products
     (which the tensor core accumulates in its own order). ``scores`` (B, Hq, T, S) and ``dp``
     (B, Hq, T, S) float32: the raw products ``Q_c·K_cᵀ`` and ``dO_q·V_cᵀ`` to use instead of
     the exact ones (e.g. from :func:`fp4sim.formats.matmul.wgmma_fp8_dot`); ``delta``

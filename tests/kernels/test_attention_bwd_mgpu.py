@@ -2,7 +2,7 @@
 ``jax.custom_vjp`` pairing with the forward (fp4sim.kernels.attention_vjp_mgpu).
 
 Interpret mode on tiny grids: the debug tiles' P and dS codes and block scales equal the
-emulator's quantizer (:func:`fp4sim.attention.causal.fake_quantize`) applied to the kernel's own
+emulator's quantizer (:func:`fp4sim.attention.operands.fake_quantize`) applied to the kernel's own
 float32 p and dS, bit for bit; the rebuilt p agrees with the float64 oracle
 ``reference_backward``; the gradients agree with the oracle within the float32 accumulation
 bound. Cross-lowering of every shipped configuration for sm_90a; bad input. ``@pytest.mark.gpu``
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fp4sim.attention import causal as sc
+from fp4sim.attention import operands as sc
 from fp4sim.attention.backward import attention_grad_reference
 from fp4sim.kernels import attention_bwd_mgpu as bw
 from fp4sim.kernels import attention_mgpu as am
