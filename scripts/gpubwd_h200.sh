@@ -2,8 +2,8 @@
 # GPU attention backward (issue 18) on the H200. Total wall time <= 5.2 minutes:
 #   1. smoke of every backward configuration + Mosaic's ptxas report  (timeout  50 s)
 #   2. pytest -m gpu of the backward tests (not the model)            (timeout  90 s)
-#   3. pytest: jax.grad of a two-layer model vs emulated_attention     (timeout  60 s)
-#   4. python -m fp4sim bench gpu --only backward, 3 shapes           (timeout 110 s)
+#   3. pytest: jax.grad of a two-layer model vs emulated_attention     (timeout  50 s)
+#   4. python -m fp4sim bench gpu --only backward, 3 shapes           (timeout 120 s)
 # Each part is under `timeout`; a failure is logged and the next part still runs.
 # Run from the repository root; everything goes under $OUT (default ./gpubwd-out).
 set -u
@@ -35,13 +35,13 @@ log "pytest rc=$? $(tail -1 "$OUT/pytest_gpu.txt")"
 
 # 3. the two-layer model: jax.grad with our kernels vs emulated_attention, both on the GPU
 log "pytest two-layer model"
-timeout 60 "$PY" -m pytest -q -m gpu -p no:cacheprovider -s \
+timeout 50 "$PY" -m pytest -q -m gpu -p no:cacheprovider -s \
   tests/kernels/test_attention_bwd_mgpu.py -k two_layer > "$OUT/pytest_model.txt" 2>&1
 log "model rc=$? $(tail -1 "$OUT/pytest_model.txt")"
 
 # 4. bench (the summary table is printed last)
 log "bench"
-timeout 110 "$PY" -m fp4sim bench gpu --only backward --budget-s 95 --backward-reps 3 \
+timeout 120 "$PY" -m fp4sim bench gpu --only backward --budget-s 105 --backward-reps 3 \
   --backward-iters 5 --out "$OUT/bench" > "$OUT/bench.txt" 2>&1
 log "bench rc=$?"
 tail -14 "$OUT/bench.txt" | tee -a "$OUT/steps.log"

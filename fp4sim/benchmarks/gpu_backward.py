@@ -261,6 +261,10 @@ def _one_shape(b: int, s: int, h: int, d: int, causal: bool, *, reps: int, iters
     ab = bw.BackwardAblation
     variants = [("fp4sim_fp8_bwd", base),
                 ("fp4sim_fp8_bwd_q128", base.replace(block_q=128, dq_block_kv=128))]
+    if not interpret:  # the tensor-core chunk accumulation has no interpret-mode rule
+        variants += [("fp4sim_fp8_bwd_tc", base.replace(tc_accumulate=True)),
+                     ("fp4sim_fp8_bwd_tc_q128", base.replace(tc_accumulate=True, block_q=128,
+                                                             dq_block_kv=128))]
     if ablations:  # where the time goes (results wrong by design: their errors mean nothing)
         variants += [("ablate_dkv_only", base.replace(ablation=ab.DKV_ONLY)),
                      ("ablate_dq_only", base.replace(ablation=ab.DQ_ONLY)),

@@ -116,8 +116,11 @@ class BackwardConfig:
     ``block_kv`` keys per dK/dV CTA (one warpgroup: 64), ``block_q`` queries per step of its
     loop (32..128, a multiple of 32); ``dq_block_q`` query rows per dQ CTA (64) and
     ``dq_block_kv`` keys per step of its loop. ``debug_step``: when an int, the dK/dV kernel
-    also returns :class:`BackwardDebug` for that step of its loop. ``ablation``: a
-    :class:`BackwardAblation` (timing studies only).
+    also returns :class:`BackwardDebug` for that step of its loop. ``tc_accumulate``: the
+    chunks of dQ/dK/dV are added by the tensor core into the running sums (rescaled to each
+    chunk's power-of-two scale, exact) instead of fresh accumulators added in registers: fewer
+    registers and one wgmma wait per chunk; hardware only (no interpret-mode rule), other
+    accumulation bits. ``ablation``: a :class:`BackwardAblation` (timing studies only).
     """
 
     block_kv: int = 64
@@ -126,6 +129,7 @@ class BackwardConfig:
     dq_block_kv: int = 64
     causal: bool = False
     debug_step: int | None = None
+    tc_accumulate: bool = False
     ablation: BackwardAblation = BackwardAblation.NONE
 
     def __post_init__(self) -> None:
@@ -136,8 +140,9 @@ class BackwardConfig:
         _check_int("block_q", self.block_q, (32, 64, 96, 128))
         _check_int("dq_block_q", self.dq_block_q, (64,))
         _check_int("dq_block_kv", self.dq_block_kv, (32, 64, 96, 128))
-        if not isinstance(self.causal, bool):
-            raise TypeError(f"BackwardConfig.causal={self.causal!r} must be a bool")
+        for name in ("causal", "tc_accumulate"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"BackwardConfig.{name}={getattr(self, name)!r} must be a bool")
         if self.debug_step is not None:
             if isinstance(self.debug_step, bool) or not isinstance(self.debug_step, int) \
                     or self.debug_step < 0:
@@ -153,6 +158,8 @@ SHIPPED_BACKWARD_CONFIGS: tuple[BackwardConfig, ...] = (
     BackwardConfig(causal=True),
     BackwardConfig(block_q=128, dq_block_kv=128),
     BackwardConfig(causal=True, debug_step=0),
+    BackwardConfig(tc_accumulate=True),
+    BackwardConfig(causal=True, tc_accumulate=True),
 )
 """The configurations the package ships (cross-lowered for sm_90a in the CPU tests)."""
 
@@ -260,6 +267,40 @@ def _square_quantize(x: Any, rows: Any, cols: Any, *, with_scales: bool = False,
     row_scales = tuple(jnp.where(_in_chunk(cols, j), scale, 0.0).max(axis=1)
                        for j in range(n_c // CHUNK))
     return SquareQuantized(codes, row_scales, scale if with_scales else None)
+
+
+def _recip_pow2(s: Any) -> Any:
+    """1/s for float32 powers of two s in [2^-126, 2^126], exactly, from the bits."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    return lax.bitcast_convert_type((254 << 23) - lax.bitcast_convert_type(s, jnp.int32),
+                                    jnp.float32)
+
+
+def _accumulate_chunks(issue: Any, accs: tuple, scales: tuple) -> tuple:
+    """Run ``issue(j, refs)`` (wgmmas into the accumulator refs) for every chunk j with the
+    running float32 sums ``accs`` kept *in the chunk's units*: before chunk j each sum is
+    multiplied by ``s_{j-1}/s_j`` (row vectors of powers of two: exact, 1 for all-zero blocks
+    whose scale is 0), the tensor core adds the chunk, and after the last chunk the sums are
+    multiplied back by its scale. One wgmma wait per chunk for all sums (hardware only:
+    ``pl.run_state`` with ``plgpu.ACC.init`` has no interpret-mode rule)."""
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    n = len(scales[0])
+    safe = [[jnp.where(s[j] == 0.0, 1.0, s[j]) for j in range(n)] for s in scales]
+    accs = list(accs)
+    for j in range(n):
+        for a in range(len(accs)):
+            prev = 1.0 if j == 0 else safe[a][j - 1]
+            ratio = prev * _recip_pow2(safe[a][j])
+            accs[a] = accs[a] * lax.broadcast_in_dim(ratio, accs[a].shape, [0])
+        accs = list(pl.run_state(functools.partial(issue, j))(
+            tuple(plgpu.ACC.init(x) for x in accs)))
+    return tuple(x * lax.broadcast_in_dim(sf[n - 1], x.shape, [0]) for x, sf in zip(accs, safe))
 
 
 def _chunk_scalar(vec: Any, cols: Any, j: int) -> Any:
@@ -400,6 +441,12 @@ def attention_fp8_backward(res: BackwardResiduals, d_out: Any, *,
     if not isinstance(config, BackwardConfig):
         raise TypeError(f"config={config!r} must be a BackwardConfig")
     _check_residuals(res, d_out, config)
+    if config.tc_accumulate:
+        from fp4sim.kernels.harness import interpreting
+
+        if interpreting():
+            raise ValueError("BackwardConfig.tc_accumulate=True needs the GPU: interpret mode has "
+                             "no rule for pl.run_state with plgpu.ACC.init; use False there")
     d = res.ops.q_codes.shape[3]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
@@ -581,19 +628,30 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
                         plgpu.copy_smem_to_gmem(dst_smem.at[j], dbg_c_ref.at[2 * cta + 1, j])
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             q2 = plgpu.load(r_smem.at[slot, 3], layout=col_l)  # 2^e_Q, constant per chunk
-            for j in range(nch):
-                def dv_c(acc_ref, j=j):  # dV += Pᵀ_j · dO_j (K = 32 queries)
-                    plgpu.wgmma(acc_ref, pt_smem.at[j], dot_smem.at[slot, j].T)
-                    return acc_ref[...]
+            sps = tuple(pq.row_scales)
+            sds = tuple(dsq.row_scales[j] * _chunk_scalar(q2, cols, j)  # 2^(e_dS + e_Q)
+                        for j in range(nch))
+            if cfg.tc_accumulate:
+                def both(j, refs):  # dV += Pᵀ_j·dO_j and dK += dSᵀ_j·Q_j in the tensor core
+                    dv_ref, dk_ref = refs
+                    plgpu.wgmma(dv_ref, pt_smem.at[j], dot_smem.at[slot, j].T)
+                    plgpu.wgmma(dk_ref, dst_smem.at[j], qt_smem.at[slot, j].T)
 
-                def dk_c(acc_ref, j=j):  # dK += dSᵀ_j · Q_j
-                    plgpu.wgmma(acc_ref, dst_smem.at[j], qt_smem.at[slot, j].T)
-                    return acc_ref[...]
+                dv_acc, dk_acc = _accumulate_chunks(both, (dv_acc, dk_acc), (sps, sds))
+            else:
+                for j in range(nch):
+                    def dv_c(acc_ref, j=j):  # dV += Pᵀ_j · dO_j (K = 32 queries)
+                        plgpu.wgmma(acc_ref, pt_smem.at[j], dot_smem.at[slot, j].T)
+                        return acc_ref[...]
 
-                sp = pq.row_scales[j]
-                dv_acc = dv_acc + pl.run_scoped(dv_c, plgpu.ACC((bkv, d), f32)) * bc_row(sp, d)
-                sd = dsq.row_scales[j] * _chunk_scalar(q2, cols, j)  # 2^(e_dS + e_Q)
-                dk_acc = dk_acc + pl.run_scoped(dk_c, plgpu.ACC((bkv, d), f32)) * bc_row(sd, d)
+                    def dk_c(acc_ref, j=j):  # dK += dSᵀ_j · Q_j
+                        plgpu.wgmma(acc_ref, dst_smem.at[j], qt_smem.at[slot, j].T)
+                        return acc_ref[...]
+
+                    dv_acc = dv_acc + pl.run_scoped(dv_c, plgpu.ACC((bkv, d), f32)) \
+                        * bc_row(sps[j], d)
+                    dk_acc = dk_acc + pl.run_scoped(dk_c, plgpu.ACC((bkv, d), f32)) \
+                        * bc_row(sds[j], d)
             nxt = step + slots
 
             @pl.when(nxt < n_steps)
@@ -746,13 +804,21 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
             for j in range(nch):
                 ds_smem.at[j][...] = ds_codes[:, j * CHUNK:(j + 1) * CHUNK]
             plgpu.commit_smem()
-            for j in range(nch):
-                def dq_c(acc_ref, j=j):  # dQ += dS_j · K_j (K = 32 keys)
-                    plgpu.wgmma(acc_ref, ds_smem.at[j], kt_smem.at[slot, j].T)
-                    return acc_ref[...]
+            sds = tuple(dsq.row_scales[j] * _chunk_scalar(kscale, cols, j)  # 2^(e_dS + e_K)
+                        for j in range(nch))
+            if cfg.tc_accumulate:
+                def one(j, refs):  # dQ += dS_j · K_j in the tensor core
+                    plgpu.wgmma(refs[0], ds_smem.at[j], kt_smem.at[slot, j].T)
 
-                sd = dsq.row_scales[j] * _chunk_scalar(kscale, cols, j)  # 2^(e_dS + e_K)
-                dq_acc = dq_acc + pl.run_scoped(dq_c, plgpu.ACC((bq, d), f32)) * bc_row(sd, d)
+                (dq_acc,) = _accumulate_chunks(one, (dq_acc,), (sds,))
+            else:
+                for j in range(nch):
+                    def dq_c(acc_ref, j=j):  # dQ += dS_j · K_j (K = 32 keys)
+                        plgpu.wgmma(acc_ref, ds_smem.at[j], kt_smem.at[slot, j].T)
+                        return acc_ref[...]
+
+                    dq_acc = dq_acc + pl.run_scoped(dq_c, plgpu.ACC((bq, d), f32)) \
+                        * bc_row(sds[j], d)
             nxt = step + slots
 
             @pl.when(nxt < n_steps)

@@ -250,6 +250,11 @@ def test_input_validation():
     with pytest.raises(ValueError, match="multiple"):
         bw.attention_fp8_backward(res, d_out, config=bw.BackwardConfig(block_q=128,
                                                                        dq_block_kv=96))
+    with pytest.raises(ValueError, match="tc_accumulate"):
+        harness.interpret(lambda: bw.attention_fp8_backward(
+            res, d_out, config=bw.BackwardConfig(tc_accumulate=True)))
+    with pytest.raises(TypeError, match="tc_accumulate"):
+        bw.BackwardConfig(tc_accumulate=1)
     q = jnp.zeros((1, 100, 2, 64), jnp.float32)
     with pytest.raises(ValueError, match="non-causal lengths"):
         vj.fp8_attention(q, q[:, :, :1], q[:, :, :1])
@@ -316,6 +321,28 @@ def test_gpu_debug_bitwise_and_gradient_bound(causal, d, hq, hkv, t):
               f"{np.linalg.norm(err) / np.linalg.norm(ref[name]):.3g}")
         assert frac >= 0.99, (name, frac)  # the rest: rows where ex2.approx flipped a code
         assert np.linalg.norm(err) / np.linalg.norm(ref[name]) < 1e-2, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_tc_accumulate_matches_fresh_accumulators(causal):
+    """The tensor-core accumulation of the chunks (hardware only) against the default fresh
+    accumulators: the same quantized operands, other summation bits, so the two agree to the
+    accumulation bound (rel-L2 < 1e-3) and both sit equally close to the oracle."""
+    if not harness.gpu_available():
+        pytest.skip("needs a GPU")
+    rng = np.random.default_rng(7 + causal)
+    res, d_out, scale = _residuals(rng, 1, 512, 4, 2, 128, causal=causal, spread=2.0)
+    a = bw.attention_fp8_backward(res, d_out, softmax_scale=scale,
+                                  config=bw.BackwardConfig(causal=causal))
+    b = bw.attention_fp8_backward(res, d_out, softmax_scale=scale,
+                                  config=bw.BackwardConfig(causal=causal, tc_accumulate=True))
+    for name, x, y in zip(("dq", "dk", "dv"), a, b):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        assert np.isfinite(y).all()
+        rel = np.linalg.norm(x - y) / np.linalg.norm(x)
+        print(f"tc_accumulate vs fresh accumulators: {name} rel-L2 {rel:.3e}")
+        assert rel < 1e-3, (name, rel)
 
 
 @pytest.mark.gpu
