@@ -754,6 +754,8 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
         bi = lax.axis_index("batch")
         head = lax.axis_index("heads")
         qt = lax.axis_index("q_seq")
+        if cfg.causal:  # the longest loops (last query tiles) launch first
+            qt = (t_len // bq - 1) - qt
         (q_smem, do_smem, r_smem, k_smem, kt_smem, v_smem, c_smem, ds_smem, o_smem), bars, \
             q_bar = scoped
         kvh = lax.div(head, jnp.int32(group))
