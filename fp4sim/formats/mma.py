@@ -54,8 +54,8 @@ from typing import Any
 
 import numpy as np
 
-from fp4sim._xp import Array, bitcast, namespace
-from fp4sim.formats.f32 import bitlen, compose, split
+from fp4sim._xp import Array, bitcast, materialize, namespace
+from fp4sim.formats.f32 import bitlen, compose, pow2, split
 from fp4sim.formats.spec import E2M1, E2M3, E3M2, E4M3, E5M2, UE4M3, UE8M0, FloatFormat
 
 __all__ = ["MmaKind", "MmaModel", "MMA_MODELS", "mma_dot", "NAN_BITS"]
@@ -104,9 +104,15 @@ class MmaModel:
         check_int("MmaModel", "group", self.group, 1, self.k)
         check_int("MmaModel", "out_frac_bits", self.out_frac_bits, 1, 23)
         check_int("MmaModel", "zero_exponent", self.zero_exponent, -1000, 0)
+        if self.group == 1 and self.frac_bits > 28:
+            raise ValueError(f"MmaModel.frac_bits={self.frac_bits} with group=1 must be <= 28 "
+                             f"(each aligned product is summed as one 32-bit integer)")
         if self.k % self.group:
             raise ValueError(f"MmaModel.group={self.group} must divide k={self.k}")
         for fmt, block in self.scales:
+            if self.group == 1 and block != self.k:
+                raise ValueError(f"MmaModel.scales has block {block} for {fmt}: with group=1 "
+                                 f"the block must be the instruction's k={self.k}")
             if self.k % block or block % self.group:
                 raise ValueError(f"MmaModel.scales has block {block} for {fmt}: it must divide "
                                  f"k={self.k} and be a multiple of group={self.group}")
@@ -142,10 +148,10 @@ def _exponent(xp: ModuleType, x: Array, emin: int, zero: int) -> Array:
     return xp.where(sig == 0, _I(zero), e)
 
 
-def _limbs(xp: ModuleType, sign: Array, p: Array, d: Array) -> list[Array]:
-    """trunc(p·2^d) (p uint32, d int32) as three signed 16-bit limbs (int32), low first."""
+def _limbs(xp: ModuleType, sign: Array, p: Array, d: Array, n: int) -> list[Array]:
+    """trunc(p·2^d) (p uint32, d int32) as ``n`` signed 16-bit limbs (int32), low first."""
     out = []
-    for j in range(3):
+    for j in range(n):
         r = _I(16 * j) - d  # right shift giving limb j
         rs = xp.clip(r, 0, 31).astype(np.uint32)
         ls = xp.clip(-r, 0, 16).astype(np.uint32)
@@ -162,12 +168,11 @@ def _carry(xp: ModuleType, l0: Array, l1: Array, l2: Array) -> tuple[Array, Arra
     return l0 & _I(0xFFFF), l1 & _I(0xFFFF), l2
 
 
-def _aligned_total(xp: ModuleType, sign: Array, p: Array, e: Array, lsb: Array,
-                   out_frac_bits: int) -> Array:
-    """float32 bits of Σ trunc(±p·2^(e - lsb))·2^lsb over the last axis, truncated toward zero
+def _round_out(xp: ModuleType, l0: Array, l1: Array, l2: Array, lsb: Array,
+               out_frac_bits: int) -> Array:
+    """float32 bits of (l0 + l1·2^16 + l2·2^32)·2^lsb (signed limb sums) truncated toward zero
     to ``out_frac_bits`` bits below its leading bit (and below 2^-126); +0 for zero."""
-    limbs = _limbs(xp, sign, p, e - lsb[..., None])
-    l0, l1, l2 = _carry(xp, *(xp.sum(v, axis=-1) for v in limbs))
+    l0, l1, l2 = _carry(xp, l0, l1, l2)
     neg = l2 < 0
     l0, l1, l2 = _carry(xp, xp.where(neg, -l0, l0), xp.where(neg, -l1, l1),
                         xp.where(neg, -l2, l2))
@@ -186,72 +191,91 @@ def _aligned_total(xp: ModuleType, sign: Array, p: Array, e: Array, lsb: Array,
 
 
 # --- one instruction --------------------------------------------------------------------------
+def _specials(xp: ModuleType, a: Array, b: Array, fa: FloatFormat, fb: FloatFormat) -> tuple:
+    """(NaN, +Inf, -Inf) masks of Σ a·b over the first (K) axis; only formats with Inf need the
+    products themselves."""
+    nan = xp.any(xp.isnan(a), axis=0) | xp.any(xp.isnan(b), axis=0)
+    if not (fa.has_inf or fb.has_inf):
+        return nan, None, None
+    with np.errstate(invalid="ignore", over="ignore"):
+        prod = a * b
+    nan = nan | xp.any(xp.isnan(prod), axis=0)
+    return nan, xp.any(prod == np.inf, axis=0), xp.any(prod == -np.inf, axis=0)
+
+
+def _scale_exp(xp: ModuleType, s: Array, sfmt: FloatFormat, z: int) -> Array:
+    return _exponent(xp, xp.where(xp.isnan(s), np.float32(1), s), sfmt.emin, z)
+
+
 def _instruction(xp: ModuleType, model: MmaModel, a: Array, b: Array, c: Array,
                  sa: Array | None, sb: Array | None, fa: FloatFormat, fb: FloatFormat,
                  sfmt: FloatFormat | None, block: int) -> Array:
-    """One instruction: a, b (..., k) float32 values; sa, sb (..., k // block) float32 scales or
-    None; c (...,) float32; float32 result."""
+    """One instruction, K leading: a, b (k, ...) float32 values (broadcasting); sa, sb
+    (k // block, ...) float32 scales or None; c float32 of the result's shape; float32 result.
+    Work that depends on one operand only is done on that operand's own shape; the reductions
+    run over the leading axis (contiguous for XLA's vectorised loops)."""
     z = model.zero_exponent
-    k = a.shape[-1]
-    a, b = xp.broadcast_arrays(a, b)
+    k = a.shape[0]
+    if sa is not None and sfmt is UE4M3:
+        sa, sb = xp.abs(sa), xp.abs(sb)
+    nan, pinf, ninf = _specials(xp, a, b, fa, fb)
+    nan = nan | xp.isnan(c)
     if sa is not None:
-        sa, sb = xp.broadcast_arrays(sa, sb)
-        if sfmt is UE4M3:
-            sa, sb = xp.abs(sa), xp.abs(sb)
-    c = xp.broadcast_to(c, a.shape[:-1])
-    with np.errstate(invalid="ignore", over="ignore"):
-        prod = a * b
-    nan = xp.any(xp.isnan(prod), axis=-1) | xp.isnan(c)
-    if sa is not None:
-        nan = nan | xp.any(xp.isnan(sa) | xp.isnan(sb), axis=-1)
-    pinf = xp.any(prod == np.inf, axis=-1) | (c == np.inf)
-    ninf = xp.any(prod == -np.inf, axis=-1) | (c == -np.inf)
+        nan = nan | xp.any(xp.isnan(sa), axis=0) | xp.any(xp.isnan(sb), axis=0)
+    c_inf = xp.isinf(c)
+    pinf = (c == np.inf) if pinf is None else pinf | (c == np.inf)
+    ninf = (c == -np.inf) if ninf is None else ninf | (c == -np.inf)
     nan = nan | (pinf & ninf)
-    finite = ~(nan | pinf | ninf)
     # the accumulator as a term (exact float32 significand)
-    csafe = xp.where(finite, c, np.float32(0))
+    csafe = xp.where(c_inf | xp.isnan(c), np.float32(0), c)
     c_sign, c_sig, c_exp = split(xp, bitcast(csafe, np.uint32))
     c_top = _exponent(xp, csafe, -126, -126)
+    a = xp.where(xp.isfinite(a), a, np.float32(0))  # results with specials are overwritten
+    b = xp.where(xp.isfinite(b), b, np.float32(0))
     if model.group == 1:
-        a = xp.where(finite[..., None], a, np.float32(0))
-        b = xp.where(finite[..., None], b, np.float32(0))
-        sgn_a, ma, ea = _small(xp, a)
-        sgn_b, mb, eb = _small(xp, b)
-        top = _exponent(xp, a, fa.emin, z) + _exponent(xp, b, fb.emin, z)
-        p = ma * mb
-        e = ea + eb
-        sign = sgn_a ^ sgn_b
-        if sa is not None:
-            s_exp = (_exponent(xp, xp.where(xp.isnan(sa), np.float32(1), sa), sfmt.emin, z)
-                     + _exponent(xp, xp.where(xp.isnan(sb), np.float32(1), sb), sfmt.emin, z))
-            s_exp = xp.repeat(s_exp, block, axis=-1) if s_exp.shape[-1] != k else s_exp
-            top = top + s_exp
-            e = e + s_exp
+        ta = _exponent(xp, a, fa.emin, z)
+        tb = _exponent(xp, b, fb.emin, z)
+        ses = _I(0)
+        if sa is not None:  # one scale per row and column of the instruction (block == k)
+            sea, seb = _scale_exp(xp, sa, sfmt, z), _scale_exp(xp, sb, sfmt, z)
+            ta, tb, ses = ta + sea, tb + seb, (sea + seb)[0]
+        lsb = xp.maximum(xp.max(ta + tb, axis=0), c_top) - _I(model.frac_bits)
+        # Each term a·b·2^(sea+seb-lsb) is below 2^(frac_bits + 2) <= 2^30 and a·b (exact:
+        # at most 8 significant bits) times a power of two is exact; what falls below 2^-126 is
+        # truncated to 0 anyway, so a factor clamped at 2^-126 changes nothing.
+        f = xp.clip(ses - lsb, -126, 127)
+        with np.errstate(over="ignore", under="ignore"):
+            y = (a * b) * pow2(f, a)[None]
+        kint = xp.trunc(y).astype(np.int32)
+        l0 = xp.sum(kint & _I(0xFFFF), axis=0)
+        l1 = xp.sum(kint >> _I(16), axis=0)
+        l2 = xp.zeros(l0.shape, dtype=np.int32)
     else:
         g = model.group
-        shape = a.shape[:-1] + (k // g, g)
-        s = xp.sum(xp.reshape(prod, shape), axis=-1)  # exact: E2M1 products on a 1/4 grid
-        s = xp.where(finite[..., None], s, np.float32(0))
-        sign = (bitcast(s, np.uint32) >> _U(31))
+        with np.errstate(invalid="ignore", over="ignore"):
+            prod = a * b
+        s = xp.sum(xp.reshape(prod, (k // g, g) + prod.shape[1:]), axis=1)  # exact: E2M1
+        sign = bitcast(s, np.uint32) >> _U(31)
         p = xp.abs(s * np.float32(4)).astype(np.uint32)  # an integer below 2^12
-        e = xp.full(s.shape, -2, dtype=np.int32)
+        e = _I(-2)
+        top = _I(0)
         if sa is not None:
             rep = block // g
-            sa_g = xp.repeat(xp.where(xp.isnan(sa), np.float32(1), sa), rep, axis=-1)
-            sb_g = xp.repeat(xp.where(xp.isnan(sb), np.float32(1), sb), rep, axis=-1)
+            sa_g = xp.where(xp.isnan(sa), np.float32(1), sa)
+            sb_g = xp.where(xp.isnan(sb), np.float32(1), sb)
+            if rep != 1:
+                sa_g, sb_g = xp.repeat(sa_g, rep, axis=0), xp.repeat(sb_g, rep, axis=0)
             _, m_sa, e_sa = _small(xp, sa_g)
             _, m_sb, e_sb = _small(xp, sb_g)
-            p = p * m_sa * m_sb
-            e = e + e_sa + e_sb
+            p = p * (m_sa * m_sb)
+            e = e + (e_sa + e_sb)
             top = _exponent(xp, sa_g, sfmt.emin, z) + _exponent(xp, sb_g, sfmt.emin, z)
-        else:
-            top = xp.zeros(s.shape, dtype=np.int32)
-    top_all = xp.maximum(xp.max(top, axis=-1), c_top)
-    lsb = top_all - _I(model.frac_bits)
-    sign = xp.concatenate([sign, c_sign[..., None]], axis=-1)
-    p = xp.concatenate([p, c_sig[..., None]], axis=-1)
-    e = xp.concatenate([e, c_exp[..., None]], axis=-1)
-    bits = _aligned_total(xp, sign, p, e, lsb, model.out_frac_bits)
+        top = xp.broadcast_to(top, s.shape)
+        lsb = xp.maximum(xp.max(top, axis=0), c_top) - _I(model.frac_bits)
+        limbs = _limbs(xp, sign, p, xp.broadcast_to(e - lsb[None], s.shape), 3)
+        l0, l1, l2 = (xp.sum(v, axis=0) for v in limbs)
+    c0, c1, c2 = _limbs(xp, c_sign, c_sig, c_exp - lsb, 3)
+    bits = _round_out(xp, l0 + c0, l1 + c1, l2 + c2, lsb, model.out_frac_bits)
     bits = xp.where(pinf, _U(0x7F800000), xp.where(ninf, _U(0xFF800000), bits))
     bits = xp.where(nan, _U(NAN_BITS), bits)
     return bitcast(bits, np.float32)
@@ -307,13 +331,24 @@ def mma_dot(a: Any, b: Any, *, model: MmaModel, a_format: FloatFormat = E4M3,
     out_shape = np.broadcast_shapes(a.shape[:-1], b.shape[:-1])
     acc = (xp.zeros(out_shape, dtype=np.float32) if c is None
            else xp.broadcast_to(xp.asarray(c, dtype=np.float32), out_shape))
+    nd = len(out_shape) + 1
+
+    def k_first(x):  # (..., K) -> (K, ...) with the batch rank of the result
+        x = xp.reshape(x, (1,) * (nd - x.ndim) + tuple(x.shape))
+        return xp.moveaxis(x, -1, 0)
+
+    # computed once, before the (K, M, N) work: XLA would otherwise fuse whatever produced the
+    # operands (a decode, say) into every term
+    a, b = materialize((k_first(a), k_first(b)))
+    if a_scale is not None:
+        a_scale, b_scale = materialize((k_first(a_scale), k_first(b_scale)))
     kk = model.k
     for start in range(0, K, kk):
-        ks = slice(start, start + kk)
         sa = sb = None
         if a_scale is not None:
             ss = slice(start // block, (start + kk) // block)
-            sa, sb = a_scale[..., ss], b_scale[..., ss]
-        acc = _instruction(xp, model, a[..., ks], b[..., ks], acc, sa, sb, a_format, b_format,
-                           scale_format, block or kk)
+            sa, sb = a_scale[ss], b_scale[ss]
+        acc = _instruction(xp, model, a[start:start + kk], b[start:start + kk], acc, sa, sb,
+                           a_format, b_format, scale_format, block or kk)
+        acc = materialize(acc)  # one result per instruction: XLA must not re-fuse the chain
     return acc
