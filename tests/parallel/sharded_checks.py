@@ -98,6 +98,19 @@ def main() -> None:
                     "devices_used": len({d for d, _ in par}),
                     "sequential_devices": len({d for d, _ in seq})}
 
+    # the report's route-error sweep (two presets, two jobs): 8 devices against NumPy
+    from fp4sim.report import experiments
+    from fp4sim.report.sizes import QUICK
+
+    jobs = [("len", 128, 64, QUICK, ("hw_fp4_direct_p", "flamia_nvfp4")),
+            ("tile", 128, 128, QUICK, ("hw_fp4_direct_p", "flamia_nvfp4"))]
+    experiments.use_devices([])
+    numpy_rows = map_cases(experiments._route_error_case, jobs)
+    experiments.use_devices(jax.local_devices())
+    device_rows = map_cases(experiments._route_error_case, jobs, devices=jax.local_devices())
+    experiments.use_devices([])
+    out["report_sweep"] = {"equal": numpy_rows == device_rows, "rows": len(device_rows)}
+
     errors = {}
     for label, fn in (
             ("heads_not_divisible", lambda: shard_attention_inputs(

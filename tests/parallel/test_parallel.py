@@ -61,6 +61,10 @@ def test_sweep_over_devices_equals_sequential(checks):
     assert s["devices_used"] > 1 and s["sequential_devices"] == 1
 
 
+def test_report_sweep_over_devices_equals_numpy(checks):
+    assert checks["report_sweep"] == {"equal": True, "rows": 2}
+
+
 def test_bad_placements_are_named(checks):
     e = checks["errors"]
     assert "along heads" in e["heads_not_divisible"]
@@ -123,3 +127,12 @@ def test_mesh_and_forward_arguments_are_checked():
         sharded_attention_forward(x[0], x[0], x[0], PRESETS["exact_f32"], mesh=mesh)
     r = sharded_attention_forward(x + 1, x + 1, x + 1, PRESETS["exact_f32"], mesh=mesh)
     assert r.out.shape == (1, 1, 32, 64) and r.intermediates is None
+
+
+def test_reproduce_devices_option_is_checked(tmp_path):
+    from fp4sim.__main__ import main
+
+    with pytest.raises(SystemExit, match="devices asked for"):
+        main(["reproduce", "--quick", "--devices", "99", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="allowed: all, none"):
+        main(["reproduce", "--quick", "--devices", "many", "--out", str(tmp_path)])
