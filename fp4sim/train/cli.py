@@ -47,10 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--accumulation", choices=("backend", "sequential"), default="backend",
                         help="the emulated backward's float32 products: backend (XLA dot) or "
                              "sequential (bit-exact ordered sums); default backend")
-    parser.add_argument("--layers", type=int, default=None)
-    parser.add_argument("--width", type=int, default=None)
-    parser.add_argument("--heads", type=int, default=None)
-    parser.add_argument("--context", type=int, default=None)
+    parser.add_argument("--layers", type=int, default=None, help="transformer layers (default: the size's)")
+    parser.add_argument("--width", type=int, default=None, help="model width (default: the size's)")
+    parser.add_argument("--heads", type=int, default=None,
+                        help="attention heads; width / heads is the head dimension (default: the size's)")
+    parser.add_argument("--context", type=int, default=None,
+                        help="tokens per sequence (default: the size's)")
     parser.add_argument("--batch", type=int, default=None, help="sequences per seed and step")
     parser.add_argument("--chunk", type=int, default=None,
                         help="steps per dispatch (one lax.scan, one host synchronization)")
