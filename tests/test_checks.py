@@ -16,9 +16,15 @@ def test_softmax_scale_accepts_positive_finite_reals(good, want):
     assert type(got) is float and got == want
 
 
-@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan"), True, "0.1", [0.1]])
-def test_softmax_scale_rejects_the_rest_naming_it(bad):
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan"), np.float32(-1)])
+def test_softmax_scale_rejects_bad_values_naming_it(bad):
     with pytest.raises(ValueError, match="softmax_scale=.* must be a positive finite number"):
+        _checks.softmax_scale(bad, 64)
+
+
+@pytest.mark.parametrize("bad", [True, np.bool_(True), "0.1", [0.1], None.__class__])
+def test_softmax_scale_rejects_bad_types_naming_it(bad):
+    with pytest.raises(TypeError, match="softmax_scale=.* must be a positive finite number"):
         _checks.softmax_scale(bad, 64)
 
 

@@ -78,7 +78,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fp4sim._checks import softmax_scale as check_softmax_scale
-from fp4sim._xp import materialize, namespace
+from fp4sim._xp import canonical_nan, materialize, namespace, no_derivative
 from fp4sim.attention import causal
 from fp4sim.attention._ordered import operand_stats, ordered_product
 from fp4sim.attention.converters import PTile, convert_tile
@@ -675,16 +675,18 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
                       softmax_scale: float | None = None,
                       return_intermediates: bool = False) -> ForwardResult:
     """Emulated forward of ``recipe`` (see the module docstring). Returns O, LSE (natural log)
-    and, on request, the intermediates."""
+    and, on request, the intermediates. Not differentiable (it computes on bit patterns):
+    ``jax.grad``/``jax.jvp`` raise :class:`fp4sim.NoDerivativeError`; differentiate
+    :func:`fp4sim.emulated_attention` with a ``TrainingRecipe`` (the emulated backward)."""
     if not isinstance(recipe, AttentionRecipe):
         raise TypeError(f"recipe={recipe!r} must be an AttentionRecipe (see "
                         f"fp4sim.attention.recipe.PRESETS)")
     if not isinstance(causal, bool):
         raise TypeError(f"causal={causal!r} must be a bool")
     xp = namespace(q, k, v, q_segment_ids, kv_segment_ids)
-    q = _as_f32(xp, q, "q")
-    k = _as_f32(xp, k, "k")
-    v = _as_f32(xp, v, "v")
+    # no derivative (bit-level arithmetic): jax.grad raises, naming emulated_attention
+    q, k, v = (no_derivative(_as_f32(xp, x, n), "attention_forward") for x, n in
+               ((q, "q"), (k, "k"), (v, "v")))
     check_qkv_shapes(q, k, v)
     sq, d = q.shape[-2:]
     skv, dv = v.shape[-2:]
@@ -825,8 +827,11 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
             return y[(slice(None),) * nl + (slice(0, sq),)]
 
         res = tuple(None if y is None else merge(y) for y in mapped)
+    # one NaN on every backend (NumPy and XLA give float arithmetic's NaN different signs)
+    out, lse = canonical_nan(res[0]), canonical_nan(res[1])
     if not return_intermediates:
-        return ForwardResult(res[0], res[1], None)
-    out, lse, anchors, codes, scales, ks, acc, den = res
-    inter = ForwardIntermediates(qop, kop, vop, anchors, codes, scales, ks, acc, den, c)
+        return ForwardResult(out, lse, None)
+    _, _, anchors, codes, scales, ks, acc, den = res
+    inter = ForwardIntermediates(qop, kop, vop, anchors, codes, scales, ks, canonical_nan(acc),
+                                 canonical_nan(den), c)
     return ForwardResult(out, lse, inter)

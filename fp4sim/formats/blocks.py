@@ -59,7 +59,8 @@ Constants
     last axis when ``packed``), ``scales`` (uint8 scale codes, ``shape[d] // extent[d]`` per
     axis, or ``None``), ``global_scale`` (float32 decode factor broadcastable to the scales, or
     ``None``). Static: ``format``, ``geometry``, ``axis`` (negative), ``packed``. Invariants
-    (dtypes, shapes, block divisibility, valid scale codes on NumPy) are checked on construction.
+    (dtypes, shapes, block divisibility) are checked on construction; codes beyond a format's
+    width are values, not errors (they dequantize to NaN on every backend, as in ``decode``).
 ``quantize(x, fmt, *, axis=-1, geometry=Geometry.BLOCK, rule=None, global_scale=None,
 global_encode_scale=None, pack=False) -> QuantizedArray``; ``dequantize(q) -> float32``
 ``block_extents(shape, fmt, geometry, axis)``
@@ -71,6 +72,12 @@ global_encode_scale=None, pack=False) -> QuantizedArray``; ``dequantize(q) -> fl
     Broadcast a per-block array to the element shape.
 ``global_decode_scale(amax, fmt)``, ``global_encode_scale(amax, fmt)``
     The NVFP4 FP32 factors (torchao/JAX decode form ``amax/2688``; TE encode form).
+``round_trip(x, fmt, ...)``
+    ``dequantize(quantize(x, fmt, ...))`` for a ``BlockFormat``, ``decode(encode(x, fmt,
+    policy))`` for a ``FloatFormat``, as float32, whose derivative under ``jax.grad`` / ``jax.jvp``
+    is the straight-through estimator (the identity with respect to ``x``; the fake-quantization
+    convention of torchao and TransformerEngine). Differentiating ``quantize`` or ``encode``
+    themselves raises :class:`fp4sim._xp.NoDerivativeError` (their outputs are integer codes).
 ``ldexp_f32``, ``mul_f32``, ``div_f32``
     The exact, FTZ-proof float32 steps of :mod:`fp4sim.formats.f32` (re-exported here).
 
@@ -106,7 +113,15 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fp4sim._xp import bitcast, is_jax, materialize, namespace
+from fp4sim._xp import (
+    NoDerivativeError,
+    bitcast,
+    is_jax,
+    materialize,
+    namespace,
+    no_derivative,
+    straight_through,
+)
 from fp4sim.formats import codec
 from fp4sim.formats.f32 import bitlen, compose, div_f32, f32_bits, ldexp_f32, mul_f32, split
 from fp4sim.formats.spec import (
@@ -144,6 +159,8 @@ __all__ = [
     "QuantizedArray",
     "quantize",
     "quantize_with_block_amax",
+    "round_trip",
+    "NoDerivativeError",
     "dequantize",
     "block_extents",
     "scale_exponents",
@@ -441,10 +458,6 @@ class QuantizedArray:
             except ValueError:
                 raise ValueError(f"global_scale shape {tuple(self.global_scale.shape)} does not "
                                  f"broadcast to the scales' shape {want}") from None
-        if fmt.scale is not None and not is_jax(self.scales) and self.scales.size:
-            top = int(np.max(self.scales))
-            if top >= fmt.scale.num_codes:
-                raise ValueError(f"scales contains {top:#x}, not a {fmt.scale} code")
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -640,24 +653,30 @@ def _as_f32(x: Any) -> Any:
 
 def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = Geometry.BLOCK,
              rule: ScaleRule | None = None, global_scale: Any = None,
-             global_encode_scale: Any = None, pack: bool = False) -> QuantizedArray:
+             global_encode_scale: Any = None, pack: bool = False,
+             random_bits: Any = None) -> QuantizedArray:
     """Quantize ``x`` to ``fmt`` with scales shared per ``geometry`` block along ``axis``.
 
     ``rule`` overrides ``fmt.rule``. ``global_scale`` (decode factor) or ``global_encode_scale``
     (encode factor, TE's ``S_enc``) are required exactly when ``fmt.global_scale`` is
     ``CONSTANT`` (scalar or broadcastable to the scales' shape). ``pack=True`` packs FP4/FP6
-    codes along the last axis. See the module docstring for the scale rules and the
-    :class:`Arithmetic` orders.
+    codes along the last axis. ``random_bits`` (uint32, the shape of ``x``) is required when
+    ``fmt.policy.rounding`` is ``Rounding.STOCHASTIC`` (the elements are rounded stochastically,
+    see :func:`fp4sim.formats.codec.encode`; the block scales keep the rule's rounding) and
+    rejected otherwise. See the module docstring for the scale rules and the
+    :class:`Arithmetic` orders. Not differentiable (integer codes): :func:`round_trip` is.
     """
     return quantize_with_block_amax(x, fmt, axis=axis, geometry=geometry, rule=rule,
                                     global_scale=global_scale,
-                                    global_encode_scale=global_encode_scale, pack=pack)[0]
+                                    global_encode_scale=global_encode_scale, pack=pack,
+                                    random_bits=random_bits)[0]
 
 
 def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
                              geometry: Geometry = Geometry.BLOCK, rule: ScaleRule | None = None,
                              global_scale: Any = None, global_encode_scale: Any = None,
-                             pack: bool = False) -> tuple[QuantizedArray, Any]:
+                             pack: bool = False,
+                             random_bits: Any = None) -> tuple[QuantizedArray, Any]:
     """:func:`quantize` and, for power-of-two block scales without an FP32 factor, the max-abs
     bit pattern (uint32) of ``x`` in each block, shaped like the scales (the quantizer's own,
     not a second pass; what :func:`fp4sim.attention.causal.fake_quantize_stats` bounds the
@@ -669,9 +688,22 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
             raise TypeError(f"rule={rule!r} must be a ScaleRule; allowed: "
                             f"{[r.name for r in ScaleRule]}")
         fmt = fmt.replace(rule=rule)
-    xp = namespace(x)
-    x = _as_f32(x)
+    xp = namespace(x, random_bits)
+    x = _as_f32(no_derivative(xp.asarray(x) if xp is not np else x, "quantize"))
     shape = tuple(x.shape)
+    if fmt.policy.rounding is Rounding.STOCHASTIC:
+        if random_bits is None:
+            raise TypeError(f"random_bits is required: {fmt.name}.policy.rounding is "
+                            f"Rounding.STOCHASTIC; pass a uint32 array of the shape of x {shape}")
+        random_bits = xp.asarray(random_bits)
+        if np.dtype(random_bits.dtype) != np.uint32:
+            raise TypeError(f"random_bits has dtype {random_bits.dtype}; allowed: uint32")
+        if tuple(random_bits.shape) != shape:
+            raise ValueError(f"random_bits has shape {tuple(random_bits.shape)}; it must equal "
+                             f"the shape of x {shape}")
+    elif random_bits is not None:
+        raise ValueError(f"random_bits is only used when {fmt.name}.policy.rounding is "
+                         f"Rounding.STOCHASTIC, not {fmt.policy.rounding}; pass random_bits=None")
     ext = block_extents(shape, fmt, geometry, axis)
     axis = _norm_axis(axis, len(shape))
     blocked = _blocked_shape(shape, ext)
@@ -752,12 +784,14 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
         y, scales = _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec_b, s_enc_b)
 
     if shift is None:
-        codes = codec.encode(xp.reshape(y, shape), fmt.elem, policy)
+        codes = codec.encode(xp.reshape(y, shape), fmt.elem, policy, random_bits=random_bits)
     else:  # without the unit axes of the blocked shape (XLA CPU lays those out badly)
         keep = [i for i, n in enumerate(blocked) if n != 1]
         y = xp.reshape(y, [blocked[i] for i in keep])
         shift = xp.reshape(shift, [shift.shape[i] for i in keep])
-        codes = xp.reshape(codec.encode(y, fmt.elem, policy, exp_shift=shift), shape)
+        rb = None if random_bits is None else xp.reshape(random_bits, tuple(y.shape))
+        codes = xp.reshape(codec.encode(y, fmt.elem, policy, exp_shift=shift, random_bits=rb),
+                           shape)
     if scales is not None:
         scales = xp.reshape(scales, scale_shape)
     if g_dec is not None:
@@ -769,6 +803,43 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
     if fmt.pow2 and g_dec is None:
         block_amax = xp.reshape(amax_bits, scale_shape)
     return (q.pack() if pack else q), block_amax
+
+
+def round_trip(x: Any, fmt: BlockFormat | FloatFormat, policy: Policy | None = None, *,
+               random_bits: Any = None, **quantize_args: Any) -> Any:
+    """float32 ``dequantize(quantize(x, fmt, random_bits=..., **quantize_args))`` (``fmt`` a
+    :class:`BlockFormat`; ``policy`` must be None: the block format carries it) or
+    ``decode(encode(x, fmt, policy, random_bits=...), fmt)`` (``fmt`` a
+    :class:`~fp4sim.formats.spec.FloatFormat`; ``policy`` defaults to the default policy).
+
+    The one differentiable form of the quantizers: under ``jax.grad``/``jax.jvp`` its derivative
+    is the straight-through estimator, ``d round_trip(x) / dx = identity`` (also at NaN, Inf,
+    saturated and flushed elements), and zero with respect to ``random_bits`` and the global
+    scales. NumPy and jax inputs give the same bits as the two calls it stands for."""
+    if isinstance(fmt, BlockFormat):
+        if policy is not None:
+            raise TypeError(f"policy={policy!r}: a BlockFormat carries its policy; use "
+                            f"fmt.replace(policy=...) and pass policy=None")
+        gs = quantize_args.pop("global_scale", None)
+        ges = quantize_args.pop("global_encode_scale", None)
+
+        def fn(v, bits, g, ge):
+            return dequantize(quantize(v, fmt, random_bits=bits, global_scale=g,
+                                       global_encode_scale=ge, **quantize_args))
+
+        return straight_through(fn, x, random_bits, gs, ges)
+    if isinstance(fmt, FloatFormat):
+        if quantize_args:
+            raise TypeError(f"round_trip with the element format {fmt} takes no "
+                            f"{sorted(quantize_args)} (block-format arguments)")
+        pol = DEFAULT_POLICY if policy is None else policy
+
+        def efn(v, bits):
+            return codec.decode(codec.encode(v, fmt, pol, random_bits=bits), fmt)
+
+        return straight_through(efn, x, random_bits)
+    raise TypeError(f"fmt={fmt!r} must be a BlockFormat (e.g. MXFP8) or a FloatFormat (e.g. "
+                    f"E4M3)")
 
 
 def _to_blocked(xp: Any, g: Any, shape: tuple[int, ...], blocked: tuple[int, ...]) -> Any:

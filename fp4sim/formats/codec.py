@@ -42,11 +42,14 @@ How a value is encoded (magnitude first, sign last):
    zero of the same sign.
 7. NaN inputs follow :class:`NanPolicy`: ``PROPAGATE`` gives the format's NaN with the input's
    sign (E4M3 ``S.1111.111``, E5M2 the quiet ``S.11111.10``, scale formats their all-ones code).
-   For formats without NaN (E2M1, E2M3, E3M2) ``PROPAGATE`` cannot be honoured: on NumPy a NaN
-   in ``values`` raises ``ValueError`` naming ``policy``; under jax (where no data-dependent error
-   can be raised) it gives +max, what PTX ``cvt.satfinite`` does. ``ZERO`` gives +0, ``MAX``
-   gives +max, ``RAISE`` raises ``ValueError`` naming ``values`` on NumPy and acts as
-   ``PROPAGATE`` under jax.
+   For formats without NaN (E2M1, E2M3, E3M2) ``PROPAGATE`` gives +max on every backend (what
+   PTX ``cvt.rn.satfinite`` does with NaN). ``ZERO`` gives +0, ``MAX`` gives +max. ``RAISE``
+   raises ``ValueError`` naming ``values`` when ``values`` holds a NaN (or, for unsigned
+   formats, a negative value): on NumPy at once; under jax through
+   ``jax.experimental.checkify.check``, so the same message comes from ``err.throw()`` of a
+   ``checkify.checkify``-wrapped function (a ``JaxRuntimeError``, a ``ValueError``), eagerly
+   at once, and staging it under ``jax.jit`` without ``checkify`` is refused by JAX. Where it
+   does not raise it acts as ``PROPAGATE``.
 8. :class:`SignedZero`: ``KEEP`` keeps the sign of zero results (``-0.0`` and negative values that
    round to zero give the negative zero code); ``POSITIVE`` gives +0 for every zero.
 
@@ -70,7 +73,8 @@ default policy on non-NaN inputs (ml_dtypes turns NaN into -0); E4M3 with
 Decoding builds the float32 bit pattern from the code with integer operations (the UE8M0 code
 0x00 is the float32 subnormal 2^-127, which survives as bits even where XLA flushes arithmetic).
 NaN codes decode to a quiet NaN with the code's sign. Codes with bits set above the format's
-width are rejected on NumPy (``ValueError`` naming ``codes``) and those bits are ignored under jax.
+width (e.g. 0x10 and up for E2M1) are not codes of the format: they decode to the canonical NaN
+0x7FC00000 on every backend (no data-dependent error, so NumPy and ``jax.jit`` agree).
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fp4sim._xp import Array, bitcast, is_jax, namespace
+from fp4sim._xp import Array, bitcast, is_jax, namespace, no_derivative
 from fp4sim.formats.spec import (
     DEFAULT_POLICY,
     FloatFormat,
@@ -322,7 +326,7 @@ def encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
             raise TypeError("values is a float64 NumPy array but random_bits or exp_shift is a "
                             "jax array and jax_enable_x64 is off: converting would round twice; "
                             "pass float32 values or NumPy arrays")
-    values = xp.asarray(values)
+    values = no_derivative(xp.asarray(values), "encode")
     if xp is np and values.ndim == 0:  # NumPy scalars warn where the integer steps below wrap
         one = lambda a: None if a is None else np.reshape(a, (1,))  # noqa: E731
         return encode(one(values), fmt, policy, random_bits=one(random_bits),
@@ -457,15 +461,15 @@ def encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
     if not fmt.signed:
         invalid = invalid | (sign & (mag_bits != 0))
 
-    if not is_jax(values) and (policy.nan is NanPolicy.RAISE or not fmt.has_nan):
-        if np.any(invalid):
-            if policy.nan is NanPolicy.RAISE:
-                raise ValueError(f"values contains NaN{' or negative values' if not fmt.signed else ''}"
-                                 f" and policy.nan={policy.nan}")
-            if policy.nan is NanPolicy.PROPAGATE:
-                raise ValueError(f"policy.nan={policy.nan} cannot be honoured: values contains NaN "
-                                 f"and {fmt} has no NaN; allowed for NaN input: NanPolicy.ZERO, "
-                                 f"NanPolicy.MAX")
+    if policy.nan is NanPolicy.RAISE:
+        msg = (f"values contains NaN{' or negative values' if not fmt.signed else ''} and "
+               f"policy.nan={policy.nan}")
+        if is_jax(invalid):
+            from jax.experimental import checkify
+
+            checkify.check(~xp.any(invalid), msg)
+        elif np.any(invalid):
+            raise ValueError(msg)
 
     mx = max_code(fmt)
     overflow = (mag > mx) | isinf
@@ -481,7 +485,7 @@ def encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
         nan_mag, nan_keeps_sign = nan_code(fmt), fmt.signed
     elif policy.nan is NanPolicy.ZERO:
         nan_mag, nan_keeps_sign = 0, False
-    else:  # MAX, or PROPAGATE/RAISE under jax for a format without NaN
+    else:  # MAX, or PROPAGATE/RAISE for a format without NaN
         nan_mag, nan_keeps_sign = mx, False
     mag = xp.where(invalid, nan_mag, mag)
     if not fmt.signed:
@@ -503,11 +507,9 @@ def decode(codes: Array, fmt: FloatFormat) -> Array:
     dtype = np.dtype(codes.dtype)
     if dtype.kind != "u":
         raise TypeError(f"codes has dtype {dtype}; allowed: unsigned integers (uint8 codes)")
-    if not is_jax(codes) and codes.size and int(np.max(codes)) >= fmt.num_codes:
-        raise ValueError(f"codes contains {int(np.max(codes)):#x}, beyond the {fmt.nbits}-bit "
-                         f"codes of {fmt} (allowed: 0..{fmt.num_codes - 1:#x})")
     E, M, B = fmt.ebits, fmt.mbits, fmt.bias
-    c = codes.astype(np.uint32) & np.uint32(fmt.num_codes - 1)
+    wide = codes.astype(np.uint32)
+    c = wide & np.uint32(fmt.num_codes - 1)
     sign = ((c >> (E + M)) & 1) << 31 if fmt.signed else xp.zeros(c.shape, dtype=np.uint32)
     e = ((c >> M) & _emask(fmt)).astype(np.int32)
     m = c & ((1 << M) - 1)
@@ -533,4 +535,5 @@ def decode(codes: Array, fmt: FloatFormat) -> Array:
         top = e == _emask(fmt)
         bits = xp.where(top & (m == 0), np.uint32(0x7F800000), bits)
         bits = xp.where(top & (m != 0), np.uint32(0x7FC00000), bits)
-    return bitcast(sign | bits, np.float32)
+    bits = xp.where(wide >= np.uint32(fmt.num_codes), np.uint32(0x7FC00000), sign | bits)
+    return bitcast(bits, np.float32)
