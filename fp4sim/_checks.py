@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["check_int", "check_real", "check_bool", "check_static", "softmax_scale",
-           "as_float_array", "FLOAT_DTYPES"]
+           "as_float_array", "as_f32", "check_same_shape", "FLOAT_DTYPES"]
 
 FLOAT_DTYPES = "float32, bfloat16, float16, float64"
 
@@ -86,7 +86,8 @@ def check_static(name: str, value: object, kind: type | tuple[type, ...], exampl
         raise TypeError(f"{name} is a traced jax value ({type(value).__name__}), not a {kinds}: "
                         f"under jax.jit pass {name} as a static argument "
                         f"(jax.jit(f, static_argnames='{name}')) or close over it")
-    raise TypeError(f"{name}={value!r} must be a {kinds} (e.g. {example})")
+    article = "an" if kinds[0] in "AEIOU" else "a"
+    raise TypeError(f"{name}={value!r} must be {article} {kinds} (e.g. {example})")
 
 
 def softmax_scale(value: object, head_dim: int) -> float:
@@ -135,8 +136,26 @@ def as_float_array(name: str, x: Any, xp: Any = np, *, allowed: str = FLOAT_DTYP
     if not _is_float_dtype(dt):
         what = {"U": "strings", "S": "bytes", "O": "Python objects", "b": "booleans"}.get(
             dt.kind, f"dtype {dt}")
-        extra = " (integer arrays are codes: use decode)" if dt.kind in "iu" else ""
+        extra = " (integer arrays are codes: use decode)" if dt.kind in "iu" and \
+            name == "values" else ""
         raise TypeError(f"{name} has {what}; allowed: {allowed}{extra}")
     if xp is not np and not _is_jax(x):
         x = xp.asarray(x)
     return x
+
+
+def as_f32(name: str, x: Any, xp: Any = np) -> Any:
+    """:func:`as_float_array`, then cast to float32 (float64 rounded to nearest even)."""
+    x = as_float_array(name, x, xp)
+    if np.dtype(x.dtype) == np.float32:
+        return x
+    return (xp.asarray(x) if _is_jax(x) else np.asarray(x)).astype(np.float32)
+
+
+def check_same_shape(**arrays: Any) -> tuple[int, ...]:
+    """The common shape of the named arrays; ``ValueError`` naming them all otherwise."""
+    shapes = {n: tuple(np.shape(a)) for n, a in arrays.items()}
+    if len(set(shapes.values())) > 1:
+        raise ValueError("shapes differ: " + ", ".join(f"{n} {s}" for n, s in shapes.items())
+                         + "; they must be equal")
+    return next(iter(shapes.values()))

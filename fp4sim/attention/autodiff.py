@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fp4sim._checks import as_float_array, check_bool
+from fp4sim._checks import as_float_array, check_bool, check_static
 from fp4sim._checks import softmax_scale as check_softmax_scale
 from fp4sim._xp import NoDerivativeError, bitcast, materialize, namespace, no_derivative
 from fp4sim.attention import causal as sc
@@ -212,8 +212,8 @@ def training_forward(q: Any, k: Any, v: Any, recipe: TrainingRecipe, *,
 
     Self-attention shapes: ``segment_ids`` (..., S) label packed documents (queries and keys
     share them). NumPy or jax inputs (float32)."""
-    if not isinstance(recipe, TrainingRecipe):
-        raise TypeError(f"recipe={recipe!r} must be a TrainingRecipe")
+    check_static("recipe", recipe, TrainingRecipe, "fp4sim.TRAINING_PRESETS['float32']")
+    causal = check_bool("causal", causal)
     xp = namespace(q, k, v, segment_ids)
     q, k, v = (no_derivative(xp.asarray(as_float_array(n, x, xp), dtype=np.float32),
                              "training_forward") for n, x in (("q", q), ("k", k), ("v", v)))
@@ -569,8 +569,7 @@ def emulated_attention(q: Any, k: Any, v: Any, recipe: TrainingRecipe, *,
     import jax.numpy as jnp
     from jax.interpreters import ad
 
-    if not isinstance(recipe, TrainingRecipe):
-        raise TypeError(f"recipe={recipe!r} must be a TrainingRecipe")
+    check_static("recipe", recipe, TrainingRecipe, "fp4sim.TRAINING_PRESETS['float32']")
     check_bool("causal", causal)
     q, k, v = (jnp.asarray(as_float_array(n, x, jnp), dtype=jnp.float32)
                for n, x in (("q", q), ("k", k), ("v", v)))

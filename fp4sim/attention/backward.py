@@ -61,6 +61,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fp4sim import _xp
+from fp4sim._checks import as_float_array, check_same_shape
 from fp4sim.attention import causal
 from fp4sim.attention._ordered import operand_stats, plain_or_chain, plain_sum_is_exact
 from fp4sim.attention.recipe import (  # defined with every recipe; re-exported here
@@ -98,6 +99,13 @@ def softmax_grad(p: Any, dp: Any, delta: Any) -> Any:
     ``p`` and ``dp`` are (..., N, M), ``delta`` is (..., N). With ``D = Σ_j P_ij dP_ij`` each row
     of dS sums to zero; with any other D it sums to ``D·(1 − Σ_j P_ij) + (Σ P dP − D)``.
     """
+    xp = _xp.namespace(p, dp, delta)
+    p, dp, delta = (as_float_array(n, a, xp) for n, a in (("p", p), ("dp", dp),
+                                                          ("delta", delta)))
+    check_same_shape(p=p, dp=dp)
+    if tuple(delta.shape) != tuple(p.shape[:-1]):
+        raise ValueError(f"delta has shape {tuple(delta.shape)}; it must be p's shape without "
+                         f"the key axis, {tuple(p.shape[:-1])}")
     return p * (dp - delta[..., None])
 
 

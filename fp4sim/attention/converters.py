@@ -50,6 +50,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim._checks import as_f32, check_bool, check_static
 from fp4sim._xp import bitcast, namespace
 from fp4sim.attention.exp2 import exp2_model, exp2_rn
 from fp4sim.attention.recipe import (
@@ -154,7 +155,7 @@ def direct_p_payload(converter: Any, x: Any, *, exp2: Exp2Model = Exp2Model(),
     """E2M1 payload codes (uint8) of the Direct-P family (ExactP, AffineP, MitchellP) from the
     coordinate ``x`` (float32, any shape; −inf gives code 0)."""
     xp = namespace(x)
-    x = xp.asarray(x, dtype=np.float32)
+    x = as_f32("x", x, xp)
     if isinstance(converter, ExactP):
         value = exp2_model(x, exp2, fragment=fragment, tile=tile) if x.ndim else exp2_rn(x)
     elif isinstance(converter, AffineP):
@@ -173,6 +174,9 @@ def convert_tile(recipe: AttentionRecipe, t: Any, *, need_mismatched: bool = Fal
     """P of one key tile ``t`` (..., rows, keys) per ``recipe`` (converter, P format, block
     exponent rule, exp2 model, fragment and tile sizes). Pure; the backward calls it to rebuild
     P bit-identically from the same ``t``."""
+    check_static("recipe", recipe, AttentionRecipe, "fp4sim.PRESETS['hw_fp4_direct_p']")
+    check_bool("need_mismatched", need_mismatched)
+    t = as_f32("t", t, namespace(t))
     with np.errstate(over="ignore", invalid="ignore"):  # NaN rows follow the forward's policy
         return _convert_tile(recipe, t, need_mismatched)
 

@@ -77,6 +77,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim._checks import as_float_array, check_bool, check_static
 from fp4sim._checks import softmax_scale as check_softmax_scale
 from fp4sim._xp import canonical_nan, materialize, namespace, no_derivative
 from fp4sim.attention import causal
@@ -148,12 +149,10 @@ class ForwardResult(NamedTuple):
 
 # --- inputs ---------------------------------------------------------------------------------
 def _as_f32(xp: Any, x: Any, name: str) -> Any:
-    x = xp.asarray(x)
+    x = xp.asarray(as_float_array(name, x, xp, allowed="float32, bfloat16, float16, float64 "
+                                                      "(rounded to float32)"))
     if x.dtype == np.float32:
         return x
-    if np.dtype(x.dtype).kind != "f" and "bfloat16" not in str(x.dtype):
-        raise TypeError(f"{name} has dtype {x.dtype}; allowed: float32, bfloat16, float16, "
-                        f"float64 (rounded to float32)")
     return x.astype(np.float32)
 
 
@@ -678,11 +677,9 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
     and, on request, the intermediates. Not differentiable (it computes on bit patterns):
     ``jax.grad``/``jax.jvp`` raise :class:`fp4sim.NoDerivativeError`; differentiate
     :func:`fp4sim.emulated_attention` with a ``TrainingRecipe`` (the emulated backward)."""
-    if not isinstance(recipe, AttentionRecipe):
-        raise TypeError(f"recipe={recipe!r} must be an AttentionRecipe (see "
-                        f"fp4sim.attention.recipe.PRESETS)")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal={causal!r} must be a bool")
+    check_static("recipe", recipe, AttentionRecipe, "fp4sim.PRESETS['flamia_nvfp4']")
+    causal = check_bool("causal", causal)
+    return_intermediates = check_bool("return_intermediates", return_intermediates)
     xp = namespace(q, k, v, q_segment_ids, kv_segment_ids)
     # no derivative (bit-level arithmetic): jax.grad raises, naming emulated_attention
     q, k, v = (no_derivative(_as_f32(xp, x, n), "attention_forward") for x, n in

@@ -99,7 +99,11 @@ integer division), exact on every backend.
 Dequantization of NVFP4 (``code · s_e4m3 · g``) is correctly rounded with integer arithmetic.
 
 Partial trailing blocks are rejected (``ValueError`` naming ``x``); pad the input yourself.
-Inputs must be float32, bfloat16 or float16 (exactly widened to float32); float64 raises.
+Inputs: float32; bfloat16 and float16 are widened exactly; float64 (also Python lists and
+scalars) is rounded to float32 first by NumPy's cast (one rounding before quantization: for
+the exact encoding of float64 values use :func:`fp4sim.formats.codec.encode`); objects exposing
+``__array__`` or ``__dlpack__`` are read as NumPy arrays; big-endian arrays are byte-swapped.
+The behaviour on special values of every public function: ``docs/input_policy.md``.
 """
 
 from __future__ import annotations
@@ -113,6 +117,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from fp4sim._checks import as_float_array, check_bool, check_static
 from fp4sim._xp import (
     NoDerivativeError,
     bitcast,
@@ -603,6 +608,8 @@ def tensor_amax_bits(xp: ModuleType, bits: Any) -> Any:
     """Max-abs bits (uint32) of the whole array of float32 bit patterns ``bits``: rows of 4096 (or fewer) elements maxed pairwise (halves
     of the row range, which XLA CPU vectorizes; its full reduction is ~4x slower), then one row."""
     mag = bits & _U(0x7FFFFFFF)
+    if math.prod(mag.shape) == 0:  # an empty tensor: amax 0 (no element to take it from)
+        return xp.zeros((), dtype=np.uint32)
     cols = math.gcd(int(np.prod(mag.shape)), 4096)
     if cols < 256:
         return xp.max(mag)
@@ -639,16 +646,19 @@ def _global_max(fmt: BlockFormat) -> float:
 
 
 # --- quantize ---------------------------------------------------------------------------------
-def _as_f32(x: Any) -> Any:
-    xp = namespace(x)
-    x = xp.asarray(x)
+def _as_f32(x: Any, xp: Any = np) -> Any:
+    """float32 ``x``: float32 as it is, bfloat16/float16 widened exactly, float64 (and Python
+    lists, scalars, objects exposing ``__array__``/``__dlpack__``) rounded to float32 by NumPy's
+    cast (round to nearest even, subnormals kept); big-endian arrays byte-swapped."""
+    x = as_float_array("x", x, xp)
     dt = np.dtype(x.dtype)
     if dt == np.float32:
         return x
     if dt in (np.dtype(ml_dtypes.bfloat16), np.float16):
         return codec.widen_to_f32(x)
-    raise TypeError(f"x has dtype {dt}; allowed: float32, bfloat16, float16 "
-                    f"(round float64 to float32 yourself)")
+    if dt == np.float64 and not is_jax(x):
+        return namespace(x).asarray(x.astype(np.float32))
+    return x.astype(np.float32)
 
 
 def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = Geometry.BLOCK,
@@ -681,15 +691,15 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
     bit pattern (uint32) of ``x`` in each block, shaped like the scales (the quantizer's own,
     not a second pass; what :func:`fp4sim.attention.causal.fake_quantize_stats` bounds the
     dequantized values with); ``None`` for the other formats."""
-    if not isinstance(fmt, BlockFormat):
-        raise TypeError(f"fmt={fmt!r} must be a BlockFormat (e.g. MXFP8, MXFP4, NVFP4)")
+    check_static("fmt", fmt, BlockFormat, "fp4sim.MXFP8, fp4sim.MXFP4, fp4sim.NVFP4")
+    pack = check_bool("pack", pack)
     if rule is not None:
         if not isinstance(rule, ScaleRule):
             raise TypeError(f"rule={rule!r} must be a ScaleRule; allowed: "
                             f"{[r.name for r in ScaleRule]}")
         fmt = fmt.replace(rule=rule)
     xp = namespace(x, random_bits)
-    x = _as_f32(no_derivative(xp.asarray(x) if xp is not np else x, "quantize"))
+    x = no_derivative(_as_f32(x, xp), "quantize")
     shape = tuple(x.shape)
     if fmt.policy.rounding is Rounding.STOCHASTIC:
         if random_bits is None:
@@ -736,7 +746,8 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
             if any(b != 1 for d, b in enumerate(ext) if d - len(shape) != axis):
                 raise ValueError(f"a PER_ROW FP32 factor (amax over axis={axis}) needs blocks that "
                                  f"lie within one row; {geometry.name} blocks have extents {ext}")
-            amax_t = xp.max(bits & _U(0x7FFFFFFF), axis=axis, keepdims=True)
+            amax_t = xp.max(bits & _U(0x7FFFFFFF), axis=axis, keepdims=True,
+                            initial=np.uint32(0))
         amax_t = bitcast(xp.asarray(amax_t, dtype=np.uint32), np.float32)
         if fmt.arithmetic is Arithmetic.TRANSFORMER_ENGINE:
             s_enc = _encode_factor(amax_t, fmt)

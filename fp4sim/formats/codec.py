@@ -86,6 +86,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from fp4sim._checks import as_float_array, check_static
 from fp4sim._xp import Array, bitcast, is_jax, namespace, no_derivative
 from fp4sim.formats.spec import (
     DEFAULT_POLICY,
@@ -223,9 +224,8 @@ def finite_codes(fmt: FloatFormat) -> np.ndarray:
 
 # --- validation -----------------------------------------------------------------------------
 def _check_format(fmt: Any) -> None:
-    if not isinstance(fmt, FloatFormat):
-        raise TypeError(f"fmt={fmt!r} must be a FloatFormat (e.g. fp4sim.E2M1; "
-                        f"fp4sim.format_by_name turns a name into one)")
+    check_static("fmt", fmt, FloatFormat, "fp4sim.E2M1; fp4sim.format_by_name turns a name "
+                 "into one")
     if not (fmt.min_subnormal >= 2.0**-149 and fmt.max < 2.0**128):
         raise ValueError(f"fmt={fmt!r}: its values must all be float32 values (2^-149 .. < 2^128) "
                          f"for decode to return float32")
@@ -234,8 +234,7 @@ def _check_format(fmt: Any) -> None:
 def check_policy(fmt: FloatFormat, policy: Policy) -> None:
     """Raise ``ValueError`` naming ``policy`` when ``fmt`` cannot honour it (data-independent)."""
     _check_format(fmt)
-    if not isinstance(policy, Policy):
-        raise TypeError(f"policy={policy!r} must be a fp4sim Policy")
+    check_static("policy", policy, Policy, "fp4sim.Policy(rounding=fp4sim.Rounding.UP)")
     if policy.overflow is Overflow.INF and not fmt.has_inf:
         raise ValueError(f"policy.overflow={policy.overflow} is invalid for {fmt}: it has no Inf; "
                          f"allowed: Overflow.SATURATE" + (", Overflow.NAN" if fmt.has_nan else ""))
@@ -326,7 +325,7 @@ def encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
             raise TypeError("values is a float64 NumPy array but random_bits or exp_shift is a "
                             "jax array and jax_enable_x64 is off: converting would round twice; "
                             "pass float32 values or NumPy arrays")
-    values = no_derivative(xp.asarray(values), "encode")
+    values = no_derivative(xp.asarray(as_float_array("values", values, xp)), "encode")
     if xp is np and values.ndim == 0:  # NumPy scalars warn where the integer steps below wrap
         one = lambda a: None if a is None else np.reshape(a, (1,))  # noqa: E731
         return encode(one(values), fmt, policy, random_bits=one(random_bits),
@@ -503,7 +502,16 @@ def decode(codes: Array, fmt: FloatFormat) -> Array:
     """float32 values (same shape) of the uint8 ``codes`` of ``fmt`` (see module doc)."""
     _check_format(fmt)
     xp = namespace(codes)
+    if isinstance(codes, (str, bytes)):
+        raise TypeError(f"codes={codes!r} is a string; allowed: arrays of unsigned integers")
+    if isinstance(codes, (list, tuple, int)):  # Python integers: codes if they fit a byte
+        codes = np.asarray(codes)
+        if codes.dtype.kind in "iu" and (codes.size == 0 or (codes.min() >= 0 and
+                                                             codes.max() <= 0xFF)):
+            codes = codes.astype(np.uint8)
     codes = xp.asarray(codes)
+    if xp is np and not codes.dtype.isnative:
+        codes = codes.astype(codes.dtype.newbyteorder("="))
     dtype = np.dtype(codes.dtype)
     if dtype.kind != "u":
         raise TypeError(f"codes has dtype {dtype}; allowed: unsigned integers (uint8 codes)")
