@@ -117,11 +117,12 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fp4sim._checks import as_float_array, check_bool, check_static
+from fp4sim._checks import as_f32, as_float_array, check_bool, check_static
 from fp4sim._xp import (
     NoDerivativeError,
     bitcast,
     is_jax,
+    is_traced,
     materialize,
     namespace,
     no_derivative,
@@ -716,11 +717,72 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
                          f"Rounding.STOCHASTIC, not {fmt.policy.rounding}; pass random_bits=None")
     ext = block_extents(shape, fmt, geometry, axis)
     axis = _norm_axis(axis, len(shape))
-    blocked = _blocked_shape(shape, ext)
     scale_shape = tuple(n // b for n, b in zip(shape, ext))
     bits = bitcast(x, np.uint32)
-    xb = xp.reshape(x, blocked)
+    factors = _global_factors(xp, bits, fmt, shape, ext, axis, geometry, scale_shape,
+                              global_scale, global_encode_scale)
+    rows = _np_chunk_rows(xp, shape, ext)
+    if rows is None:
+        q, block_amax = _quantize_blocks(xp, x, bits, fmt, shape, ext, axis, geometry, factors,
+                                         random_bits)
+    else:  # NumPy, a large input: blocks of rows bound the temporaries (blocks are independent)
+        parts = []
+        for r0 in range(0, shape[0], rows):
+            sl = slice(r0, min(shape[0], r0 + rows))
+            sub = tuple(x[sl].shape)
+            f = None if factors is None else tuple(_rows_of(a, sl, len(shape), ext[0])
+                                                   for a in factors)
+            parts.append(_quantize_blocks(xp, x[sl], bits[sl], fmt, sub, ext, axis, geometry, f,
+                                          None if random_bits is None else random_bits[sl]))
+        cat = lambda arrs: None if arrs[0] is None else np.concatenate(arrs)  # noqa: E731
+        q = QuantizedArray(cat([p[0].codes for p in parts]), cat([p[0].scales for p in parts]),
+                           None if factors is None else np.asarray(factors[0], np.float32),
+                           fmt, geometry, axis, False)
+        block_amax = cat([p[1] for p in parts])
+    if pack:  # materialize the codes first: XLA would otherwise re-run the encoder per nibble
+        q = dataclasses.replace(q, codes=materialize(q.codes)).pack()
+    return q, block_amax
 
+
+_NP_CHUNK = 1 << 20  # elements per NumPy pass of quantize/encode/decode (temporaries ~16x this)
+
+
+def _np_chunk_rows(xp: Any, shape: tuple[int, ...], ext: tuple[int, ...]) -> int | None:
+    """Rows (a multiple of the block extent along axis 0) per NumPy pass, or None (one pass:
+    jax, a small input, or blocks spanning the whole first axis)."""
+    n = math.prod(shape)
+    if xp is not np or n <= _NP_CHUNK or shape[0] <= ext[0]:
+        return None
+    per_row = n // shape[0]
+    rows = max(1, _NP_CHUNK // (per_row * ext[0])) * ext[0]
+    return rows if rows < shape[0] else None
+
+
+def _rows_of(a: Any, sl: slice, nd: int, e0: int) -> Any:
+    """The part of a factor (broadcastable to the scales' shape) for the rows ``sl``."""
+    a = np.asarray(a)
+    if a.ndim == 0:
+        return a
+    a = np.reshape(a, (1,) * (nd - a.ndim) + a.shape)
+    return a if a.shape[0] == 1 else a[sl.start // e0:-(-sl.stop // e0)]
+
+
+def _positive_finite(xp: Any, v: Any) -> Any:
+    """float32 ``v`` in (0, Inf), compared as bits (FTZ-proof)."""
+    b = f32_bits(xp, v)
+    return (b > _U(0)) & (b < _U(0x7F800000))
+
+
+def _global_factors(xp: Any, bits: Any, fmt: BlockFormat, shape: tuple[int, ...],
+                    ext: tuple[int, ...], axis: int, geometry: Geometry,
+                    scale_shape: tuple[int, ...], global_scale: Any,
+                    global_encode_scale: Any) -> tuple[Any, Any] | None:
+    """(decode factor, encode factor) of the FP32 second level, or None.
+
+    A ``CONSTANT`` factor must broadcast to the scales' shape and be finite and > 0 with a
+    finite, nonzero reciprocal: a concrete value that is not raises ``ValueError`` naming the
+    argument on every backend; a traced one (known only when the jitted function runs) makes
+    the stored decode factor NaN, so every dequantized value is NaN (never a silent 0)."""
     # --- FP32 global factor -----------------------------------------------------------------
     if (global_scale is not None or global_encode_scale is not None) and \
             fmt.global_scale is not GlobalScale.CONSTANT:
@@ -733,12 +795,35 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
         if (global_scale is None) == (global_encode_scale is None):
             raise ValueError(f"{fmt.name} has a CONSTANT FP32 factor: give exactly one of "
                              f"global_scale= (decode) or global_encode_scale= (encode)")
+        name = "global_scale" if global_scale is not None else "global_encode_scale"
+        raw = global_scale if global_scale is not None else global_encode_scale
+        given = as_f32(name, raw, xp if is_jax(raw) else np)  # NumPy (concrete) unless jax
+        try:
+            fits = np.broadcast_shapes(tuple(given.shape), scale_shape) == scale_shape
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"{name} has shape {tuple(given.shape)}; it must broadcast to the "
+                             f"scales' shape {scale_shape} (a scalar, or one factor per block)")
+        if not is_traced(given):  # a concrete factor: checked on the host, on every backend
+            gn = np.asarray(given, dtype=np.float32)
+            ok = _positive_finite(np, gn) & _positive_finite(np, div_f32(np.float32(1.0), gn))
+            if not bool(np.all(ok)):
+                bad = gn[~np.broadcast_to(ok, gn.shape)]
+                raise ValueError(f"{name} holds {bad.ravel()[0]!r}; a CONSTANT FP32 factor must "
+                                 f"be finite and > 0 with a finite reciprocal (0 would "
+                                 f"dequantize every element to 0, a negative or NaN factor "
+                                 f"to NaN)")
+        given = xp.asarray(given)
         if global_scale is not None:
-            g_dec = xp.asarray(global_scale, dtype=np.float32)
+            g_dec = given
             s_enc = div_f32(np.float32(1.0), g_dec)
         else:
-            s_enc = xp.asarray(global_encode_scale, dtype=np.float32)
+            s_enc = given
             g_dec = div_f32(np.float32(1.0), s_enc)
+        if is_traced(given):  # known only when the jitted function runs: NaN, never a silent 0
+            ok = _positive_finite(xp, g_dec) & _positive_finite(xp, s_enc)
+            g_dec = xp.where(ok, g_dec, np.float32(np.nan))
     elif gmode is not GlobalScale.NONE:
         if gmode is GlobalScale.PER_TENSOR:
             amax_t = tensor_amax_bits(xp, bits)
@@ -755,11 +840,24 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
         else:
             g_dec = global_decode_scale(amax_t, fmt)
             s_enc = div_f32(np.float32(1.0), g_dec)
-    if g_dec is not None and is_jax(g_dec):
+    if g_dec is None:
+        return None
+    if is_jax(g_dec):
         # Materialize the two factors once instead of re-deriving them inside every consumer.
         from jax import lax
 
         g_dec, s_enc = lax.optimization_barrier((g_dec, s_enc))
+    return g_dec, s_enc
+
+
+def _quantize_blocks(xp: Any, x: Any, bits: Any, fmt: BlockFormat, shape: tuple[int, ...],
+                     ext: tuple[int, ...], axis: int, geometry: Geometry, factors: Any,
+                     random_bits: Any) -> tuple[QuantizedArray, Any]:
+    """The block scales and element codes of float32 ``x`` (one pass; unpacked)."""
+    blocked = _blocked_shape(shape, ext)
+    scale_shape = tuple(n // b for n, b in zip(shape, ext))
+    xb = xp.reshape(x, blocked)
+    g_dec, s_enc = (None, None) if factors is None else factors
     g_dec_b = None if g_dec is None else _to_blocked(xp, g_dec, shape, blocked)
     s_enc_b = None if s_enc is None else _to_blocked(xp, s_enc, shape, blocked)
 
@@ -807,13 +905,13 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
         scales = xp.reshape(scales, scale_shape)
     if g_dec is not None:
         g_dec = xp.asarray(g_dec, dtype=np.float32)
-    if pack:  # materialize the codes first: XLA would otherwise re-run the encoder per nibble
-        codes = materialize(codes)
     q = QuantizedArray(codes, scales, g_dec, fmt, geometry, axis, False)
     block_amax = None
     if fmt.pow2 and g_dec is None:
         block_amax = xp.reshape(amax_bits, scale_shape)
-    return (q.pack() if pack else q), block_amax
+    return q, block_amax
+
+
 
 
 def round_trip(x: Any, fmt: BlockFormat | FloatFormat, policy: Policy | None = None, *,
@@ -942,9 +1040,27 @@ def dequantize(q: QuantizedArray) -> Any:
         raise TypeError(f"q={q!r} must be a QuantizedArray")
     fmt = q.format
     xp = namespace(q.codes)
+    shape = q.shape
+    ext = block_extents(shape, fmt, q.geometry, q.axis)
+    rows = _np_chunk_rows(xp, shape, ext)
+    if rows is not None and not (q.packed and len(shape) == 1):
+        # NumPy, a large input: blocks of rows bound the temporaries
+        out = np.empty(shape, np.float32)
+        for r0 in range(0, shape[0], rows):
+            sl = slice(r0, min(shape[0], r0 + rows))
+            ssl = slice(sl.start // ext[0], -(-sl.stop // ext[0]))
+            sub = object.__new__(QuantizedArray)
+            for name, value in (("codes", q.codes[sl]),
+                                ("scales", None if q.scales is None else q.scales[ssl]),
+                                ("global_scale", None if q.global_scale is None else
+                                 _rows_of(q.global_scale, sl, len(shape), ext[0])),
+                                ("format", fmt), ("geometry", q.geometry), ("axis", q.axis),
+                                ("packed", q.packed)):
+                object.__setattr__(sub, name, value)
+            out[sl] = dequantize(sub)
+        return out
     v = q.values()
     shape = tuple(v.shape)
-    ext = block_extents(shape, fmt, q.geometry, q.axis)
     blocked = _blocked_shape(shape, ext)
     vb = xp.reshape(v, blocked)
     sshape = _blocked_shape(tuple(n // b for n, b in zip(shape, ext)), (1,) * len(shape))

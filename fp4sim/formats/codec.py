@@ -132,6 +132,7 @@ class _Source:
         return (1 << (self.ebits - 1)) - 1
 
 
+_NP_CHUNK = 1 << 20  # elements per NumPy pass of encode/decode (bounds the temporaries)
 _F32 = _Source(32, 8, 23, np.uint32)
 _F64 = _Source(64, 11, 52, np.uint64)
 _ALLOWED_DTYPES = "float32, float16, bfloat16 or float64"
@@ -330,6 +331,22 @@ def encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
         one = lambda a: None if a is None else np.reshape(a, (1,))  # noqa: E731
         return encode(one(values), fmt, policy, random_bits=one(random_bits),
                       exp_shift=one(exp_shift)).reshape(())
+    if policy.rounding is not Rounding.STOCHASTIC and random_bits is not None:
+        raise ValueError(f"random_bits is only used by Rounding.STOCHASTIC, not by "
+                         f"policy.rounding={policy.rounding}; pass random_bits=None")
+    if xp is np and values.size > _NP_CHUNK and (exp_shift is None or np.shape(exp_shift) ==
+                                                 values.shape) and (random_bits is None or
+                                                                    np.shape(random_bits) ==
+                                                                    values.shape):
+        # NumPy, a large input: bounded passes (the integer steps need ~12 bytes per element)
+        flat = lambda a: None if a is None else np.reshape(a, (-1,))  # noqa: E731
+        v, rb, es = flat(values), flat(random_bits), flat(exp_shift)
+        out = np.empty(v.shape, np.uint8)
+        for i in range(0, v.size, _NP_CHUNK):
+            sl = slice(i, i + _NP_CHUNK)
+            out[sl] = encode(v[sl], fmt, policy, random_bits=None if rb is None else rb[sl],
+                             exp_shift=None if es is None else es[sl])
+        return out.reshape(values.shape)
     u, src = _source_bits(xp, values)
 
     if policy.rounding is Rounding.STOCHASTIC:
@@ -515,6 +532,12 @@ def decode(codes: Array, fmt: FloatFormat) -> Array:
     dtype = np.dtype(codes.dtype)
     if dtype.kind != "u":
         raise TypeError(f"codes has dtype {dtype}; allowed: unsigned integers (uint8 codes)")
+    if xp is np and codes.size > _NP_CHUNK:  # bounded passes on NumPy
+        flat = np.reshape(codes, (-1,))
+        out = np.empty(flat.shape, np.float32)
+        for i in range(0, flat.size, _NP_CHUNK):
+            out[i:i + _NP_CHUNK] = decode(flat[i:i + _NP_CHUNK], fmt)
+        return out.reshape(codes.shape)
     E, M, B = fmt.ebits, fmt.mbits, fmt.bias
     wide = codes.astype(np.uint32)
     c = wide & np.uint32(fmt.num_codes - 1)
