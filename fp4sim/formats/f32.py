@@ -10,7 +10,8 @@ by block quantization (:mod:`fp4sim.formats.blocks`), the block-scaled matmul
 * :func:`mul_f32` — ``a·b``: significands multiplied natively in [1, 4) (exact rounding to 24
   bits: normal in, normal out), the exponent applied with integers; equal to IEEE whenever the
   result is normal, on every platform, FTZ or not (a product below 2^-126 may be rounded twice:
-  the one documented deviation; NumPy and jax still agree bit for bit);
+  the one documented deviation; NumPy and jax still agree bit for bit); a NaN product is the
+  canonical NaN 0x7FC00000;
 * :func:`div_f32` — ``a/b``: an IEEE division whose significand quotient is a float32
   reciprocal estimate made exact by integer remainder corrections (no float division, no
   integer division), exact on every backend;
@@ -172,8 +173,11 @@ def _mul_f32(xp: ModuleType, a: Array, b: Array) -> Array:
     mag = xp.where(field >= 1, xp.where(field >= 255, u(0x7F800000), normal), sub)
     res = bitcast(((ab ^ bb) & u(0x80000000)) | mag, np.float32)
     with np.errstate(all="ignore"):  # 0/0, Inf*0 are the IEEE special cases we want
-        special = pa * pb
-    return materialize(xp.where(plain_a & plain_b, res, special))
+        special = bitcast(pa * pb, u)
+    # a NaN product is the canonical 0x7FC00000 (NumPy keeps an operand's payload and sign,
+    # XLA need not)
+    special = xp.where((special & u(0x7FFFFFFF)) > u(0x7F800000), u(0x7FC00000), special)
+    return materialize(xp.where(plain_a & plain_b, res, bitcast(special, np.float32)))
 
 
 def mul_f32(a: Array, b: Array) -> Array:
