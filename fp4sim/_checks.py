@@ -121,9 +121,10 @@ def as_float_array(name: str, x: Any, xp: Any = np, *, allowed: str = FLOAT_DTYP
             if hasattr(x, "__array__") or isinstance(x, (list, tuple, numbers.Number)):
                 try:
                     x = np.asarray(x)
-                except (TypeError, ValueError) as e:
-                    raise TypeError(f"{name} ({type(x).__name__}) cannot be converted to an "
-                                    f"array: {e}") from None
+                except (TypeError, ValueError, RuntimeError) as e:  # torch: bf16, CUDA, grad
+                    raise TypeError(f"{name} ({type(x).__name__}) cannot be converted to a "
+                                    f"NumPy array: {e}; pass a NumPy or jax array (for a GPU "
+                                    f"tensor: jax.numpy.from_dlpack(x))") from None
             elif hasattr(x, "__dlpack__"):
                 x = np.from_dlpack(x)
             else:
