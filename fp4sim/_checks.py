@@ -11,8 +11,9 @@ the value given and what is allowed, and returns the value in the form the calle
 * :func:`check_static` configs (formats, policies, recipes) that must be static under
   ``jax.jit``: a traced value is told to be passed as a static argument.
 * :func:`as_float_array` the float array inputs of the public functions: NumPy and jax arrays,
-  Python lists and scalars, NumPy scalars, objects exposing ``__array__`` (a CPU torch tensor)
-  or ``__dlpack__``; big-endian arrays are byte-swapped to native order (exact); integer, bool,
+  Python lists and scalars, NumPy scalars, PyTorch tensors and other ``__dlpack__`` objects
+  (through :func:`fp4sim._xp.adopt`: same bits, any device), objects exposing ``__array__``;
+  big-endian arrays are byte-swapped to native order (exact); integer, bool,
   string and object arrays raise ``TypeError`` naming the argument.
 """
 
@@ -24,6 +25,8 @@ import sys
 from typing import Any
 
 import numpy as np
+
+from fp4sim._xp import adopt, is_foreign
 
 __all__ = ["check_int", "check_real", "check_bool", "check_static", "softmax_scale",
            "as_float_array", "as_f32", "check_same_shape", "FLOAT_DTYPES"]
@@ -117,6 +120,8 @@ def as_float_array(name: str, x: Any, xp: Any = np, *, allowed: str = FLOAT_DTYP
     else:
         if isinstance(x, (str, bytes)):
             raise TypeError(f"{name}={x!r} is a string; allowed: arrays of {allowed}")
+        if is_foreign(x):  # PyTorch tensors (any dtype, any device), other __dlpack__ objects
+            x = adopt(x, name)
         if not isinstance(x, np.ndarray):
             if hasattr(x, "__array__") or isinstance(x, (list, tuple, numbers.Number)):
                 try:
@@ -125,8 +130,6 @@ def as_float_array(name: str, x: Any, xp: Any = np, *, allowed: str = FLOAT_DTYP
                     raise TypeError(f"{name} ({type(x).__name__}) cannot be converted to a "
                                     f"NumPy array: {e}; pass a NumPy or jax array (for a GPU "
                                     f"tensor: jax.numpy.from_dlpack(x))") from None
-            elif hasattr(x, "__dlpack__"):
-                x = np.from_dlpack(x)
             else:
                 raise TypeError(f"{name}={x!r} ({type(x).__name__}) must be an array of "
                                 f"{allowed}")
