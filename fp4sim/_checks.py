@@ -111,10 +111,12 @@ def _is_float_dtype(dt: np.dtype) -> bool:
     return dt.kind == "f" or dt.name == "bfloat16"
 
 
-def as_float_array(name: str, x: Any, xp: Any = np, *, allowed: str = FLOAT_DTYPES) -> Any:
+def as_float_array(name: str, x: Any, xp: Any = np, *, allowed: str = FLOAT_DTYPES,
+                   ints: bool = False) -> Any:
     """``x`` as a float array of its namespace (jax arrays and tracers are returned as they are;
     everything else becomes a NumPy array in native byte order). ``TypeError`` naming ``name``
-    for strings, integer, bool and object data; ``allowed`` is what the message lists."""
+    for strings, integer (unless ``ints``), bool and object data; ``allowed`` is what the
+    message lists."""
     if _is_jax(x):
         dt = np.dtype(x.dtype)
     else:
@@ -137,7 +139,7 @@ def as_float_array(name: str, x: Any, xp: Any = np, *, allowed: str = FLOAT_DTYP
         if not dt.isnative:
             x = x.astype(dt.newbyteorder("="))
             dt = x.dtype
-    if not _is_float_dtype(dt):
+    if not _is_float_dtype(dt) and not (ints and dt.kind in "iu"):
         what = {"U": "strings", "S": "bytes", "O": "Python objects", "b": "booleans"}.get(
             dt.kind, f"dtype {dt}")
         extra = " (integer arrays are codes: use decode)" if dt.kind in "iu" and \
@@ -148,9 +150,9 @@ def as_float_array(name: str, x: Any, xp: Any = np, *, allowed: str = FLOAT_DTYP
     return x
 
 
-def as_f32(name: str, x: Any, xp: Any = np) -> Any:
+def as_f32(name: str, x: Any, xp: Any = np, *, ints: bool = False) -> Any:
     """:func:`as_float_array`, then cast to float32 (float64 rounded to nearest even)."""
-    x = as_float_array(name, x, xp)
+    x = as_float_array(name, x, xp, ints=ints)
     if np.dtype(x.dtype) == np.float32:
         return x
     return (xp.asarray(x) if _is_jax(x) else np.asarray(x)).astype(np.float32)

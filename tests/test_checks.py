@@ -191,3 +191,40 @@ class _DlpackOnly:
 
     def __dlpack_device__(self):
         return self.a.__dlpack_device__()
+
+
+# --- every public function, a catalogue of bad arguments: TypeError/ValueError only ------------
+_BAD = ["abc", b"abc", None, object(), True, {"a": 1}, np.array(["x"]), np.array([object()])]
+_GOOD = {"x": np.ones((2, 32), np.float32), "values": np.ones((2, 32), np.float32),
+         "codes": np.zeros((2, 32), np.uint8), "fmt": fp4sim.E2M1,
+         "q": np.ones((1, 32, 32), np.float32), "k": np.ones((1, 32, 32), np.float32),
+         "v": np.ones((1, 32, 32), np.float32)}
+
+
+def _public_functions():
+    import inspect
+
+    for name in fp4sim.__all__:
+        f = getattr(fp4sim, name)
+        if inspect.isfunction(f):
+            req = [p for p in inspect.signature(f).parameters.values()
+                   if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY,
+                                                          p.POSITIONAL_OR_KEYWORD)]
+            yield name, f, req
+
+
+@pytest.mark.parametrize("name, f, req", list(_public_functions()), ids=lambda v: v
+                         if isinstance(v, str) else "")
+def test_every_public_function_rejects_bad_arguments_with_a_clear_error(name, f, req):
+    """No AttributeError/IndexError/KeyError and no NumPy conversion message leaks out of a
+    public function given a string, bytes, None, an object, a bool, a dict or a string/object
+    array in any required position."""
+    for i, p in enumerate(req):
+        for bad in _BAD:
+            args = [bad if j == i else _GOOD.get(q.name, np.ones((2, 32), np.float32))
+                    for j, q in enumerate(req)]
+            try:
+                f(*args)
+            except (TypeError, ValueError) as e:
+                assert "could not convert" not in str(e), (name, p.name, bad, e)
+                assert "has no attribute" not in str(e), (name, p.name, bad, e)

@@ -289,6 +289,9 @@ def rebuild_p(saved: SavedForward, recipe: AttentionRecipe, *,
               high_precision: bool = False) -> RebuiltP:
     """P̃ from the saved quantized Q/K and row statistics with ``recipe``'s converter and tiling
     (module docstring). Bit-identical to the forward's P when ``recipe`` is the forward's."""
+    check_static("saved", saved, SavedForward, "fp4sim.training_forward(q, k, v, recipe)[1]")
+    check_static("recipe", recipe, AttentionRecipe, "training_recipe.forward")
+    high_precision = check_bool("high_precision", high_precision)
     xp = namespace(saved.q_hat, saved.k_hat, saved.m)
     sq, d = saved.q_hat.shape[-2:]
     skv = saved.k_hat.shape[-2]

@@ -122,6 +122,7 @@ def attention_grad_reference(q: Array, k: Array, v: Array, d_out: Array, *,
     """
     from fp4sim.attention.reference import attention_reference
 
+    d_out = as_float_array("d_out", d_out)
     ref = attention_reference(q, k, v, causal=causal, q_segment_ids=q_segment_ids,
                               kv_segment_ids=kv_segment_ids, softmax_scale=softmax_scale)
     q, k, v, d_out = (np.asarray(x, dtype=np.float64) for x in (q, k, v, d_out))

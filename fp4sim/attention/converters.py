@@ -138,7 +138,7 @@ def mitchell_exp2(y: Array) -> Array:
     """Mitchell's piecewise-linear 2^y: float32 bits ``floor(y·2^23) + 127·2^23``, i.e.
     ``2^floor(y)·(1 + frac(y))`` (y clamped to 127 above; 0 below −126 and for −Inf/NaN)."""
     xp = namespace(y)
-    y = xp.asarray(y, dtype=np.float32)
+    y = as_f32("y", y, xp)
     ok = y >= np.float32(-126.0)
     ys = xp.where(ok, xp.minimum(y, np.float32(127.0)), np.float32(0.0))
     i = xp.floor(ys * np.float32(2.0**23)).astype(np.int32) + np.int32(127 << 23)
@@ -148,8 +148,11 @@ def mitchell_exp2(y: Array) -> Array:
 def direct_p_coordinate(t: Array, k: Array) -> Array:
     """Direct-P coordinate ``x = fl(t + fl(log2 6 − k))`` (k broadcast against t)."""
     xp = namespace(t, k)
-    bias = xp.asarray(LOG2_6) - xp.asarray(k).astype(np.float32)
-    return xp.asarray(t, dtype=np.float32) + bias
+    k = xp.asarray(k)
+    if np.dtype(k.dtype).kind not in "iuf":
+        raise TypeError(f"k has dtype {k.dtype}; allowed: integer block exponents")
+    bias = xp.asarray(LOG2_6) - k.astype(np.float32)
+    return as_f32("t", t, xp) + bias
 
 
 def direct_p_payload(converter: Any, x: Array, *, exp2: Exp2Model = Exp2Model(),

@@ -159,7 +159,7 @@ def log2_f32(x: Array) -> Array:
     ``2/ln2·atanh((m−1)/(m+1))`` to the 11th power. 0 gives −Inf, negative or NaN gives NaN,
     +Inf gives +Inf. Used for the LSE."""
     xp = namespace(x)
-    x = f32.ftz(xp.asarray(x, dtype=np.float32))
+    x = f32.ftz(as_f32("x", x, xp))
     bits = bitcast(x, np.uint32)
     e = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32) - 127
     mant = bitcast((bits & np.uint32(0x7FFFFF)) | np.uint32(0x3F800000), np.float32)

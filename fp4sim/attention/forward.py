@@ -78,7 +78,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fp4sim._checks import as_float_array, check_bool, check_static
+from fp4sim._checks import as_f32, as_float_array, check_bool, check_static
 from fp4sim._checks import softmax_scale as check_softmax_scale
 from fp4sim._xp import Array, adopt, canonical_nan, materialize, namespace, no_derivative
 from fp4sim.attention import operands
@@ -165,6 +165,7 @@ def score_scale(head_dim: int, softmax_scale: float | None) -> np.float32:
 def converter_unit(recipe: AttentionRecipe) -> float:
     """Constant ratio between the converter's MMA units and probabilities (declared by the
     converter: ``recipe.converter.unit(recipe.p_format)``)."""
+    check_static("recipe", recipe, AttentionRecipe, "fp4sim.EXACT_F32")
     return recipe.converter.unit(recipe.p_format)
 
 
@@ -172,6 +173,9 @@ def hadamard(x: Array) -> Array:
     """Orthonormal Walsh-Hadamard transform along the last axis (a power of two), float32:
     butterflies in a fixed order, then the scale 1/√D (exact when log2 D is even)."""
     xp = namespace(x)
+    x = as_f32("x", x, xp)
+    if x.ndim == 0:
+        raise ValueError("hadamard needs at least one axis (the head dim); got a scalar")
     d = x.shape[-1]
     n = d.bit_length() - 1
     if d < 1 or (1 << n) != d:
@@ -195,6 +199,8 @@ def _expand_last(xp: ModuleType, s: Array, block: int) -> Array:
 
 def quantize_qk(x: Array, recipe: AttentionRecipe) -> Operand:
     """Q or K (..., S, D) in ``recipe.qk`` (scale groups along the head dim, per token)."""
+    check_static("recipe", recipe, AttentionRecipe, "fp4sim.FLAMIA_NVFP4")
+    x = as_f32("x", x, namespace(x))
     with np.errstate(divide="ignore", invalid="ignore"):  # all-zero (padding) blocks
         return _quantize_qk(x, recipe)
 
@@ -238,6 +244,8 @@ def _quantize_qk(x: Array, recipe: AttentionRecipe) -> Operand:
 
 def quantize_v(v: Array, recipe: AttentionRecipe) -> Operand:
     """V (..., Skv, Dv) in ``recipe.v`` (scale groups along tokens)."""
+    check_static("recipe", recipe, AttentionRecipe, "fp4sim.FLAMIA_NVFP4")
+    v = as_f32("v", v, namespace(v))
     with np.errstate(divide="ignore", invalid="ignore"):  # all-zero (padding) blocks
         return _quantize_v(v, recipe)
 
@@ -303,6 +311,8 @@ def _key_blocks(k: Operand) -> Array | None:
 
 def scores(q: Operand, k: Operand) -> Array:
     """Raw float32 scores z (..., Sq, Sk) of quantized operands (module docstring, step 1)."""
+    check_static("q", q, Operand, "fp4sim.quantize_qk(q, recipe)")
+    check_static("k", k, Operand, "fp4sim.quantize_qk(k, recipe)")
     return _scores(q, k, _key_blocks(k))
 
 
@@ -341,6 +351,7 @@ def _scores(q: Operand, k: Operand, kbt: Any) -> Any:
 def log2_scores(z: Array, c: Array, valid: Array) -> Array:
     """``u = fl(z·c)`` with masked keys −inf."""
     xp = namespace(z)
+    z, c = as_f32("z", z, xp), as_f32("c", c, xp)
     return xp.where(valid, f32.mul_ftz(z, c), np.float32(-np.inf))
 
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fp4sim._checks import as_float_array, check_bool
+from fp4sim._checks import as_float_array, check_bool, check_int
 from fp4sim._checks import softmax_scale as check_softmax_scale
 from fp4sim._xp import Array
 
@@ -34,6 +34,8 @@ def attention_mask(n_q: int, n_kv: int, *, causal: bool = False, q_segment_ids: 
                    kv_segment_ids: Array | None = None) -> np.ndarray:
     """bool (..., n_q, n_kv): True where query i may attend to key j (see module docstring)."""
     causal = check_bool("causal", causal)
+    n_q = check_int("attention_mask", "n_q", n_q, 0)
+    n_kv = check_int("attention_mask", "n_kv", n_kv, 0)
     rows = np.arange(n_q)[:, None]
     cols = np.arange(n_kv)[None, :]
     mask = np.ones((n_q, n_kv), dtype=bool)

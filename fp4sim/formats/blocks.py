@@ -351,6 +351,7 @@ def element_policy(fmt: BlockFormat) -> Policy:
     """The policy ``quantize`` encodes ``fmt``'s elements with: ``fmt.policy``, except that an
     element format without NaN cannot PROPAGATE (or RAISE): in a block the NaN is carried by the
     scale, so the element code of a NaN input is +0 (what TransformerEngine's reference gives)."""
+    check_static("fmt", fmt, BlockFormat, "fp4sim.MXFP4")
     if not fmt.elem.has_nan and fmt.policy.nan in (NanPolicy.PROPAGATE, NanPolicy.RAISE):
         return dataclasses.replace(fmt.policy, nan=NanPolicy.ZERO)
     return fmt.policy
@@ -395,6 +396,10 @@ def block_extents(shape: tuple[int, ...], fmt: BlockFormat, geometry: Geometry =
 
     Raises ``ValueError`` naming ``x`` when an axis does not divide into whole blocks.
     """
+    check_static("fmt", fmt, BlockFormat, "fp4sim.MXFP8")
+    if not isinstance(shape, (tuple, list)) or not all(
+            isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape):
+        raise TypeError(f"shape={shape!r} must be a tuple of ints")
     if not isinstance(geometry, Geometry):
         raise TypeError(f"geometry={geometry!r} must be a Geometry; allowed: "
                         f"{[g.name for g in Geometry]}")
@@ -441,7 +446,11 @@ def _block_reduce_axes(nd: int) -> tuple[int, ...]:
 
 def expand_scales(values: Array, q: QuantizedArray) -> Array:
     """Broadcast an array shaped like ``q.scales`` (one value per block) to the element shape."""
+    check_static("q", q, QuantizedArray, "fp4sim.quantize(x, fp4sim.MXFP8)")
     xp = namespace(values)
+    values = xp.asarray(values)
+    if np.dtype(values.dtype).kind not in "fiub" and np.dtype(values.dtype).name != "bfloat16":
+        raise TypeError(f"values has dtype {values.dtype}; allowed: numeric arrays")
     shape = q.shape
     ext = block_extents(shape, q.format, q.geometry, q.axis)
     v = xp.reshape(values, _blocked_shape(tuple(s // b for s, b in zip(shape, ext)),
@@ -670,7 +679,8 @@ def tensor_amax_bits(xp: ModuleType, bits: Array) -> Array:
 def global_decode_scale(amax: Array, fmt: BlockFormat = NVFP4) -> Array:
     """The NVFP4 decode factor ``amax/(M·S)`` (2688 for NVFP4) as float32 (torchao/JAX form)."""
     xp = namespace(amax)
-    return div_f32(xp.asarray(amax, dtype=np.float32), np.float32(_global_max(fmt)))
+    check_static("fmt", fmt, BlockFormat, "fp4sim.NVFP4")
+    return div_f32(as_f32("amax", amax, xp), np.float32(_global_max(fmt)))
 
 
 def global_encode_scale(amax: Array, fmt: BlockFormat = NVFP4) -> Array:
@@ -681,7 +691,8 @@ def global_encode_scale(amax: Array, fmt: BlockFormat = NVFP4) -> Array:
 
 def _encode_factor(amax: Array, fmt: BlockFormat) -> Array:
     xp = namespace(amax)
-    amax = xp.asarray(amax, dtype=np.float32)
+    check_static("fmt", fmt, BlockFormat, "fp4sim.NVFP4")
+    amax = as_f32("amax", amax, xp)
     s = div_f32(np.float32(_global_max(fmt)), amax)
     s = xp.minimum(s, np.float32(np.finfo(np.float32).max))
     return xp.where(s == 0, np.float32(1.0), s)
@@ -1067,6 +1078,7 @@ def _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec, s_enc):
 # --- dequantize -------------------------------------------------------------------------------
 def scale_exponents(q: QuantizedArray) -> Array:
     """int32 power-of-two exponents of UE8M0 scales (code − 127; NaN code 0xFF gives 128)."""
+    check_static("q", q, QuantizedArray, "fp4sim.quantize(x, fp4sim.MXFP8)")
     if not q.format.pow2:
         raise ValueError(f"scale_exponents needs UE8M0 scales; {q.format.name} has "
                          f"{q.format.scale}")

@@ -294,7 +294,7 @@ def bf16_round(x: Array) -> Array:
     """uint16 bfloat16 bit patterns of float32 ``x``, rounded to nearest even (NaN stays a
     quiet NaN with its sign; Inf stays Inf)."""
     xp = namespace(x)
-    b = bitcast(xp.asarray(x, dtype=np.float32), np.uint32)
+    b = bitcast(xp.asarray(as_float_array("x", x, xp), dtype=np.float32), np.uint32)
     rounded = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
     nan = (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     out = xp.where(nan, (b >> np.uint32(16)) | np.uint32(0x40), rounded)
