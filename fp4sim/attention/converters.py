@@ -51,6 +51,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim._checks import as_f32, check_bool, check_static
 from fp4sim._xp import Array, bitcast, namespace
 from fp4sim.attention.exp2 import exp2_model, exp2_rn
 from fp4sim.attention.recipe import (
@@ -137,7 +138,7 @@ def mitchell_exp2(y: Array) -> Array:
     """Mitchell's piecewise-linear 2^y: float32 bits ``floor(y·2^23) + 127·2^23``, i.e.
     ``2^floor(y)·(1 + frac(y))`` (y clamped to 127 above; 0 below −126 and for −Inf/NaN)."""
     xp = namespace(y)
-    y = xp.asarray(y, dtype=np.float32)
+    y = as_f32("y", y, xp)
     ok = y >= np.float32(-126.0)
     ys = xp.where(ok, xp.minimum(y, np.float32(127.0)), np.float32(0.0))
     i = xp.floor(ys * np.float32(2.0**23)).astype(np.int32) + np.int32(127 << 23)
@@ -147,8 +148,11 @@ def mitchell_exp2(y: Array) -> Array:
 def direct_p_coordinate(t: Array, k: Array) -> Array:
     """Direct-P coordinate ``x = fl(t + fl(log2 6 − k))`` (k broadcast against t)."""
     xp = namespace(t, k)
-    bias = xp.asarray(LOG2_6) - xp.asarray(k).astype(np.float32)
-    return xp.asarray(t, dtype=np.float32) + bias
+    k = xp.asarray(k)
+    if np.dtype(k.dtype).kind not in "iuf":
+        raise TypeError(f"k has dtype {k.dtype}; allowed: integer block exponents")
+    bias = xp.asarray(LOG2_6) - k.astype(np.float32)
+    return as_f32("t", t, xp) + bias
 
 
 def direct_p_payload(converter: Any, x: Array, *, exp2: Exp2Model = Exp2Model(),
@@ -156,7 +160,7 @@ def direct_p_payload(converter: Any, x: Array, *, exp2: Exp2Model = Exp2Model(),
     """E2M1 payload codes (uint8) of the Direct-P family (ExactP, AffineP, MitchellP) from the
     coordinate ``x`` (float32, any shape; −inf gives code 0)."""
     xp = namespace(x)
-    x = xp.asarray(x, dtype=np.float32)
+    x = as_f32("x", x, xp)
     if isinstance(converter, ExactP):
         value = exp2_model(x, exp2, fragment=fragment, tile=tile) if x.ndim else exp2_rn(x)
     elif isinstance(converter, AffineP):
@@ -175,6 +179,9 @@ def convert_tile(recipe: AttentionRecipe, t: Array, *, need_mismatched: bool = F
     """P of one key tile ``t`` (..., rows, keys) per ``recipe`` (converter, P format, block
     exponent rule, exp2 model, fragment and tile sizes). Pure; the backward calls it to rebuild
     P bit-identically from the same ``t``."""
+    check_static("recipe", recipe, AttentionRecipe, "fp4sim.PRESETS['hw_fp4_direct_p']")
+    check_bool("need_mismatched", need_mismatched)
+    t = as_f32("t", t, namespace(t))
     with np.errstate(over="ignore", invalid="ignore"):  # NaN rows follow the forward's policy
         return _convert_tile(recipe, t, need_mismatched)
 

@@ -78,8 +78,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim._checks import as_f32, as_float_array, check_bool, check_static
 from fp4sim._checks import softmax_scale as check_softmax_scale
-from fp4sim._xp import Array, adopt, materialize, namespace
+from fp4sim._xp import Array, adopt, canonical_nan, materialize, namespace, no_derivative
 from fp4sim.attention import operands
 from fp4sim.attention._ordered import operand_stats, ordered_product
 from fp4sim.attention.converters import PTile, convert_tile
@@ -149,12 +150,10 @@ class ForwardResult(NamedTuple):
 
 # --- inputs ---------------------------------------------------------------------------------
 def _as_f32(xp: ModuleType, x: Array, name: str) -> Array:
-    x = xp.asarray(x)
+    x = xp.asarray(as_float_array(name, x, xp, allowed="float32, bfloat16, float16, float64 "
+                                                      "(rounded to float32)"))
     if x.dtype == np.float32:
         return x
-    if np.dtype(x.dtype).kind != "f" and "bfloat16" not in str(x.dtype):
-        raise TypeError(f"{name} has dtype {x.dtype}; allowed: float32, bfloat16, float16, "
-                        f"float64 (rounded to float32)")
     return x.astype(np.float32)
 
 
@@ -166,6 +165,7 @@ def score_scale(head_dim: int, softmax_scale: float | None) -> np.float32:
 def converter_unit(recipe: AttentionRecipe) -> float:
     """Constant ratio between the converter's MMA units and probabilities (declared by the
     converter: ``recipe.converter.unit(recipe.p_format)``)."""
+    check_static("recipe", recipe, AttentionRecipe, "fp4sim.EXACT_F32")
     return recipe.converter.unit(recipe.p_format)
 
 
@@ -173,6 +173,9 @@ def hadamard(x: Array) -> Array:
     """Orthonormal Walsh-Hadamard transform along the last axis (a power of two), float32:
     butterflies in a fixed order, then the scale 1/√D (exact when log2 D is even)."""
     xp = namespace(x)
+    x = as_f32("x", x, xp)
+    if x.ndim == 0:
+        raise ValueError("hadamard needs at least one axis (the head dim); got a scalar")
     d = x.shape[-1]
     n = d.bit_length() - 1
     if d < 1 or (1 << n) != d:
@@ -196,6 +199,8 @@ def _expand_last(xp: ModuleType, s: Array, block: int) -> Array:
 
 def quantize_qk(x: Array, recipe: AttentionRecipe) -> Operand:
     """Q or K (..., S, D) in ``recipe.qk`` (scale groups along the head dim, per token)."""
+    check_static("recipe", recipe, AttentionRecipe, "fp4sim.FLAMIA_NVFP4")
+    x = as_f32("x", x, namespace(x))
     with np.errstate(divide="ignore", invalid="ignore"):  # all-zero (padding) blocks
         return _quantize_qk(x, recipe)
 
@@ -239,6 +244,8 @@ def _quantize_qk(x: Array, recipe: AttentionRecipe) -> Operand:
 
 def quantize_v(v: Array, recipe: AttentionRecipe) -> Operand:
     """V (..., Skv, Dv) in ``recipe.v`` (scale groups along tokens)."""
+    check_static("recipe", recipe, AttentionRecipe, "fp4sim.FLAMIA_NVFP4")
+    v = as_f32("v", v, namespace(v))
     with np.errstate(divide="ignore", invalid="ignore"):  # all-zero (padding) blocks
         return _quantize_v(v, recipe)
 
@@ -304,6 +311,8 @@ def _key_blocks(k: Operand) -> Array | None:
 
 def scores(q: Operand, k: Operand) -> Array:
     """Raw float32 scores z (..., Sq, Sk) of quantized operands (module docstring, step 1)."""
+    check_static("q", q, Operand, "fp4sim.quantize_qk(q, recipe)")
+    check_static("k", k, Operand, "fp4sim.quantize_qk(k, recipe)")
     return _scores(q, k, _key_blocks(k))
 
 
@@ -342,6 +351,7 @@ def _scores(q: Operand, k: Operand, kbt: Any) -> Any:
 def log2_scores(z: Array, c: Array, valid: Array) -> Array:
     """``u = fl(z·c)`` with masked keys −inf."""
     xp = namespace(z)
+    z, c = as_f32("z", z, xp), as_f32("c", c, xp)
     return xp.where(valid, f32.mul_ftz(z, c), np.float32(-np.inf))
 
 
@@ -662,18 +672,19 @@ def attention_forward(q: Array, k: Array, v: Array, recipe: AttentionRecipe, *,
                       return_intermediates: bool = False) -> ForwardResult:
     """Emulated forward of ``recipe`` (see the module docstring). Returns O, LSE (natural log)
     and, on request, the intermediates. PyTorch tensors (any float dtype, any device) and other
-    ``__dlpack__`` arrays are read as NumPy (:func:`fp4sim._xp.adopt`); the results are NumPy."""
+    ``__dlpack__`` arrays are read as NumPy (:func:`fp4sim._xp.adopt`); the results are NumPy.
+    Not differentiable (it computes on bit patterns): ``jax.grad``/``jax.jvp`` raise
+    :class:`fp4sim.NoDerivativeError`; differentiate :func:`fp4sim.emulated_attention` with a
+    ``TrainingRecipe`` (the emulated backward)."""
     q, k, v = adopt(q, "q"), adopt(k, "k"), adopt(v, "v")
     q_segment_ids, kv_segment_ids = adopt(q_segment_ids, "q_segment_ids"), adopt(kv_segment_ids, "kv_segment_ids")
-    if not isinstance(recipe, AttentionRecipe):
-        raise TypeError(f"recipe={recipe!r} must be an AttentionRecipe (see "
-                        f"fp4sim.attention.recipe.PRESETS)")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal={causal!r} must be a bool")
+    check_static("recipe", recipe, AttentionRecipe, "fp4sim.PRESETS['flamia_nvfp4']")
+    causal = check_bool("causal", causal)
+    return_intermediates = check_bool("return_intermediates", return_intermediates)
     xp = namespace(q, k, v, q_segment_ids, kv_segment_ids)
-    q = _as_f32(xp, q, "q")
-    k = _as_f32(xp, k, "k")
-    v = _as_f32(xp, v, "v")
+    # no derivative (bit-level arithmetic): jax.grad raises, naming emulated_attention
+    q, k, v = (no_derivative(_as_f32(xp, x, n), "attention_forward") for x, n in
+               ((q, "q"), (k, "k"), (v, "v")))
     check_qkv_shapes(q, k, v)
     sq, d = q.shape[-2:]
     skv, dv = v.shape[-2:]
@@ -814,8 +825,11 @@ def attention_forward(q: Array, k: Array, v: Array, recipe: AttentionRecipe, *,
             return y[(slice(None),) * nl + (slice(0, sq),)]
 
         res = tuple(None if y is None else merge(y) for y in mapped)
+    # one NaN on every backend (NumPy and XLA give float arithmetic's NaN different signs)
+    out, lse = canonical_nan(res[0]), canonical_nan(res[1])
     if not return_intermediates:
-        return ForwardResult(res[0], res[1], None)
-    out, lse, anchors, codes, scales, ks, acc, den = res
-    inter = ForwardIntermediates(qop, kop, vop, anchors, codes, scales, ks, acc, den, c)
+        return ForwardResult(out, lse, None)
+    _, _, anchors, codes, scales, ks, acc, den = res
+    inter = ForwardIntermediates(qop, kop, vop, anchors, codes, scales, ks, canonical_nan(acc),
+                                 canonical_nan(den), c)
     return ForwardResult(out, lse, inter)
