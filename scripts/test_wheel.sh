@@ -95,6 +95,18 @@ EOF
 "$vpy" -m fp4sim reproduce --quick --no-progress --out "$work/report" >/dev/null
 test -s "$work/report/report.md" && test -s "$work/report/results.json"
 echo "test_wheel: reproduce --quick wrote $(wc -l < "$work/report/report.md") lines of report.md"
+# commands write into the working directory, never into the installed package
+site=$("$vpy" -c 'import fp4sim, pathlib; print(pathlib.Path(fp4sim.__file__).parent)')
+before=$(find "$site" -not -path '*__pycache__*' | sort | md5sum)
+if "$vpy" -c 'import matplotlib' 2>/dev/null; then
+  "$vpy" -m fp4sim figures --quick --no-progress --only e2m1_grid >/dev/null
+  test -s "$work/figures/e2m1_grid.png"
+fi
+"$vpy" -m fp4sim golden write --no-progress --case formats.e2m1.all_codes >/dev/null
+test -s "$work/golden/manifest.json"
+[ "$(find "$site" -not -path '*__pycache__*' | sort | md5sum)" = "$before" ] || {
+  echo "test_wheel: a command wrote into $site" >&2; exit 1; }
+echo "test_wheel: figures and golden write wrote into the working directory only"
 
 if [ "$run_tests" = 1 ]; then
   # the tests from the checkout, the library from the wheel: pytest's console script does not
