@@ -1,4 +1,5 @@
-"""Command line: ``python -m fp4sim {reproduce, golden, figures, bench, train}``, ``--version``.
+"""Command line: ``python -m fp4sim {reproduce, golden, figures, bench, train, validate}``,
+``--version``.
 
 Argument parsing only. Each subcommand's work lives in the module named in ``_COMMANDS``; that
 module exposes ``add_arguments(parser)`` and ``run(args) -> int`` and is imported only when its
@@ -21,6 +22,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "figures": ("fp4sim.report.figures", "regenerate every figure (into ./figures or --out)"),
     "bench": ("fp4sim.benchmarks.cli", "benchmarks: formats, microscaling, attention, training (CPU) and gpu (H200)"),
     "train": ("fp4sim.train.cli", "training study: a small transformer trained with emulated low-precision attention"),
+    "validate": ("fp4sim.validate", "run every kernel this GPU supports against the emulator; verdict table + JSON"),
 }
 
 

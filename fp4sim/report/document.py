@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fp4sim.report.claims import EXPECTED, cite
-from fp4sim.report.experiments import show_progress
+from fp4sim.report.experiments import show_progress, use_devices
 from fp4sim.report.figures import FIGURES, render
 from fp4sim.report.provenance import provenance, provenance_markdown
 from fp4sim.report.sections import SECTIONS
@@ -40,10 +40,11 @@ def default_out_dir(now: _dt.datetime | None = None) -> Path:
 
 def reproduce(out_dir: str | Path | None = None, *, sizes: Sizes = DEFAULT,
               sections: Sequence[str] | None = None, figures: bool = True,
-              progress: bool = True) -> Path:
+              progress: bool = True, devices: Sequence[Any] = ()) -> Path:
     """Run the selected sections (all by default) and write report.md, results.json and figures.
 
-    Returns the path of ``report.md``.
+    ``devices`` (jax devices) spreads the sweeps over them (``fp4sim.parallel``); the numbers are
+    the same bits as without. Returns the path of ``report.md``.
     """
     if not isinstance(sizes, Sizes):
         raise TypeError(f"sizes={sizes!r} must be a Sizes (QUICK, DEFAULT or FULL)")
@@ -62,6 +63,7 @@ def reproduce(out_dir: str | Path | None = None, *, sizes: Sizes = DEFAULT,
     from tqdm import tqdm
 
     show_progress(progress)
+    use_devices(devices)
     done: list[tuple[Section, float]] = []
     bar = tqdm(names, desc="fp4sim reproduce", unit="section", disable=not progress, file=sys.stderr)
     for name in bar:
@@ -77,6 +79,7 @@ def reproduce(out_dir: str | Path | None = None, *, sizes: Sizes = DEFAULT,
 
     prov = provenance()
     results = {"fp4sim_version": __version__, "provenance": prov, "sizes": dataclasses.asdict(sizes),
+               "devices": [str(d) for d in devices],
                "sections": {s.key: {"numbers": s.numbers, "seconds": round(dt, 2)} for s, dt in done}}
     (out / "results.json").write_text(json.dumps(to_jsonable(results), indent=1) + "\n")
     report = out / "report.md"

@@ -27,7 +27,7 @@ from fp4sim.report.claims import EXPECTED
 from fp4sim.report.sizes import Sizes
 
 if TYPE_CHECKING:
-    from fp4sim.attention import AttentionRecipe, ErrorSummary, TrainingRecipe
+    from fp4sim.attention import AttentionRecipe, TrainingRecipe
 
 __all__ = [
     "show_progress",
@@ -59,6 +59,16 @@ _PROGRESS = [False]  # inner progress bars of the long experiments
 def show_progress(enabled: bool) -> None:
     """Switch the inner progress bars of the long experiments on or off (``reproduce`` does)."""
     _PROGRESS[0] = bool(enabled)
+
+
+_DEVICES: list[Any] = []  # the devices the sweeps are mapped over (reproduce --devices)
+
+
+def use_devices(devices: Any) -> None:
+    """Map the report's sweeps over these jax devices (``fp4sim.parallel.map_cases``: one worker
+    per device, the emulator jitted there); ``[]`` runs them one by one with NumPy. The numbers
+    are the same bits either way (NumPy and jitted jax give identical results)."""
+    _DEVICES[:] = list(devices)
 
 
 @functools.cache
@@ -341,36 +351,59 @@ def gaussian_qkv(seq_len: int, head_dim: int, seed: int) -> tuple[np.ndarray, np
     return tuple(rng.standard_normal((1, seq_len, head_dim)).astype(np.float32) for _ in range(3))
 
 
-def _route_error(recipe: AttentionRecipe, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                 ref_out: np.ndarray) -> ErrorSummary:
-    from fp4sim.attention import attention_forward, error_summary
+@functools.cache
+def _jitted_forward_out(recipe: AttentionRecipe) -> Any:
+    import jax
 
-    return error_summary(np.asarray(attention_forward(q, k, v, recipe).out), ref_out)
+    from fp4sim.attention import attention_forward
+
+    return jax.jit(lambda q, k, v: attention_forward(q, k, v, recipe).out)
+
+
+def _route_error_case(case: tuple[str, int, int, Sizes, tuple[str, ...]]) -> dict[str, Any]:
+    """One job of the route-error sweep: every preset at one (sequence length, key tile)."""
+    from fp4sim.attention import PRESETS, attention_forward, attention_reference, error_summary
+
+    kind, s, tile, sizes, presets = case
+    q, k, v = gaussian_qkv(s, sizes.head_dim, sizes.seed + s)
+    ref = np.asarray(attention_reference(q.astype(np.float64), k.astype(np.float64),
+                                         v.astype(np.float64)).out)
+    row = {}
+    for name in presets:
+        recipe = PRESETS[name].replace(block_kv=tile)
+        if _DEVICES:  # on this worker's device (jax.default_device), same bits as NumPy
+            out = np.asarray(_jitted_forward_out(recipe)(q, k, v))
+        else:
+            out = np.asarray(attention_forward(q, k, v, recipe).out)
+        e = error_summary(out, ref)
+        row[name] = {"cosine": float(e.cosine), "rel_l2": float(e.rel_l2)}
+    return row
 
 
 @functools.cache
 def experiment_route_errors(sizes: Sizes) -> dict[str, Any]:
     """Cosine and relative L2 error of every preset recipe against the float64 reference, over
-    sequence length (tile 128) and over the key-tile size (at the middle sequence length)."""
+    sequence length (tile 128) and over the key-tile size (at the middle sequence length).
+
+    The jobs are mapped over the devices of :func:`use_devices` (none: one by one)."""
     from tqdm import tqdm
 
-    from fp4sim.attention import PRESETS, attention_reference
+    from fp4sim.attention import PRESETS
+    from fp4sim.parallel import map_cases
 
-    presets = [n for n in PRESETS if n != "exact_f32"]
+    presets = tuple(n for n in PRESETS if n != "exact_f32")
     by_len: dict[str, dict[int, Any]] = {n: {} for n in presets}
     by_tile: dict[str, dict[int, Any]] = {n: {} for n in presets}
     mid = sizes.seq_lens[len(sizes.seq_lens) // 2]
-    jobs = [("len", s, 128) for s in sizes.seq_lens] + [("tile", mid, b) for b in sizes.block_sizes]
-    for kind, s, tile in tqdm(jobs, desc="route errors", leave=False, disable=not _PROGRESS[0],
-                              file=sys.stderr):
-        q, k, v = gaussian_qkv(s, sizes.head_dim, sizes.seed + s)
-        ref = np.asarray(attention_reference(q.astype(np.float64), k.astype(np.float64),
-                                             v.astype(np.float64)).out)
-        for name in presets:
-            e = _route_error(PRESETS[name].replace(block_kv=tile), q, k, v, ref)
-            (by_len if kind == "len" else by_tile)[name][s if kind == "len" else tile] = \
-                {"cosine": float(e.cosine), "rel_l2": float(e.rel_l2)}
-    return {"presets": presets, "by_len": by_len, "by_tile": by_tile, "mid": mid}
+    jobs = [("len", s, 128, sizes, presets) for s in sizes.seq_lens] + \
+        [("tile", mid, b, sizes, presets) for b in sizes.block_sizes]
+    with tqdm(total=len(jobs), desc="route errors", leave=False, disable=not _PROGRESS[0],
+              file=sys.stderr) as bar:
+        rows = map_cases(_route_error_case, jobs, devices=_DEVICES, progress=bar.update)
+    for (kind, s, tile, _, _), row in zip(jobs, rows):
+        for name, e in row.items():
+            (by_len if kind == "len" else by_tile)[name][s if kind == "len" else tile] = e
+    return {"presets": list(presets), "by_len": by_len, "by_tile": by_tile, "mid": mid}
 
 
 # --- causal leak ----------------------------------------------------------------------------------
