@@ -83,7 +83,8 @@ def _when(cond: Any, fn: Callable[[], None]) -> None:
 def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any,
                   out_dtype: Any, block_q: int, block_kv: int, max_concurrent_steps: int,
                   causal: bool, n_columns: int, row_input: bool, math: TileMath,
-                  debug_step: int | None, skip_pv: bool = False) -> Callable[..., Any]:
+                  debug_step: int | None, skip_pv: bool = False,
+                  kv_len: int | None = None) -> Callable[..., Any]:
     """A function ``(q, k, vt, rows, cols) -> [o, lse, (dbg_p, dbg_rows)]`` running the kernel.
 
     Shapes: ``q`` (B, T, Hq, D), ``k`` (B, S, Hkv, D), ``vt`` (B, Hkv, D, S) in ``in_dtype``;
@@ -91,6 +92,11 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
     Outputs ``o`` (B, T, Hq, D) ``out_dtype``, ``lse`` (B, Hq, T) float32 and, with a debug step,
     P of that key tile (B, Hq, T, block_kv) ``p_dtype`` and the debug rows (B, Hq, n + 1, T):
     ``StepResult.debug`` then the normalizer after the tile.
+
+    ``T`` must be a multiple of ``2·block_q`` and ``S`` of ``block_kv`` (callers pad);
+    ``kv_len`` (default ``S``) is the number of real keys: when it is smaller, the last key tile
+    is a *masked tail tile* (keys ``>= kv_len`` invisible, on top of the causal mask), so the
+    padding never reaches the softmax. Padded query rows produce rows the caller drops.
     """
     import jax
     import jax.numpy as jnp
@@ -104,6 +110,14 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
     _, s_len, hkv, _ = k_shape
     bq, bkv = block_q, block_kv
     n_kv = s_len // bkv
+    if t_len % (2 * bq) or s_len % bkv or n_kv < 1:
+        raise ValueError(f"build_forward: T={t_len} must be a multiple of 2·block_q={2 * bq} and "
+                         f"S={s_len} a positive multiple of block_kv={bkv} (pad the inputs)")
+    kv_len = s_len if kv_len is None else kv_len
+    if not (n_kv - 1) * bkv < kv_len <= s_len:
+        raise ValueError(f"build_forward: kv_len={kv_len} must lie in the last key tile "
+                         f"({(n_kv - 1) * bkv}, {s_len}]")
+    tail = kv_len < s_len  # the last key tile is masked
     slots = min(max_concurrent_steps, n_kv)
     heads_per_kv = hq // hkv
     f32 = jnp.float32
@@ -128,7 +142,7 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
 
         if causal:
             cta_end = (lax.axis_index("q_seq") + 1) * (2 * bq)
-            cta_kv_steps = lax.div(cta_end + (bkv - 1), jnp.int32(bkv))
+            cta_kv_steps = jnp.minimum(lax.div(cta_end + (bkv - 1), jnp.int32(bkv)), n_kv)
         else:
             cta_kv_steps = n_kv
 
@@ -140,7 +154,7 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
             lse_smem = lse_smem2.at[wg]
             q_base = lax.axis_index("q_seq") * (2 * bq) + wg * bq
             if causal:
-                kv_steps = lax.div(q_base + bq + (bkv - 1), jnp.int32(bkv))
+                kv_steps = jnp.minimum(lax.div(q_base + bq + (bkv - 1), jnp.int32(bkv)), n_kv)
             else:
                 kv_steps = n_kv
             plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(q_base, bq), head], q_smem, q_bar.at[wg])
@@ -186,8 +200,13 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
                                  for i in range(n_columns))
                 visible = None
                 if masked:
-                    qi = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=wgmma_layout)
-                    visible = qi + q_base >= key_iota() + kv_step * bkv
+                    key = key_iota() + kv_step * bkv
+                    if causal:
+                        qi = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=wgmma_layout)
+                        visible = qi + q_base >= key
+                    if tail:
+                        in_seq = key < kv_len
+                        visible = in_seq if visible is None else visible & in_seq
                 res = math.step(StepContext(s_tile, cols, col_ref, visible, rows, kv_step,
                                             key_iota), m_i, state)
                 acc = acc * lax.broadcast_in_dim(res.beta, (bq, d), [0])
@@ -234,9 +253,13 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
 
             carry = (acc, m_i, l_i, state)
             if not causal:
-                carry = lax.fori_loop(0, n_kv, functools.partial(kv_step_fn, masked=False), carry)
+                carry = lax.fori_loop(0, n_kv - tail, functools.partial(kv_step_fn, masked=False),
+                                      carry)
+                if tail:  # the masked tail tile
+                    carry = kv_step_fn(jnp.int32(n_kv - 1), carry, masked=True)
             else:
-                full = lax.div(q_base, jnp.int32(bkv))
+                # tiles wholly below the diagonal and wholly inside the sequence run unmasked
+                full = jnp.minimum(lax.div(q_base, jnp.int32(bkv)), n_kv - tail)
                 carry = lax.fori_loop(0, full, functools.partial(kv_step_fn, masked=False), carry)
                 carry = lax.fori_loop(full, kv_steps, functools.partial(kv_step_fn, masked=True),
                                       carry)

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# GPU attention forward (issue 17, issue 15 item 13) on the H200. Total wall time <= 7 minutes (6.3 when no smoke case fails):
+#   1. smoke test of every configuration at small shapes    (timeout  60 s; sanitizer 30 s)
+#   2. python -m fp4sim bench gpu --only attention, 7 shapes (timeout 160 s)
+#   3. ncu SpeedOfLight + WarpStateStats (+ compute/memory)  (timeout  50 s)
+#   4. Mosaic's ptxas report and SASS of the default kernel  (timeout  25 s)
+#   5. pytest -m gpu of the attention-forward kernel tests   (timeout  60 s)
+# Run from the repository root; everything goes under $OUT (default ./gpufwd-out).
+set -u
+OUT=${OUT:-$PWD/gpufwd-out}
+mkdir -p "$OUT"
+PY=${PYTHON:-$(bash scripts/find_python.sh 2>/dev/null || command -v python3)}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/steps.log"; }
+log "start; python $PY; git $(git rev-parse --short HEAD 2>/dev/null)"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
+
+# 1. smoke
+log "smoke"
+timeout 60 "$PY" scripts/gpufwd_smoke.py > "$OUT/smoke.txt" 2>&1
+log "smoke rc=$? $(tail -1 "$OUT/smoke.txt")"
+first=$(grep -m1 '^FAIL' "$OUT/smoke.txt" | awk '{print $2}')
+if [ -n "$first" ] && command -v compute-sanitizer > /dev/null; then
+  log "compute-sanitizer on $first"
+  timeout 30 compute-sanitizer --tool memcheck --print-limit 20 \
+    "$PY" scripts/gpufwd_smoke.py --case "$first" > "$OUT/sanitizer.txt" 2>&1
+  log "sanitizer rc=$?"
+fi
+
+# 2. bench (the summary lines are printed last)
+log "bench"
+timeout 160 "$PY" -m fp4sim bench gpu --only attention --budget-s 135 --attention-reps 3 \
+  --attention-iters 5 --out "$OUT/bench" > "$OUT/bench.txt" 2>&1
+log "bench rc=$?"
+tail -9 "$OUT/bench.txt" | tee -a "$OUT/steps.log"
+
+# 3. ncu of the main kernel (and cuDNN fp8 / bf16 beside it)
+if command -v ncu > /dev/null; then
+  log "ncu"
+  timeout 50 ncu --profile-from-start off --clock-control none --target-processes all \
+    --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
+    -o "$OUT/attn" -f "$PY" scripts/gpufwd_ncu_probe.py > "$OUT/ncu_run.txt" 2>&1
+  log "ncu rc=$?"
+  [ -f "$OUT/attn.ncu-rep" ] && timeout 20 ncu -i "$OUT/attn.ncu-rep" --page details \
+    > "$OUT/ncu_details.txt" 2>&1
+else
+  log "no ncu on PATH"
+fi
+
+# 4. ptxas resources and SASS of the default FP8 kernel (Mosaic's own dumps)
+log "sass"
+mkdir -p "$OUT/dump"
+MOSAIC_GPU_DUMP_TO="$OUT/dump" MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_SASS=1 \
+  timeout 25 "$PY" scripts/gpufwd_smoke.py --case fp8_default_d128 > "$OUT/dump/run.txt" 2>&1
+log "sass rc=$?; $(ls "$OUT/dump" | wc -l) files"
+
+# 5. GPU tests of the attention forward
+log "pytest -m gpu"
+timeout 60 "$PY" -m pytest -m gpu -x -q -p no:cacheprovider tests/kernels/test_attention_mgpu.py \
+  tests/kernels/test_attention_mgpu_directp.py > "$OUT/pytest_gpu.txt" 2>&1
+log "pytest rc=$? $(tail -1 "$OUT/pytest_gpu.txt")"
+log "done"
