@@ -33,7 +33,8 @@ class StepContext(NamedTuple):
     """What the per-tile step sees (all arrays in registers, WGMMA layouts)."""
 
     s: Any  # (block_q, block_kv) float32 scores Q·Kᵀ of the operands as stored
-    cols: tuple  # per-key column vectors of this tile (block_kv,), one per column-input row
+    cols: Callable[[], tuple]  # loads this tile's per-key column vectors (block_kv,), one per
+    # column-input row, from SMEM (a call, so a step that reads only scalars loads nothing)
     col_ref: Any  # this slot's column tile in SMEM (n_columns, block_kv), for scalar reads
     visible: Any  # (block_q, block_kv) bool on masked (causal diagonal) tiles, else None
     rows: Any  # per-row input vector (block_q,) or None
@@ -192,12 +193,15 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
 
                 s_tile = pl.run_scoped(qk, plgpu.ACC((bq, bkv), f32))
                 plgpu.barrier_arrive(k_cons.at[slot])
-                cols, col_ref = (), None
+                col_ref = None
+
+                def cols(slot=slot):
+                    return tuple(plgpu.load(c_smem.at[slot, i], layout=col_layout)
+                                 for i in range(n_columns))
+
                 if n_columns:
                     plgpu.barrier_wait(c_bar.at[slot])
                     col_ref = c_smem.at[slot]
-                    cols = tuple(plgpu.load(c_smem.at[slot, i], layout=col_layout)
-                                 for i in range(n_columns))
                 visible = None
                 if masked:
                     key = key_iota() + kv_step * bkv

@@ -176,6 +176,10 @@ class FP8AttentionConfig:
     ``block_q`` rows per compute warpgroup (a CTA owns ``2·block_q``), ``block_kv`` keys per
     tile (64..256, a multiple of 64), ``max_concurrent_steps`` ring depth of the TMA pipeline.
     ``debug_step``: when an int, the kernel also returns :class:`DebugTile` for that key tile.
+    ``scale_blocks``: on unmasked tiles, read the per-key factors (``2^e_K``, the fold offset,
+    the normalizer column) as one SMEM scalar per 32-key token block and work on 32-key slices
+    of the score tile (one FMA per element before exp2) instead of loading per-key column
+    vectors; masked tiles always take the per-key path. Same bits either way.
     """
 
     block_q: int = 64
@@ -187,6 +191,7 @@ class FP8AttentionConfig:
     out_type: OutType = OutType.BFLOAT16
     debug_step: int | None = None
     ablation: Ablation = Ablation.NONE
+    scale_blocks: bool = True
 
     def __post_init__(self) -> None:
         _check_int("block_q", self.block_q, 64, 64)
@@ -195,8 +200,10 @@ class FP8AttentionConfig:
             raise ValueError(f"FP8AttentionConfig.block_kv={self.block_kv} exceeds wgmma's N "
                              f"limit; allowed: 64, 128, 192, 256")
         _check_int("max_concurrent_steps", self.max_concurrent_steps, 2)
-        if not isinstance(self.causal, bool):
-            raise TypeError(f"FP8AttentionConfig.causal={self.causal!r} must be a bool")
+        for name in ("causal", "scale_blocks"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"FP8AttentionConfig.{name}={getattr(self, name)!r} must be a "
+                                f"bool")
         for name, kind in (("conversion", PConversion), ("normalization", Normalization),
                            ("out_type", OutType), ("ablation", Ablation)):
             if not isinstance(getattr(self, name), kind):
@@ -223,6 +230,8 @@ SHIPPED_CONFIGS: tuple[FP8AttentionConfig, ...] = (
     FP8AttentionConfig(conversion=PConversion.EXACT, causal=True, debug_step=0,
                        out_type=OutType.FLOAT32),
     FP8AttentionConfig(block_kv=64),
+    FP8AttentionConfig(block_q=128, block_kv=64),
+    FP8AttentionConfig(scale_blocks=False),
 )
 """The configurations the package ships (cross-lowered for sm_90a in the CPU tests)."""
 
@@ -633,13 +642,61 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
     bc_row = lambda x, n: lax.broadcast_in_dim(x, (bq, n), [0])  # noqa: E731
     bc_col = lambda x: lax.broadcast_in_dim(x, (bq, bkv), [1])  # noqa: E731
 
+    nb = bkv // TOKEN_BLOCK
+    bc_blk = lambda x: lax.broadcast_in_dim(x, (bq, TOKEN_BLOCK), [0])  # noqa: E731
+
+    def blocked_step(ctx, m_i, cq):
+        """An unmasked tile with the per-key factors read as one scalar per 32-key token block
+        (they are constant along a block): same bits as :func:`step`'s general path."""
+        col = lambda i, b: ctx.col_ref[i, b * TOKEN_BLOCK]  # noqa: E731
+        ks = [col(0, b) for b in range(nb)]
+        hb = [col(1, b) for b in range(nb)]
+        lc = [col(2, b) for b in range(nb)]
+        e_t = ctx.col_ref[3, 0]
+        s_b = [ctx.s[:, b * TOKEN_BLOCK:(b + 1) * TOKEN_BLOCK] for b in range(nb)]
+        z_b = [x * k for x, k in zip(s_b, ks, strict=True)]  # exact: power-of-two scales
+        z_el = functools.reduce(jnp.maximum, z_b)
+        z_max = z_el.max(axis=1)
+        m_new = jnp.maximum(m_i, z_max)
+        g_row = _ceil_f32((z_max - m_new) * cq)  # every key visible: A = E_T
+        f_tile = g_row + (e_t - _P_HEADROOM)
+        if exact:
+            p_b = [exact_e4m3_exp2((z - bc_blk(m_new)) * bc_blk(cq), h - bc_blk(g_row))
+                   for z, h in zip(z_b, hb, strict=True)]
+        else:  # 2^(z·c_r + h − r) with z·c_r = s·(2^e_K·c_r) exactly: one FMA per element
+            r = m_new * cq + g_row
+            p_b = [jnp.exp2(x * bc_blk(k * cq) + bc_blk(h - r))
+                   for x, k, h in zip(s_b, ks, hb, strict=True)]
+        p_all = jnp.concatenate(p_b, axis=1)
+        p8 = p_all.astype(f8)
+        unit = jnp.exp2(f_tile)
+        l_tile = None
+        if ab is not Ablation.SKIP_NORMALIZER:
+            if consistent:
+                w_all = p8.astype(f32)
+                w_b = [w_all[:, b * TOKEN_BLOCK:(b + 1) * TOKEN_BLOCK] for b in range(nb)]
+            elif not exact:
+                w_b = p_b
+            else:
+                w_b = [jnp.exp2((z - bc_blk(m_new)) * bc_blk(cq) + (h - bc_blk(g_row)))
+                       for z, h in zip(z_b, hb, strict=True)]
+            acc_w = w_b[0] * lc[0]
+            for w, lcb in zip(w_b[1:], lc[1:], strict=True):
+                acc_w = acc_w + w * lcb
+            l_tile = acc_w.sum(axis=1) * jnp.exp2(f_tile - e_t)
+        beta = jnp.exp2((m_i - m_new) * cq)
+        return StepResult(p=p8, l_tile=l_tile, m=m_new, beta=beta, pv_scale=unit, state=(),
+                          debug=(f_tile, m_new))
+
     def step(ctx, m_i, state):
         # c·2^e_Q per row: exact scaling of c (NaN-marked rows run as zero rows)
         cq = jnp.where(ctx.rows != ctx.rows, 0.0, ctx.rows) * c
+        if (cfg.scale_blocks and ctx.visible is None and ab is not Ablation.SKIP_KEY_COLUMNS):
+            return blocked_step(ctx, m_i, cq)
         if ab is Ablation.SKIP_KEY_COLUMNS:
             z, h, evinv, e_t = ctx.s, None, None, 0.0
         else:
-            kscale, h, evinv, _ = ctx.cols
+            kscale, h, evinv, _ = ctx.cols()
             e_t = ctx.col_ref[3, 0]  # E_T, the tile's largest V exponent (a scalar)
             z = ctx.s * bc_col(kscale)  # exact: a power-of-two column scale
         a_off = 0.0

@@ -139,13 +139,17 @@ def _check_against_oracle(ops, out, cfg, scale, *, bitwise_codes: bool, min_matc
 
 
 # --- interpret mode (CPU) ------------------------------------------------------------------------
-@pytest.mark.parametrize("causal", [False, True])
-def test_interpret_exact_debug_bitwise(causal):
+@pytest.mark.parametrize("causal,scale_blocks", [(False, True), (True, True), (False, False)],
+                         ids=["blocks", "blocks-causal", "columns"])
+def test_interpret_exact_debug_bitwise(causal, scale_blocks):
+    """Non-causal: every tile takes the per-block-scalar path (or the per-key column path);
+    causal: an unmasked tile then the masked diagonal tile (debug step 1 for the second
+    warpgroup)."""
     rng = np.random.default_rng(1 + causal)
     ops = _integer_operands(rng, 1, 128, 2, 1, 64)
     cfg = am.FP8AttentionConfig(block_q=64, block_kv=64, causal=causal,
                                 conversion=am.PConversion.EXACT, debug_step=1,
-                                out_type=am.OutType.FLOAT32)
+                                out_type=am.OutType.FLOAT32, scale_blocks=scale_blocks)
     scale = 6.0  # spreads t over tens of log2 units: normal, subnormal and zero codes occur
     out = harness.interpret(lambda: am.attention_fp8_quantized(ops, softmax_scale=scale, config=cfg))
     _check_against_oracle(ops, out, cfg, scale, bitwise_codes=True)
@@ -295,16 +299,17 @@ def test_interpret_causal_tail_and_nan_policy():
 # --- cross-lowering (CPU) -------------------------------------------------------------------------
 def _avals(b, t, hq, hkv, d):
     f8, S = jnp.float8_e4m3fn, jax.ShapeDtypeStruct
-    nb = t // am.TOKEN_BLOCK
+    nb = -(-t // am.TOKEN_BLOCK)
     return am.FP8Operands(S((b, t, hq, d), f8), S((b, t, hkv, d), f8), S((b, hkv, d, t), f8),
                           S((b, hq, nb), jnp.int32), S((b, hkv, nb), jnp.int32),
                           S((b, hkv, nb), jnp.int32))
 
 
-@pytest.mark.parametrize("cfg", am.SHIPPED_CONFIGS, ids=lambda c: f"{c.block_kv}-{c.causal}-"
-                         f"{c.conversion.name}-{c.normalization.name}-{c.debug_step}")
-@pytest.mark.parametrize("shape", [(2, 4096, 16, 16, 128), (1, 1024, 8, 2, 64)],
-                         ids=["D128", "D64-GQA4"])
+@pytest.mark.parametrize("cfg", am.SHIPPED_CONFIGS, ids=lambda c: f"q{c.block_q}-{c.block_kv}-"
+                         f"{c.causal}-{c.conversion.name}-{c.normalization.name}-{c.debug_step}-"
+                         f"{'blocks' if c.scale_blocks else 'columns'}")
+@pytest.mark.parametrize("shape", [(2, 4096, 16, 16, 128), (1, 1000, 8, 2, 64)],
+                         ids=["D128", "D64-GQA4-T1000"])
 def test_cross_lowers_for_sm90a(cfg, shape):
     text = harness.cross_lower(
         lambda *a: am.attention_fp8_quantized(am.FP8Operands(*a), config=cfg), *_avals(*shape))
