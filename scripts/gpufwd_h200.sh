@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# GPU attention forward (issue 17, issue 15 item 13) on the H200. Total wall time <= 7 minutes (6.3 when no smoke case fails):
-#   1. smoke test of every configuration at small shapes    (timeout  60 s; sanitizer 30 s)
-#   2. python -m fp4sim bench gpu --only attention, 7 shapes (timeout 160 s)
+# GPU attention forward (issue 17, issue 15 item 13) on the H200. Total wall time <= 6.7 minutes (6.2 when no smoke case fails):
+#   1. smoke test of every configuration at small shapes    (timeout  50 s; sanitizer 30 s)
+#   2. python -m fp4sim bench gpu --only attention, 7 shapes (timeout 190 s)
 #   3. ncu SpeedOfLight + WarpStateStats (+ compute/memory)  (timeout  50 s)
-#   4. Mosaic's ptxas report and SASS of the default kernel  (timeout  25 s)
-#   5. pytest -m gpu of the attention-forward kernel tests   (timeout  60 s)
+#   4. Mosaic's ptxas report and SASS of the default kernel  (timeout  20 s)
+#   5. pytest -m gpu of the attention-forward kernel tests   (timeout  45 s)
 # Run from the repository root; everything goes under $OUT (default ./gpufwd-out).
 set -u
 OUT=${OUT:-$PWD/gpufwd-out}
@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt
 
 # 1. smoke
 log "smoke"
-timeout 60 "$PY" scripts/gpufwd_smoke.py > "$OUT/smoke.txt" 2>&1
+timeout 50 "$PY" scripts/gpufwd_smoke.py > "$OUT/smoke.txt" 2>&1
 log "smoke rc=$? $(tail -1 "$OUT/smoke.txt")"
 first=$(grep -m1 '^FAIL' "$OUT/smoke.txt" | awk '{print $2}')
 if [ -n "$first" ] && command -v compute-sanitizer > /dev/null; then
@@ -30,7 +30,7 @@ fi
 
 # 2. bench (the summary lines are printed last)
 log "bench"
-timeout 160 "$PY" -m fp4sim bench gpu --only attention --budget-s 135 --attention-reps 3 \
+timeout 190 "$PY" -m fp4sim bench gpu --only attention --budget-s 165 --attention-reps 3 \
   --attention-iters 5 --out "$OUT/bench" > "$OUT/bench.txt" 2>&1
 log "bench rc=$?"
 tail -9 "$OUT/bench.txt" | tee -a "$OUT/steps.log"
@@ -53,12 +53,12 @@ fi
 log "sass"
 mkdir -p "$OUT/dump"
 MOSAIC_GPU_DUMP_TO="$OUT/dump" MOSAIC_GPU_DUMP_PTXAS=1 MOSAIC_GPU_DUMP_SASS=1 \
-  timeout 25 "$PY" scripts/gpufwd_smoke.py --case fp8_default_d128 > "$OUT/dump/run.txt" 2>&1
+  timeout 20 "$PY" scripts/gpufwd_smoke.py --case fp8_default_d128 > "$OUT/dump/run.txt" 2>&1
 log "sass rc=$?; $(ls "$OUT/dump" | wc -l) files"
 
 # 5. GPU tests of the attention forward
 log "pytest -m gpu"
-timeout 60 "$PY" -m pytest -m gpu -x -q -p no:cacheprovider tests/kernels/test_attention_mgpu.py \
+timeout 45 "$PY" -m pytest -m gpu -x -q -p no:cacheprovider tests/kernels/test_attention_mgpu.py \
   tests/kernels/test_attention_mgpu_directp.py > "$OUT/pytest_gpu.txt" 2>&1
 log "pytest rc=$? $(tail -1 "$OUT/pytest_gpu.txt")"
 log "done"

@@ -45,12 +45,8 @@ def _cases():
                                                debug_step=0, out_type=am.OutType.FLOAT32),
         "fp8_bkv64": base.replace(block_kv=64),
         "fp8_bq128_bkv64": base.replace(block_q=128, block_kv=64),
-        "fp8_3stages": base.replace(max_concurrent_steps=3),
         "fp8_columns": base.replace(scale_blocks=False),
         "fp8_columns_causal": base.replace(scale_blocks=False, causal=True),
-        "fp8_skip_pv": base.replace(ablation=am.Ablation.SKIP_PV),
-        "fp8_skip_cols": base.replace(ablation=am.Ablation.SKIP_KEY_COLUMNS),
-        "fp8_skip_norm": base.replace(ablation=am.Ablation.SKIP_NORMALIZER),
     }
     cases = {}
     d64 = ("fp8_default", "fp8_causal", "fp8_bkv64", "fp8_bq128_bkv64", "fp8_exact")

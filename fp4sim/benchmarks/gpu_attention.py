@@ -160,6 +160,7 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
         "fp4sim_fp8_mismatched": base.replace(normalization=Normalization.MISMATCHED),
         "fp4sim_fp8_exact_p": base.replace(conversion=am.PConversion.EXACT),
         "fp4sim_fp8_bkv64": base.replace(block_kv=64),
+        "fp4sim_fp8_bq128_bkv64": base.replace(block_q=128, block_kv=64),
         "fp4sim_fp8_3stages": base.replace(max_concurrent_steps=3),
         "fp4sim_fp8_columns": base.replace(scale_blocks=False),  # per-key column vectors
         "ablate_no_pv": base.replace(ablation=am.Ablation.SKIP_PV),
