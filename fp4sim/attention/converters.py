@@ -46,11 +46,12 @@ carried by the forward (a row with a NaN score has NaN output; :mod:`fp4sim.atte
 from __future__ import annotations
 
 import math
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from fp4sim._xp import bitcast, namespace
+from fp4sim._xp import Array, bitcast, namespace
 from fp4sim.attention.exp2 import exp2_model, exp2_rn
 from fp4sim.attention.recipe import (
     AffineP,
@@ -82,42 +83,43 @@ _E2M1_POLICY = Policy(nan=NanPolicy.ZERO)  # NaN rows are handled by the forward
 class PTile(NamedTuple):
     """One key tile of P (see the module docstring for every field)."""
 
-    codes: Any
-    scales: Any
-    values: Any
-    exps: Any
+    codes: Array
+    scales: Array | None
+    values: Array
+    exps: Array | None
     block: int
     factor_exp: int
     pdiv: float
-    mismatched: Any
-    k: Any
+    mismatched: Array | None
+    k: Array | None
 
 
-def _blocks(xp: Any, t: Any, block: int) -> Any:
+def _blocks(xp: ModuleType, t: Array, block: int) -> Array:
     *lead, n = t.shape
     if n % block:
         raise ValueError(f"tile of {n} keys is not a multiple of the P block {block}")
     return xp.reshape(t, (*lead, n // block, block))
 
 
-def _unblock(xp: Any, tb: Any) -> Any:
+def _unblock(xp: ModuleType, tb: Array) -> Array:
     *lead, nb, b = tb.shape
     return xp.reshape(tb, (*lead, nb * b))
 
 
-def _block_max(xp: Any, tb: Any) -> Any:
+def _block_max(xp: ModuleType, tb: Array) -> Array:
     """Max over each block, NaN-propagating (−inf for fully masked blocks)."""
     return xp.max(tb, axis=-1)
 
 
-def _ceil_exp(xp: Any, m: Any, lo: int = -127, hi: int = 127) -> Any:
+def _ceil_exp(xp: ModuleType, m: Array, lo: int = -127, hi: int = 127) -> Array:
     """int32 ceil(m) clamped to [lo, hi]; −inf gives lo, NaN gives 0 (a NaN row's codes are
     meaningless; 0 keeps them finite)."""
     c = xp.ceil(xp.where(xp.isnan(m), np.float32(0.0), xp.clip(m, np.float32(lo), np.float32(hi))))
     return c.astype(np.int32)
 
 
-def _group_sum(xp: Any, vals_b: Any, weight: Any = None, exps: Any = None) -> Any:
+def _group_sum(xp: ModuleType, vals_b: Array, weight: Array | None = None,
+               exps: Array | None = None) -> Array:
     """Σ_groups fl(weight_g · tree_sum_g(vals)) (or ``· 2^exps_g``), groups added in key order
     (float32, FTZ)."""
     partial = f32.tree_sum_ftz(vals_b, axis=-1)  # (..., rows, nb)
@@ -131,7 +133,7 @@ def _group_sum(xp: Any, vals_b: Any, weight: Any = None, exps: Any = None) -> An
     return acc
 
 
-def mitchell_exp2(y: Any) -> Any:
+def mitchell_exp2(y: Array) -> Array:
     """Mitchell's piecewise-linear 2^y: float32 bits ``floor(y·2^23) + 127·2^23``, i.e.
     ``2^floor(y)·(1 + frac(y))`` (y clamped to 127 above; 0 below −126 and for −Inf/NaN)."""
     xp = namespace(y)
@@ -142,15 +144,15 @@ def mitchell_exp2(y: Any) -> Any:
     return xp.where(ok, bitcast(i.astype(np.uint32), np.float32), np.float32(0.0))
 
 
-def direct_p_coordinate(t: Any, k: Any) -> Any:
+def direct_p_coordinate(t: Array, k: Array) -> Array:
     """Direct-P coordinate ``x = fl(t + fl(log2 6 − k))`` (k broadcast against t)."""
     xp = namespace(t, k)
     bias = xp.asarray(LOG2_6) - xp.asarray(k).astype(np.float32)
     return xp.asarray(t, dtype=np.float32) + bias
 
 
-def direct_p_payload(converter: Any, x: Any, *, exp2: Exp2Model = Exp2Model(),
-                     fragment: int = 32, tile: int = 128) -> Any:
+def direct_p_payload(converter: Any, x: Array, *, exp2: Exp2Model = Exp2Model(),
+                     fragment: int = 32, tile: int = 128) -> Array:
     """E2M1 payload codes (uint8) of the Direct-P family (ExactP, AffineP, MitchellP) from the
     coordinate ``x`` (float32, any shape; −inf gives code 0)."""
     xp = namespace(x)
@@ -169,7 +171,7 @@ def direct_p_payload(converter: Any, x: Any, *, exp2: Exp2Model = Exp2Model(),
     return encode(value, E2M1, _E2M1_POLICY)
 
 
-def convert_tile(recipe: AttentionRecipe, t: Any, *, need_mismatched: bool = False) -> PTile:
+def convert_tile(recipe: AttentionRecipe, t: Array, *, need_mismatched: bool = False) -> PTile:
     """P of one key tile ``t`` (..., rows, keys) per ``recipe`` (converter, P format, block
     exponent rule, exp2 model, fragment and tile sizes). Pure; the backward calls it to rebuild
     P bit-identically from the same ``t``."""
@@ -177,16 +179,17 @@ def convert_tile(recipe: AttentionRecipe, t: Any, *, need_mismatched: bool = Fal
         return _convert_tile(recipe, t, need_mismatched)
 
 
-def _convert_tile(recipe: AttentionRecipe, t: Any, need_mismatched: bool) -> PTile:
+def _convert_tile(recipe: AttentionRecipe, t: Array, need_mismatched: bool) -> PTile:
     xp = namespace(t)
     t = xp.asarray(t, dtype=np.float32)
     conv, fmt = recipe.converter, recipe.p_format
     tile = t.shape[-1]
 
-    def ex2(v: Any) -> Any:
+    def ex2(v: Array) -> Array:
         return exp2_model(v, recipe.exp2, fragment=recipe.fragment, tile=tile)
 
-    def tile_of(codes: Any, scales: Any, values: Any, exps: Any, mism: Any, k: Any) -> PTile:
+    def tile_of(codes: Array, scales: Array | None, values: Array, exps: Array | None,
+                mism: Array | None, k: Array | None) -> PTile:
         # the P format's and the converter's declared constants (recipe.PFormat, converters)
         return PTile(codes, scales, values, exps, fmt.block, conv.factor_exp(fmt), fmt.divisor,
                      mism, k)

@@ -2,8 +2,8 @@
 training step, and the named ones.
 
 An :class:`AttentionRecipe` names every numerical choice between the raw inputs and the output
-(seed_algorithms.md §2-§4); a :class:`TrainingRecipe` adds the backward's formats (its operand
-scalings are :class:`~fp4sim.attention.causal.OperandScaling`). Both are static ``jax.jit``
+(see docs/algorithms.md); a :class:`TrainingRecipe` adds the backward's formats (its operand
+scalings are :class:`~fp4sim.attention.operands.OperandScaling`). Both are static ``jax.jit``
 arguments. This module owns no arithmetic: the converters live in
 :mod:`fp4sim.attention.converters`, the forward in :mod:`fp4sim.attention.forward`, the backward
 in :mod:`fp4sim.attention.backward` and :mod:`fp4sim.attention.autodiff`. The named recipes:
@@ -65,8 +65,8 @@ import math
 from typing import Any
 
 from fp4sim._checks import check_int
-from fp4sim.attention import causal as sc
-from fp4sim.attention.causal import OperandScaling
+from fp4sim.attention import operands as ops
+from fp4sim.attention.operands import OperandScaling
 from fp4sim.formats.blocks import MXFP8_E4M3
 from fp4sim.formats.spec import E2M1, E4M3, UE4M3, UE8M0, FloatFormat
 
@@ -452,38 +452,35 @@ class AttentionRecipe:
 
     @property
     def qk_scaling(self) -> OperandScaling:
-        """The :class:`~fp4sim.attention.causal.OperandScaling` of ``qk`` with ``qk_global``, as
+        """The :class:`~fp4sim.attention.operands.OperandScaling` of ``qk`` with ``qk_global``, as
         :func:`fp4sim.attention.forward.quantize_qk` applies it (blocks along the head dim)."""
         fmt = self.qk
         if fmt is QKFormat.FLOAT32:
-            return sc.FLOAT32
+            return ops.FLOAT32
         if fmt is QKFormat.BF16:
-            return OperandScaling(name="BF16 cast")  # element-wise rounding: no scale at all
+            return ops.BF16_CAST  # element-wise rounding: no scale at all
         if fmt is QKFormat.FP8_PER_TENSOR:  # one FP32 factor over the tensor, no block scale
-            return sc.FP8_PER_TENSOR_QK
+            return ops.FP8_PER_TENSOR_QK
         if fmt is QKFormat.MXFP8:
-            return sc.MXFP8_HEAD_DIM
+            return ops.MXFP8_HEAD_DIM
         if fmt is QKFormat.TOKEN_BLOCK_FP8:
-            return sc.TOKEN_BLOCK_POW2
-        return {QKGlobalScale.NONE: sc.NVFP4_HEAD_DIM,
-                QKGlobalScale.PER_TENSOR: sc.NVFP4_HEAD_DIM_PER_TENSOR,
-                QKGlobalScale.PER_TOKEN: sc.NVFP4_HEAD_DIM_PER_TOKEN}[self.qk_global]
+            return ops.TOKEN_BLOCK_POW2
+        return {QKGlobalScale.NONE: ops.NVFP4_HEAD_DIM,
+                QKGlobalScale.PER_TENSOR: ops.NVFP4_HEAD_DIM_PER_TENSOR,
+                QKGlobalScale.PER_TOKEN: ops.NVFP4_HEAD_DIM_PER_TOKEN}[self.qk_global]
 
     @property
     def v_scaling(self) -> OperandScaling:
-        """The :class:`~fp4sim.attention.causal.OperandScaling` of ``v``, as
+        """The :class:`~fp4sim.attention.operands.OperandScaling` of ``v``, as
         :func:`fp4sim.attention.forward.quantize_v` applies it (blocks along tokens).
-        ``FLOAT32`` and ``BF16`` have no scale; ``MXFP4_TOKENS`` is Direct-P's amplitude rule,
-        which is no block format (``ValueError``; see :func:`fp4sim.attention.forward.quantize_v`)."""
+        ``FLOAT32`` and ``BF16`` have no scale; ``MXFP4_TOKENS`` is Direct-P's amplitude rule
+        (``operands.DIRECT_P_V``: ``blocks.MXFP4_AMPLITUDE``, value β·q/6)."""
         fmt = self.v
         if fmt is VFormat.FLOAT32:
-            return sc.FLOAT32
+            return ops.FLOAT32
         if fmt is VFormat.BF16:
-            return OperandScaling(name="BF16 cast")
-        if fmt.name not in sc.V_SCALINGS:
-            raise ValueError(f"v={fmt.name} is Direct-P's amplitude rule (value β·q/6), not a "
-                             f"block format; allowed: FLOAT32, BF16, {', '.join(sc.V_SCALINGS)}")
-        return sc.V_SCALINGS[fmt.name]
+            return ops.BF16_CAST
+        return ops.V_SCALINGS[fmt.name]
 
     @property
     def v_block(self) -> int:
@@ -606,7 +603,7 @@ class TrainingRecipe:
     (``qk``, ``qk_global``: quantized along the head dimension by
     :func:`fp4sim.attention.forward.quantize_qk`), converter, P format, normalization, tiling
     and exp2 model make the forward; its ``v`` must be ``FLOAT32`` because the training path
-    quantizes V itself with ``v`` (:class:`~fp4sim.attention.causal.OperandScaling`: it needs
+    quantizes V itself with ``v`` (:class:`~fp4sim.attention.operands.OperandScaling`: it needs
     token-axis options that ``VFormat`` lacks — OCP floor, per-token, per-tensor — and
     document-aligned groups). Backward formats: ``d_out`` (the one quantized dO copy for dV and
     dP), ``p_backward`` (P as the dV operand, rows = queries), ``ds`` (the dQ/dK operand).
@@ -682,7 +679,7 @@ class TrainingRecipe:
 
     @property
     def qk(self) -> OperandScaling:
-        """The Q/K scaling of the forward as an :class:`~fp4sim.attention.causal.OperandScaling`
+        """The Q/K scaling of the forward as an :class:`~fp4sim.attention.operands.OperandScaling`
         (for the leak classification and the probe's scale check)."""
         return self.forward.qk_scaling
 
@@ -692,7 +689,7 @@ class TrainingRecipe:
 
 
 # --- named training recipes -----------------------------------------------------------------
-P_MXFP8_KEYS = sc.OperandScaling(name="P MXFP8 32 keys", fmt=MXFP8_E4M3, axis=-1)
+P_MXFP8_KEYS = ops.OperandScaling(name="P MXFP8 32 keys", fmt=MXFP8_E4M3, axis=-1)
 """P as the dV operand: E4M3 with one UE8M0 (rounded up) per 32 keys of a query row."""
 
 _F32_FWD = AttentionRecipe(qk=QKFormat.FLOAT32, converter=ExactP(), p_format=PFormat.FLOAT32,
@@ -704,17 +701,17 @@ _FP8_P_FWD = AttentionRecipe(qk=QKFormat.NVFP4, converter=ExactP(), p_format=PFo
 _FP4_P_FWD = _FP8_P_FWD.replace(p_format=PFormat.MXFP4)
 
 
-def _route(name: str, fwd: AttentionRecipe, *, v: OperandScaling = sc.TOKEN_BLOCK_POW2,
-           d_out: OperandScaling = sc.E5M2_CAST, p_backward: OperandScaling = P_MXFP8_KEYS,
-           ds: OperandScaling = sc.DS_SQUARE_RCEIL,
+def _route(name: str, fwd: AttentionRecipe, *, v: OperandScaling = ops.TOKEN_BLOCK_POW2,
+           d_out: OperandScaling = ops.E5M2_CAST, p_backward: OperandScaling = P_MXFP8_KEYS,
+           ds: OperandScaling = ops.DS_SQUARE_RCEIL,
            delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT) -> TrainingRecipe:
     return TrainingRecipe(name=name, forward=fwd, v=v, d_out=d_out, p_backward=p_backward, ds=ds,
                           delta=delta)
 
 
 TRAINING_PRESETS: dict[str, TrainingRecipe] = {
-    "float32": _route("float32", _F32_FWD, v=sc.FLOAT32, d_out=sc.FLOAT32,
-                      p_backward=sc.FLOAT32, ds=sc.FLOAT32),
+    "float32": _route("float32", _F32_FWD, v=ops.FLOAT32, d_out=ops.FLOAT32,
+                      p_backward=ops.FLOAT32, ds=ops.FLOAT32),
     "direct_p_fp8_training": _route("direct_p_fp8_training", _FP8_P_FWD),
     "direct_p_fp4_forward": _route("direct_p_fp4_forward", _FP4_P_FWD),
     "direct_p_affine_fp4": _route("direct_p_affine_fp4", _FP4_P_FWD.replace(converter=AffineP())),
@@ -725,14 +722,14 @@ TRAINING_PRESETS: dict[str, TrainingRecipe] = {
                         p_format=PFormat.FP8, v=VFormat.FLOAT32,
                         normalization=Normalization.MISMATCHED, rescale_threshold=4.0,
                         block_kv=64),
-        v=sc.MXFP8_TOKENS_RCEIL, d_out=sc.MXFP8_HEAD_DIM,
-        ds=sc.OperandScaling(name="dS MXFP8 32 keys", fmt=MXFP8_E4M3, axis=-1)),
+        v=ops.MXFP8_TOKENS_RCEIL, d_out=ops.MXFP8_HEAD_DIM,
+        ds=ops.OperandScaling(name="dS MXFP8 32 keys", fmt=MXFP8_E4M3, axis=-1)),
     "attn_qat_nvfp4": TrainingRecipe(
         name="attn_qat_nvfp4",
         forward=AttentionRecipe(qk=QKFormat.NVFP4, converter=ExactP(), p_format=PFormat.NVFP4,
                                 v=VFormat.FLOAT32, normalization=Normalization.MISMATCHED,
                                 block_kv=64),
-        v=sc.NVFP4_HEAD_DIM, d_out=sc.FLOAT32, p_backward=sc.FLOAT32, ds=sc.FLOAT32,
+        v=ops.NVFP4_HEAD_DIM, d_out=ops.FLOAT32, p_backward=ops.FLOAT32, ds=ops.FLOAT32,
         delta=DeltaSource.HIGH_PRECISION_OUTPUT,
         ds_probabilities=DsProbabilities.HIGH_PRECISION),
 }
@@ -761,27 +758,27 @@ d = 64, causal, seed 0, NumPy): float32 3.1e-7 / 3.6e-7 / 3.0e-7; direct_p_fp8_t
 """
 
 
-def _leak_row(name: str, v: sc.OperandScaling, ds: sc.OperandScaling = sc.DS_PER_ROW
+def _leak_row(name: str, v: ops.OperandScaling, ds: ops.OperandScaling = ops.DS_PER_ROW
               ) -> TrainingRecipe:
     return _route(name, _FP4_P_FWD, v=v, ds=ds)
 
 
 LEAK_TABLE: dict[str, TrainingRecipe] = {
-    "V unquantized": _leak_row("V unquantized", sc.FLOAT32),
+    "V unquantized": _leak_row("V unquantized", ops.FLOAT32),
     "V per-token pow2 (exact option)": _leak_row("V per-token pow2 (exact option)",
-                                                 sc.PER_TOKEN_POW2),
+                                                 ops.PER_TOKEN_POW2),
     "V token-block 32xD ceil E4M3": _leak_row("V token-block 32xD ceil E4M3",
-                                              sc.TOKEN_BLOCK_POW2),
-    "V MXFP8 32-token RCEIL": _leak_row("V MXFP8 32-token RCEIL", sc.MXFP8_TOKENS_RCEIL),
+                                              ops.TOKEN_BLOCK_POW2),
+    "V MXFP8 32-token RCEIL": _leak_row("V MXFP8 32-token RCEIL", ops.MXFP8_TOKENS_RCEIL),
     "V MXFP8 32-token OCP floor": _leak_row("V MXFP8 32-token OCP floor",
-                                            sc.MXFP8_TOKENS_FLOOR),
-    "V MXFP4 32-token": _leak_row("V MXFP4 32-token", sc.MXFP4_TOKENS_RCEIL),
-    "V NVFP4 16-token": _leak_row("V NVFP4 16-token", sc.NVFP4_TOKENS),
+                                            ops.MXFP8_TOKENS_FLOOR),
+    "V MXFP4 32-token": _leak_row("V MXFP4 32-token", ops.MXFP4_TOKENS_RCEIL),
+    "V NVFP4 16-token": _leak_row("V NVFP4 16-token", ops.NVFP4_TOKENS),
     "V per-tensor FP8 amax/448": _leak_row("V per-tensor FP8 amax/448",
-                                           sc.FP8_PER_TENSOR_AMAX),
-    "V per-tensor pow2": _leak_row("V per-tensor pow2", sc.PER_TENSOR_POW2),
+                                           ops.FP8_PER_TENSOR_AMAX),
+    "V per-tensor pow2": _leak_row("V per-tensor pow2", ops.PER_TENSOR_POW2),
     "dS 32x32 floor (V per-token)": _leak_row("dS 32x32 floor (V per-token)",
-                                              sc.PER_TOKEN_POW2, sc.DS_SQUARE_FLOOR),
+                                              ops.PER_TOKEN_POW2, ops.DS_SQUARE_FLOOR),
 }
 """The rows of seed_algorithms.md §6.3 in order: NVFP4 Q/K per token (UE4M3, no FP32 factor),
 exact MXFP4 P with consistent normalization, E5M2 dO, the listed V scaling, and the exact

@@ -128,6 +128,10 @@ def _check_operand(q: Any, name: str) -> None:
         raise TypeError(f"{name}={q!r} must be a QuantizedArray")
     if q.ndim < 2:
         raise ValueError(f"{name} has shape {q.shape}; need at least 2 dimensions")
+    if q.format.divisor != 1.0:
+        raise ValueError(f"{name} is {q.format.name} (rule {q.format.rule.name}: values divided "
+                         f"by {q.format.divisor:g}), which no block-scaled MMA applies; allowed: "
+                         f"formats with value code·scale·global")
 
 
 def _operand(q: QuantizedArray, name: str, kn: bool):

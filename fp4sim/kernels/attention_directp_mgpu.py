@@ -174,7 +174,8 @@ def prepare_operands(q: Any, k: Any, v: Any, recipe: AttentionRecipe = HW_FP4_DI
     import jax.numpy as jnp
 
     from fp4sim.attention.forward import quantize_qk, quantize_v
-    from fp4sim.kernels.attention_mgpu import _check_qkv_shapes, _pow2_f32
+    from fp4sim.kernels.attention_common import pow2_f32 as _pow2_f32
+    from fp4sim.kernels.attention_mgpu import _check_qkv_shapes
 
     _check_qkv_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
     bhtd = lambda x: jnp.swapaxes(jnp.asarray(x, jnp.float32), 1, 2)  # noqa: E731
@@ -283,7 +284,9 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Direc
     from jax import lax
 
     from fp4sim.kernels.attention_common import StepResult, TileMath, build_forward
-    from fp4sim.kernels.attention_mgpu import _ceil_f32, _floor_f32, _pow2_f32
+    from fp4sim.kernels.attention_common import ceil_f32 as _ceil_f32
+    from fp4sim.kernels.attention_common import floor_f32 as _floor_f32
+    from fp4sim.kernels.attention_common import pow2_f32 as _pow2_f32
 
     bq, bkv, d = cfg.block_q, cfg.block_kv, q_shape[3]
     n_blocks = bkv // _P_BLOCK

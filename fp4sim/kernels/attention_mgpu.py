@@ -93,6 +93,9 @@ import numpy as np
 
 from fp4sim import _checks
 from fp4sim.attention.recipe import Normalization
+from fp4sim.kernels.attention_common import ceil_f32 as _ceil_f32
+from fp4sim.kernels.attention_common import floor_f32 as _floor_f32
+from fp4sim.kernels.attention_common import pow2_f32 as _pow2_f32
 
 __all__ = [
     "TOKEN_BLOCK",
@@ -263,14 +266,6 @@ class FP8Operands(NamedTuple):
     v_exp: Any
 
 
-def _pow2_f32(e: Any) -> Any:
-    """2^e as float32 for int32 e in [-126, 127], built from the exponent bits."""
-    import jax.numpy as jnp
-    from jax import lax
-
-    return lax.bitcast_convert_type((e.astype(jnp.int32) + 127) << 23, jnp.float32)
-
-
 def quantize_operands(q: Any, k: Any, v: Any) -> FP8Operands:
     """Quantize float Q (B, T, Hq, D), K and V (B, S, Hkv, D) to token-block E4M3.
 
@@ -394,23 +389,6 @@ def e4m3_exp2_thresholds() -> dict[int, tuple[float, ...]]:
             ths.append(float(th))
         out[key] = tuple(ths)
     return out
-
-
-def _ceil_f32(x: Any) -> Any:
-    """⌈x⌉ with round-to-nearest-even and a comparison (Mosaic GPU has no floor/ceil rule)."""
-    import jax.numpy as jnp
-    from jax import lax
-
-    r = lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)
-    return r + jnp.where(r < x, 1.0, 0.0).astype(x.dtype)
-
-
-def _floor_f32(x: Any) -> Any:
-    import jax.numpy as jnp
-    from jax import lax
-
-    r = lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)
-    return r - jnp.where(r > x, 1.0, 0.0).astype(x.dtype)
 
 
 def exact_e4m3_exp2(t: Any, g: Any) -> Any:
