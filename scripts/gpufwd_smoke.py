@@ -46,10 +46,13 @@ def _cases():
         "fp8_bkv64": base.replace(block_kv=64),
         "fp8_bq128_bkv64": base.replace(block_q=128, block_kv=64),
         "fp8_columns": base.replace(scale_blocks=False),
+        "fp8_mma_sums": base.replace(block_sums=True),
+        "fp8_mma_sums_causal": base.replace(block_sums=True, causal=True),
         "fp8_columns_causal": base.replace(scale_blocks=False, causal=True),
     }
     cases = {}
-    d64 = ("fp8_default", "fp8_causal", "fp8_bkv64", "fp8_bq128_bkv64", "fp8_exact")
+    d64 = ("fp8_default", "fp8_causal", "fp8_bkv64", "fp8_bq128_bkv64", "fp8_exact",
+           "fp8_mma_sums")
     for name, cfg in fp8.items():
         for d in (128, 64) if name in d64 else (128,):
             cases[f"{name}_d{d}"] = ("fp8", cfg, (1, 512, 512, 4, 2, d))

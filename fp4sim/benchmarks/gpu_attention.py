@@ -163,11 +163,13 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
         "fp4sim_fp8_bq128_bkv64": base.replace(block_q=128, block_kv=64),
         "fp4sim_fp8_3stages": base.replace(max_concurrent_steps=3),
         "fp4sim_fp8_columns": base.replace(scale_blocks=False),  # per-key column vectors
+        "fp4sim_fp8_mma_sums": base.replace(block_sums=True),  # normalizer on the tensor core
         "ablate_no_pv": base.replace(ablation=am.Ablation.SKIP_PV),
         "ablate_no_key_columns": base.replace(ablation=am.Ablation.SKIP_KEY_COLUMNS),
         "ablate_no_normalizer": base.replace(ablation=am.Ablation.SKIP_NORMALIZER),
     }
-    core = ("fp4sim_fp8", "fp4sim_fp8_mismatched", "fp4sim_fp8_columns", "ablate_no_pv")
+    core = ("fp4sim_fp8", "fp4sim_fp8_mismatched", "fp4sim_fp8_columns", "fp4sim_fp8_mma_sums",
+            "ablate_no_pv")
     d64_variants = {  # the D64 shapes try their own tiles
         "fp4sim_fp8_bkv64": base.replace(block_kv=64),
         "fp4sim_fp8_bq128_bkv64": base.replace(block_q=128, block_kv=64),

@@ -183,6 +183,12 @@ class FP8AttentionConfig:
     the normalizer column) as one SMEM scalar per 32-key token block and work on 32-key slices
     of the score tile (one FMA per element before exp2) instead of loading per-key column
     vectors; masked tiles always take the per-key path. Same bits either way.
+    ``block_sums``: the consistent normalizer's per-32-key sums of the P codes come from the
+    tensor core (8 indicator rows appended to the Vᵀ tile, see
+    :func:`fp4sim.kernels.attention_common.build_forward`) instead of a SIMT conversion and
+    sum of the codes; P codes, F and m keep their bits, the normalizer is the same sum in
+    another order (the FP8 tensor core's accumulation). Ignored for MISMATCHED normalization
+    and the SKIP_PV / SKIP_NORMALIZER ablations.
     """
 
     block_q: int = 64
@@ -195,6 +201,7 @@ class FP8AttentionConfig:
     debug_step: int | None = None
     ablation: Ablation = Ablation.NONE
     scale_blocks: bool = True
+    block_sums: bool = False
 
     def __post_init__(self) -> None:
         _check_int("block_q", self.block_q, 64, 64)
@@ -203,7 +210,7 @@ class FP8AttentionConfig:
             raise ValueError(f"FP8AttentionConfig.block_kv={self.block_kv} exceeds wgmma's N "
                              f"limit; allowed: 64, 128, 192, 256")
         _check_int("max_concurrent_steps", self.max_concurrent_steps, 2)
-        for name in ("causal", "scale_blocks"):
+        for name in ("causal", "scale_blocks", "block_sums"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"FP8AttentionConfig.{name}={getattr(self, name)!r} must be a "
                                 f"bool")
@@ -235,6 +242,8 @@ SHIPPED_CONFIGS: tuple[FP8AttentionConfig, ...] = (
     FP8AttentionConfig(block_kv=64),
     FP8AttentionConfig(block_q=128, block_kv=64),
     FP8AttentionConfig(scale_blocks=False),
+    FP8AttentionConfig(block_sums=True),
+    FP8AttentionConfig(block_sums=True, causal=True, conversion=PConversion.EXACT, debug_step=0),
 )
 """The configurations the package ships (cross-lowered for sm_90a in the CPU tests)."""
 
@@ -608,6 +617,7 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
                 kv_len: int | None = None):
     import jax.numpy as jnp
     from jax import lax
+    from jax.experimental.pallas import mosaic_gpu as plgpu
 
     from fp4sim.kernels.attention_common import StepResult, TileMath, build_forward
 
@@ -622,6 +632,18 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
 
     nb = bkv // TOKEN_BLOCK
     bc_blk = lambda x: lax.broadcast_in_dim(x, (bq, TOKEN_BLOCK), [0])  # noqa: E731
+    sums_on_mma = (cfg.block_sums and consistent and ab is Ablation.NONE)
+
+    def l_from_sums(ctx, f_tile, e_t):
+        """The tile's normalizer from the tensor core's per-block sums of the P codes:
+        ``2^(F − E_T)·Σ_B 2^(E_T − e_V(B))·Σ_{j∈B} P_c(j)``."""
+        def fn(sums):  # (bq, 8): column b = block b's sum (b < nb), zero beyond
+            col = plgpu.broadcasted_iota(jnp.int32, (bq, 8), 1, layout=plgpu.Layout.WGMMA)
+            w8 = jnp.zeros((bq, 8), f32)
+            for b in range(nb):
+                w8 = jnp.where(col == b, ctx.col_ref[2, b * TOKEN_BLOCK], w8)
+            return (sums * w8).sum(axis=1) * jnp.exp2(f_tile - e_t)
+        return fn
 
     def blocked_step(ctx, m_i, cq):
         """An unmasked tile with the per-key factors read as one scalar per 32-key token block
@@ -649,6 +671,10 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
         p8 = p_all.astype(f8)
         unit = jnp.exp2(f_tile)
         l_tile = None
+        if sums_on_mma:
+            beta = jnp.exp2((m_i - m_new) * cq)
+            return StepResult(p=p8, l_tile=None, m=m_new, beta=beta, pv_scale=unit, state=(),
+                              debug=(f_tile, m_new), l_sums=l_from_sums(ctx, f_tile, e_t))
         if ab is not Ablation.SKIP_NORMALIZER:
             if consistent:
                 w_all = p8.astype(f32)
@@ -700,6 +726,10 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
             p8 = p_u.astype(f8)
         unit = jnp.exp2(f_tile)  # 2^F (0 for fully masked rows)
         l_tile = None
+        if sums_on_mma:
+            beta = jnp.exp2((m_i - m_new) * cq)
+            return StepResult(p=p8, l_tile=None, m=m_new, beta=beta, pv_scale=unit, state=(),
+                              debug=(f_tile, m_new), l_sums=l_from_sums(ctx, f_tile, e_t))
         if ab is not Ablation.SKIP_NORMALIZER:
             if consistent:
                 w = p8.astype(f32)
@@ -729,7 +759,8 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
         block_q=bq, block_kv=bkv, max_concurrent_steps=cfg.max_concurrent_steps,
         causal=cfg.causal, n_columns=4, row_input=True,
         math=TileMath(step=step, finish=finish, n_debug=2),
-        debug_step=cfg.debug_step, skip_pv=ab is Ablation.SKIP_PV, kv_len=kv_len)
+        debug_step=cfg.debug_step, skip_pv=ab is Ablation.SKIP_PV, kv_len=kv_len,
+        block_sums=sums_on_mma)
 
     def call(q_codes, k_codes, vt_codes, q_scale, kv_cols):
         outs = run(q_codes, k_codes, vt_codes, q_scale, kv_cols)

@@ -139,17 +139,21 @@ def _check_against_oracle(ops, out, cfg, scale, *, bitwise_codes: bool, min_matc
 
 
 # --- interpret mode (CPU) ------------------------------------------------------------------------
-@pytest.mark.parametrize("causal,scale_blocks", [(False, True), (True, True), (False, False)],
-                         ids=["blocks", "blocks-causal", "columns"])
-def test_interpret_exact_debug_bitwise(causal, scale_blocks):
+@pytest.mark.parametrize("causal,scale_blocks,block_sums",
+                         [(False, True, False), (True, True, False), (False, False, False),
+                          (False, True, True), (True, True, True)],
+                         ids=["blocks", "blocks-causal", "columns", "mma-sums",
+                              "mma-sums-causal"])
+def test_interpret_exact_debug_bitwise(causal, scale_blocks, block_sums):
     """Non-causal: every tile takes the per-block-scalar path (or the per-key column path);
     causal: an unmasked tile then the masked diagonal tile (debug step 1 for the second
-    warpgroup)."""
+    warpgroup); block_sums: the normalizer from the tensor core's block sums."""
     rng = np.random.default_rng(1 + causal)
     ops = _integer_operands(rng, 1, 128, 2, 1, 64)
     cfg = am.FP8AttentionConfig(block_q=64, block_kv=64, causal=causal,
                                 conversion=am.PConversion.EXACT, debug_step=1,
-                                out_type=am.OutType.FLOAT32, scale_blocks=scale_blocks)
+                                out_type=am.OutType.FLOAT32, scale_blocks=scale_blocks,
+                                block_sums=block_sums)
     scale = 6.0  # spreads t over tens of log2 units: normal, subnormal and zero codes occur
     out = harness.interpret(lambda: am.attention_fp8_quantized(ops, softmax_scale=scale, config=cfg))
     _check_against_oracle(ops, out, cfg, scale, bitwise_codes=True)
@@ -245,7 +249,8 @@ def _dequantize(ops):
         np.swapaxes(vt, 2, 3), 1, 2)
 
 
-def test_interpret_zero_blocks_and_tail_lengths():
+@pytest.mark.parametrize("block_sums", [False, True], ids=["simt-sums", "mma-sums"])
+def test_interpret_zero_blocks_and_tail_lengths(block_sums):
     """T = 100 queries and S = 150 keys (non-causal, masked tail tile, partial token blocks),
     GQA 3:1, zero V/K/Q token blocks: bitwise P codes, F and m against the oracle, O close to
     float64 attention of the dequantized operands (zero V rows keep their softmax weight)."""
@@ -263,7 +268,7 @@ def test_interpret_zero_blocks_and_tail_lengths():
     ops = am.FP8Operands(*(jnp.asarray(x.astype(F8)) for x in (qc, kc, vt)),
                          *(jnp.asarray(x, jnp.int32) for x in (qe, ke, ve)))
     cfg = am.FP8AttentionConfig(block_kv=64, conversion=am.PConversion.EXACT, debug_step=2,
-                                out_type=am.OutType.FLOAT32)
+                                out_type=am.OutType.FLOAT32, block_sums=block_sums)
     scale = 1 / 8
     out = harness.interpret(lambda: am.attention_fp8_quantized(ops, softmax_scale=scale,
                                                                config=cfg))
@@ -307,7 +312,8 @@ def _avals(b, t, hq, hkv, d):
 
 @pytest.mark.parametrize("cfg", am.SHIPPED_CONFIGS, ids=lambda c: f"q{c.block_q}-{c.block_kv}-"
                          f"{c.causal}-{c.conversion.name}-{c.normalization.name}-{c.debug_step}-"
-                         f"{'blocks' if c.scale_blocks else 'columns'}")
+                         f"{'blocks' if c.scale_blocks else 'columns'}"
+                         f"{'-mma-sums' if c.block_sums else ''}")
 @pytest.mark.parametrize("shape", [(2, 4096, 16, 16, 128), (1, 1000, 8, 2, 64)],
                          ids=["D128", "D64-GQA4-T1000"])
 def test_cross_lowers_for_sm90a(cfg, shape):
