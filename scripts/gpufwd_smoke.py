@@ -36,40 +36,32 @@ def _cases():
     from fp4sim.kernels import attention_mgpu as am
 
     base = am.FP8AttentionConfig()
-    fp8 = {
-        "fp8_default": base,
-        "fp8_causal": base.replace(causal=True),
-        "fp8_mismatched": base.replace(normalization=Normalization.MISMATCHED),
-        "fp8_exact": base.replace(conversion=am.PConversion.EXACT),
-        "fp8_exact_causal_debug": base.replace(conversion=am.PConversion.EXACT, causal=True,
-                                               debug_step=0, out_type=am.OutType.FLOAT32),
-        "fp8_bkv64": base.replace(block_kv=64),
-        "fp8_bq128_bkv64": base.replace(block_q=128, block_kv=64),
-        "fp8_columns": base.replace(scale_blocks=False),
-        "fp8_mma_sums": base.replace(block_sums=True),
-        "fp8_mma_sums_causal": base.replace(block_sums=True, causal=True),
-        "fp8_columns_causal": base.replace(scale_blocks=False, causal=True),
+    f32 = am.OutType.FLOAT32
+    d128, d64 = (1, 512, 512, 4, 2, 128), (1, 512, 512, 4, 2, 64)
+    cases = {
+        "fp8_default_d128": ("fp8", base, d128),
+        "fp8_default_d64": ("fp8", base, d64),
+        "fp8_causal_d128": ("fp8", base.replace(causal=True), d128),
+        "fp8_mma_sums_d128": ("fp8", base.replace(block_sums=True), d128),
+        "fp8_mma_sums_causal_d64": ("fp8", base.replace(block_sums=True, causal=True), d64),
+        "fp8_columns_d128": ("fp8", base.replace(scale_blocks=False), d128),
+        "fp8_bq128_bkv64_d64": ("fp8", base.replace(block_q=128, block_kv=64), d64),
+        "fp8_mismatched_d128": ("fp8", base.replace(normalization=Normalization.MISMATCHED),
+                                d128),
+        "fp8_exact_causal_debug_d128": ("fp8", base.replace(
+            conversion=am.PConversion.EXACT, causal=True, debug_step=0, out_type=f32), d128),
+        # every input a user sends: odd lengths, T != S, head counts, GQA ratios, zeros, NaN
+        "fp8_T1000_causal_H3": ("fp8", base.replace(causal=True), (1, 1000, 1000, 3, 1, 128)),
+        "fp8_T300_S777_H4": ("fp8", base, (2, 300, 777, 4, 4, 128)),
+        "fp8_T1_S129_H1": ("fp8", base, (1, 1, 129, 1, 1, 64)),
+        "fp8_T64_S64_H6_gqa3": ("fp8", base.replace(causal=True), (1, 64, 64, 6, 2, 64)),
+        "fp8_zeros": ("fp8_zeros", base, (1, 256, 256, 2, 1, 128)),
+        "fp8_nan_v": ("fp8_nan", base.replace(causal=True), (1, 256, 256, 2, 1, 128)),
+        "directp_affine_d128": ("directp", dp.DirectPConfig(), d128),
+        "directp_mitchell_causal_d64": ("directp", dp.DirectPConfig(
+            recipe=HW_FP4_DIRECT_P_MITCHELL, causal=True), d64),
+        "directp_T1000_S777": ("directp", dp.DirectPConfig(), (1, 1000, 777, 2, 1, 128)),
     }
-    cases = {}
-    d64 = ("fp8_default", "fp8_causal", "fp8_bkv64", "fp8_bq128_bkv64", "fp8_exact",
-           "fp8_mma_sums")
-    for name, cfg in fp8.items():
-        for d in (128, 64) if name in d64 else (128,):
-            cases[f"{name}_d{d}"] = ("fp8", cfg, (1, 512, 512, 4, 2, d))
-    # every input a user sends: odd lengths, T != S, head counts, GQA ratios
-    cases["fp8_T1000_causal_H3"] = ("fp8", base.replace(causal=True), (1, 1000, 1000, 3, 1, 128))
-    cases["fp8_T300_S777_H4"] = ("fp8", base, (2, 300, 777, 4, 4, 128))
-    cases["fp8_T1_S129_H1"] = ("fp8", base, (1, 1, 129, 1, 1, 64))
-    cases["fp8_T64_S64_H6_gqa3"] = ("fp8", base.replace(causal=True), (1, 64, 64, 6, 2, 64))
-    cases["fp8_zeros"] = ("fp8_zeros", base, (1, 256, 256, 2, 1, 128))
-    cases["fp8_nan_v"] = ("fp8_nan", base.replace(causal=True), (1, 256, 256, 2, 1, 128))
-    dpc = {"directp_affine": dp.DirectPConfig(),
-           "directp_affine_causal": dp.DirectPConfig(causal=True),
-           "directp_mitchell": dp.DirectPConfig(recipe=HW_FP4_DIRECT_P_MITCHELL)}
-    for name, cfg in dpc.items():
-        for d in (128, 64) if name == "directp_affine" else (128,):
-            cases[f"{name}_d{d}"] = ("directp", cfg, (1, 512, 512, 4, 2, d))
-    cases["directp_T1000_S777"] = ("directp", dp.DirectPConfig(), (1, 1000, 777, 2, 1, 128))
     return cases
 
 

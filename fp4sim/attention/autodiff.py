@@ -29,7 +29,7 @@ This module owns:
   scores again: the same bits as :func:`rebuild_p` (tested for every forward preset), which
   :func:`training_backward` and the consistency checks still run.
 * Named recipes: :data:`TRAINING_PRESETS` (published routes and the float32 baseline) and
-  :data:`LEAK_TABLE` (the rows of seed_algorithms.md §6.3, in order).
+  :data:`LEAK_TABLE` (the configurations of FLAMIA (github.com/yandex-research/flamia-blackwell-attention)'s leak table, in order).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ This module owns the gradient of softmax attention ``O = softmax(c_e·Q Kᵀ + m
 
 The identity ``D_i = Σ_j P̃_ij dP_ij = rowsum(dO_i ∘ O_i)`` holds only when ``O = P̃ V̂`` with the
 very ``P̃`` used in dS; the rows of dS then sum to ``D_i·(1 − Σ_j P̃_ij)``, which is zero only
-under consistent normalization (seed_algorithms.md §5.2: 0 vs 0.068027 in the two-key example).
+under consistent normalization (0 vs 0.068027 in the two-key example).
 :mod:`fp4sim.attention.consistency` checks these and the other invariants.
 
 Masks are those of :mod:`fp4sim.attention.reference`: ``causal`` aligned at the end (query i

@@ -16,7 +16,7 @@ Output: a :class:`PTile` with
   *unquantized* weights in the same units as ``values · 2^exps · 2^factor_exp`` (only when asked),
 * ``k``: (..., rows, blocks) the block exponent actually used (Direct-P k_B, HAO b_g, RCEIL e_B).
 
-The converters (seed_algorithms.md §2), with the float32 evaluation order that defines them:
+The converters, with the float32 evaluation order that defines them:
 
 ``ExactP`` + MXFP4  (Direct-P family) ``k_B`` per :class:`BlockExponent`, ``x = fl(t + fl(log2 6 − k_B))``,
                     payload ``RN_E2M1_sat(exp2(x))``, scale code ``k_B + 127``, ``pdiv = 6``.
@@ -28,14 +28,14 @@ The converters (seed_algorithms.md §2), with the float32 evaluation order that 
 ``ExactP`` + NVFP4  ``p = exp2(t)``, ``sf = RN_UE4M3(fl(max p / 6))``, payload ``RN_E2M1(fl(p / sf))``
                     (payload 0 where sf = 0), values ``payload·sf``.
 ``ExactP`` + FP8 / BF16 / FLOAT32: ``RN(exp2(t))`` in E4M3 / BF16 / float32 (no scale).
-``LogGroupP``       HAO (§2.2): ``s = fl(t + off)``, ``off = log2 6`` (NVFP4, 16 keys) or ``log2 448``
+``LogGroupP``       HAO (github.com/hao-ai-lab/flash-attention-fp4): ``s = fl(t + off)``, ``off = log2 6`` (NVFP4, 16 keys) or ``log2 448``
                     (MXFP8, 32 keys); ``b = fl(max(max s, clamp) − off)``, ceil'ed for MXFP8;
                     ``P = exp2(fl(s − b))``; NVFP4 scale ``RN_UE4M3(exp2(b))``, MXFP8 scale code
                     ``b + 127``; mismatched sum ``Σ_g fl(exp2(b) · Σ_j P_j)``.
-``SageTwoLevelP``   (§2.3): ``P̂ = exp2(fl(t + log2 2688))``, ``A_g = exp2(fl(max_g t + log2 448))``,
+``SageTwoLevelP``   (SageAttention3, arXiv:2505.11594): ``P̂ = exp2(fl(t + log2 2688))``, ``A_g = exp2(fl(max_g t + log2 448))``,
                     payload ``RN_E2M1(fl(P̂ / A_g))``, scale ``RN_UE4M3(A_g)``; mismatched ``Σ P̂``.
-``FixedScaleP``     (§2.5): payload ``RN_E4M3(p · scale)``, ``factor_exp = −log2 scale``.
-``SchraudolphP``    (§2.9): code pattern ``floor(2^mb·fl(t + fl(scale_log2 − shift))) + bias·2^mb``.
+``FixedScaleP``     (cuDNN, github.com/NVIDIA/cudnn-frontend): payload ``RN_E4M3(p · scale)``, ``factor_exp = −log2 scale``.
+``SchraudolphP``    (Schraudolph 1999, as used by FLAMIA): code pattern ``floor(2^mb·fl(t + fl(scale_log2 − shift))) + bias·2^mb``.
 
 Sums over keys inside a converter (the mismatched denominators) use the fixed pairwise tree of
 :func:`fp4sim.formats.f32.tree_sum_ftz` over each scale group (or the whole tile), then add the

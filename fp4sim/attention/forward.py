@@ -28,7 +28,7 @@ the accumulator columns where a 0·Inf (or 0·NaN) partial gives NaN, which one 
 keys' column sums of fl(0·v) reproduces; its anchors and P codes/scales are filled in. Under jax
 the row blocks are mapped in up to ``_BUCKETS`` groups, each with the tiles its last block needs.
 
-Per key tile of ``block_kv`` keys (seed_algorithms.md §2.0, §4.2):
+Per key tile of ``block_kv`` keys (the notation of :mod:`fp4sim.attention.recipe`):
 
 1. Scores ``z`` from the quantized operands (:func:`quantize_qk`): each scale block's partial
    dot product is formed first — by a matrix product when it is exact (FP4 payloads, optionally
@@ -43,10 +43,10 @@ Per key tile of ``block_kv`` keys (seed_algorithms.md §2.0, §4.2):
 4. PV: the power-of-two block scales ``2^k_P``, ``2^k_V`` (and ``factor_exp``) are applied to
    the operands (exact; values below 2^-126 flush); for each sub-block of keys sharing one P
    scale and one V scale the partial product is formed (exactly by a matrix product for
-   FP4 x FP4, else a float32 sum in key order); the partials of one ``pv_group`` (K64 of seed
-   000) are added together, then to the float32 accumulator ``A``.
+   FP4 x FP4, else a float32 sum in key order); the partials of one ``pv_group`` (K64 in Hardware-Aware
+   FP4 FlashAttention-4) are added together, then to the float32 accumulator ``A``.
 5. Denominator: ``CONSISTENT`` (and ``EXACT``) adds, per P block in key order,
-   ``fl(fl(Σq / pdiv)·2^k)`` (the FTZ-safe order of §4.3); ``MISMATCHED`` adds the converter's
+   ``fl(fl(Σq / pdiv)·2^k)`` (the FTZ-safe order of :mod:`fp4sim.attention.normalization`); ``MISMATCHED`` adds the converter's
    float32 sum of unquantized weights. ``L ← fl(fl(L·r) + L_tile)``.
 
 Finally ``O = fl(fl(A / (pdiv·v_div)) / L)`` (consistent; ``pdiv = 6`` for Direct-P P and
@@ -79,7 +79,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fp4sim._checks import softmax_scale as check_softmax_scale
-from fp4sim._xp import Array, materialize, namespace
+from fp4sim._xp import Array, adopt, materialize, namespace
 from fp4sim.attention import operands
 from fp4sim.attention._ordered import operand_stats, ordered_product
 from fp4sim.attention.converters import PTile, convert_tile
@@ -661,7 +661,10 @@ def attention_forward(q: Array, k: Array, v: Array, recipe: AttentionRecipe, *,
                       softmax_scale: float | None = None,
                       return_intermediates: bool = False) -> ForwardResult:
     """Emulated forward of ``recipe`` (see the module docstring). Returns O, LSE (natural log)
-    and, on request, the intermediates."""
+    and, on request, the intermediates. PyTorch tensors (any float dtype, any device) and other
+    ``__dlpack__`` arrays are read as NumPy (:func:`fp4sim._xp.adopt`); the results are NumPy."""
+    q, k, v = adopt(q, "q"), adopt(k, "k"), adopt(v, "v")
+    q_segment_ids, kv_segment_ids = adopt(q_segment_ids, "q_segment_ids"), adopt(kv_segment_ids, "kv_segment_ids")
     if not isinstance(recipe, AttentionRecipe):
         raise TypeError(f"recipe={recipe!r} must be an AttentionRecipe (see "
                         f"fp4sim.attention.recipe.PRESETS)")

@@ -158,18 +158,15 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
     all_variants = {
         "fp4sim_fp8": base,
         "fp4sim_fp8_mismatched": base.replace(normalization=Normalization.MISMATCHED),
-        "fp4sim_fp8_exact_p": base.replace(conversion=am.PConversion.EXACT),
         "fp4sim_fp8_bkv64": base.replace(block_kv=64),
         "fp4sim_fp8_bq128_bkv64": base.replace(block_q=128, block_kv=64),
-        "fp4sim_fp8_3stages": base.replace(max_concurrent_steps=3),
         "fp4sim_fp8_columns": base.replace(scale_blocks=False),  # per-key column vectors
         "fp4sim_fp8_mma_sums": base.replace(block_sums=True),  # normalizer on the tensor core
         "ablate_no_pv": base.replace(ablation=am.Ablation.SKIP_PV),
         "ablate_no_key_columns": base.replace(ablation=am.Ablation.SKIP_KEY_COLUMNS),
         "ablate_no_normalizer": base.replace(ablation=am.Ablation.SKIP_NORMALIZER),
     }
-    core = ("fp4sim_fp8", "fp4sim_fp8_mismatched", "fp4sim_fp8_columns", "fp4sim_fp8_mma_sums",
-            "ablate_no_pv")
+    core = ("fp4sim_fp8", "fp4sim_fp8_columns", "fp4sim_fp8_mma_sums", "ablate_no_pv")
     d64_variants = {  # the D64 shapes try their own tiles
         "fp4sim_fp8_bkv64": base.replace(block_kv=64),
         "fp4sim_fp8_bq128_bkv64": base.replace(block_q=128, block_kv=64),
@@ -246,8 +243,10 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
         except Exception as e:
             ok = False
             entry["methods"]["cudnn_fp8"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        # JAX Pallas attention_mgpu (f16, no softmax scale: q pre-scaled)
+        # JAX Pallas attention_mgpu (f16, no softmax scale: q pre-scaled), on the first shape
         try:
+            if i_shape:
+                raise _Skip
             from jax.experimental.pallas.ops.gpu import attention_mgpu as jam
 
             qh = (q * scale).astype(jnp.float16)
@@ -256,6 +255,8 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
                                     causal=causal)
             jfn = jax.jit(lambda a, b_, c_: jam.attention(a, b_, c_, jcfg))
             record("jax_attention_mgpu_f16", lambda: jfn(qh, kh, vh))
+        except _Skip:
+            pass
         except Exception as e:
             ok = False
             entry["methods"]["jax_attention_mgpu_f16"] = {"error": f"{type(e).__name__}: {e}"[:300]}
@@ -281,6 +282,10 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
     if context is None:  # standalone: print the summary last here (bench gpu prints it itself)
         print("\n" + "\n".join(results["summary"]), flush=True)
     return results
+
+
+class _Skip(Exception):
+    """A method this shape leaves out (to keep the run short)."""
 
 
 def _ratio(m: dict[str, Any], a: str, b: str, key: str = "tflops") -> float | None:

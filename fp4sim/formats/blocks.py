@@ -17,7 +17,7 @@ Public names
       rounded *up* onto the scale grid. UE8M0: ``2^ceil(log2 d)`` by the TE/cuDNN/torchao bit
       rule (exponent + 1 iff a mantissa bit is set; an f32-subnormal ``d`` rounds up only above
       2^-127). UE4M3/UE5M3: the next scale value at or above ``d``.
-    * ``FLOOR`` (OCP MX §6.3, microxcaling, torchao FLOOR): ``2^(floor(log2 amax) − e_M)``; block
+    * ``FLOOR`` (OCP MX v1.0 specification, github.com/microsoft/microxcaling, torchao FLOOR): ``2^(floor(log2 amax) − e_M)``; block
       maxima above ``M·2^e`` are *clamped* to ``±M`` by the saturating element cast.
     * ``CEIL`` (torchao CEIL): ``2^(ceil(log2 amax) − e_M)``.
     * ``EVEN`` (torchao EVEN): round ``amax`` to the element's mantissa width (ties up), then
@@ -49,7 +49,7 @@ Public names
     cases): ``TRANSFORMER_ENGINE`` (default), ``TORCHAO``, ``JAX``; see the class.
 ``NonFinite``
     The UE8M0 code of blocks holding Inf/NaN: ``SATFINITE`` (NaN → 0xFF, Inf → 0xFE; TE and
-    DESIGN.md §3; default), ``NAN`` (both → 0xFF; torchao ≥ PR #4725), ``JAX`` (NaN wraps to
+    fp4sim's default), ``NAN`` (both → 0xFF; torchao ≥ PR #4725), ``JAX`` (NaN wraps to
     0x00, Inf → 0xFF: JAX's ``cast_to_e8m0_with_rounding_up``), ``FORMULA`` (NaN → 0xFF, Inf →
     what the rule's formula gives for Inf's bits, at most 0xFE: torchao 0.18's 247 for E4M3
     FLOOR, 254 for RCEIL).
@@ -115,7 +115,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fp4sim._xp import Array, bitcast, is_jax, materialize, namespace
+from fp4sim._xp import Array, adopt, bitcast, is_jax, materialize, namespace
 from fp4sim.formats import codec
 from fp4sim.formats.f32 import (
     bitlen,
@@ -690,8 +690,11 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
     (encode factor, TE's ``S_enc``) are required exactly when ``fmt.global_scale`` is
     ``CONSTANT`` (scalar or broadcastable to the scales' shape). ``pack=True`` packs FP4/FP6
     codes along the last axis. See the module docstring for the scale rules and the
-    :class:`Arithmetic` orders.
+    :class:`Arithmetic` orders. ``x`` may also be a PyTorch tensor (float32, bfloat16 or float16,
+    any device) or another ``__dlpack__`` array: it is read as NumPy (:func:`fp4sim._xp.adopt`)
+    and the result holds NumPy codes and scales, the same bits as for the same values in NumPy.
     """
+    x = adopt(x, "x")
     return quantize_with_block_amax(x, fmt, axis=axis, geometry=geometry, rule=rule,
                                     global_scale=global_scale,
                                     global_encode_scale=global_encode_scale, pack=pack)[0]

@@ -6,7 +6,7 @@ K, P converted to E2M1 by the affine classifier or Mitchell-P with one E8M0 ampl
 2^k_B`` per 32 keys (``k_B = ⌈max_{j∈B} t_j⌉``), V in MXFP4 along tokens (``β·q/6``), consistent
 normalization. Hopper has no FP4 tensor-core path, so every low-precision operand is decoded
 *exactly* to float16 and multiplied by the 16-bit ``wgmma`` with float32 accumulation, which the
-H200 rounds correctly in practice (the GPU tests measure it):
+H200 rounds correctly in practice (measured by :mod:`fp4sim.kernels.wgmma_probe`):
 
 * Q, K: NVFP4 values ``e2m1 × UE4M3 scale`` (at most 6 significant bits, within float16's range)
   decoded by :func:`fp4sim.attention.forward.quantize_qk` outside the kernel.

@@ -12,8 +12,7 @@ TMA warpgroup feeding a ring of K, Vᵀ and key-column tiles, causal loops) is s
 Direct-P kernel and lives in :mod:`fp4sim.kernels.attention_common`; this module plugs in the
 FP8 numerics.
 
-Hopper-specific choices, each forced by a hardware rule (PTX ISA, "Asynchronous Warpgroup Level
-Matrix Multiply-Accumulate"):
+Hopper-specific choices, each forced by a hardware rule (NVIDIA PTX ISA, docs.nvidia.com/cuda/parallel-thread-execution; FlashAttention-3, arXiv:2407.08608):
 
 * FP8 ``wgmma`` wants both operands K-major: K is stored (keys, D) and passed transposed, V is
   stored transposed, **Vᵀ (D, keys)**, so the PV product reads it K-major.
@@ -39,8 +38,7 @@ exact; every product of a float32 by a power of two is exact, so no step depends
 multiply-add contraction):
 
 1. ``z = fl(S·2^e_K(j))`` with ``S = Q_c·K_cᵀ`` from the FP8 tensor core (float32 accumulation,
-   not correctly rounded on Hopper: the GPU tests compare sums with a tolerance); masked keys
-   ``−inf``.
+   not correctly rounded on Hopper: :mod:`fp4sim.kernels.wgmma_probe`); masked keys ``−inf``.
 2. ``m ← max(m, max_j z_j)`` (running max of z); ``t_j = fl(fl(z_j − m)·c_r) ≤ 0``.
 3. ``F = A + ⌈t_max⌉ − 8`` with ``t_max = fl(fl(max_j z_j − m)·c_r)`` (exact integer arithmetic
    on float32); ``G_j = e_V(j) − F``.
