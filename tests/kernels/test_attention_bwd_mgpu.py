@@ -68,6 +68,7 @@ def _check_debug_bitwise(dbg, ref, cfg):
     ds = np.asarray(dbg.ds)
     meta = np.asarray(dbg.q_tile), np.asarray(dbg.head)
     n_checked = 0
+    worst = 0.0
     for bi in range(p.shape[0]):
         for kh in range(p.shape[1]):
             for kt in range(p.shape[2]):
@@ -91,7 +92,9 @@ def _check_debug_bitwise(dbg, ref, cfg):
                     n_checked += 1
                 rp = ref["p"][bi, h, rows, keys]
                 kp = p[bi, kh, kt].T
+                worst = max(worst, float(np.max(np.abs(kp - rp) / np.maximum(rp, 1e-30))))
                 np.testing.assert_allclose(kp, rp, rtol=2e-5, atol=1e-30)
+    print(f"debug tiles: {n_checked} P/dS tiles bitwise; p vs oracle max rel diff {worst:.2e}")
     assert n_checked > 0
 
 
@@ -306,7 +309,7 @@ def test_gpu_debug_bitwise_and_gradient_bound(causal, d, hq, hkv, t):
     s, dp = _model_products(res, d_out)
     ref = bw.reference_backward(_np_res(res), np.asarray(d_out), softmax_scale=scale,
                                 causal=causal, scores=s, dp=dp)
-    _check_debug_bitwise(dbg, ref, cfg)
+    fails = []
     for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
         g = np.asarray(g, np.float64)
         assert np.isfinite(g).all()
@@ -319,8 +322,12 @@ def test_gpu_debug_bitwise_and_gradient_bound(causal, d, hq, hkv, t):
         print(f"{name}: within the model bound {frac:.5f}, max err/Σ|t| "
               f"{np.max(err / np.maximum(ref['abs_' + name], 1e-30)):.3g}, rel-L2 "
               f"{np.linalg.norm(err) / np.linalg.norm(ref[name]):.3g}")
-        assert frac >= 0.99, (name, frac)  # the rest: rows where ex2.approx flipped a code
-        assert np.linalg.norm(err) / np.linalg.norm(ref[name]) < 1e-2, name
+        if frac < 0.99:  # the rest: rows where ex2.approx flipped a code
+            fails.append((name, "within bound", frac))
+        if np.linalg.norm(err) / np.linalg.norm(ref[name]) >= 1e-2:
+            fails.append((name, "rel-L2", np.linalg.norm(err) / np.linalg.norm(ref[name])))
+    _check_debug_bitwise(dbg, ref, cfg)
+    assert not fails, fails
 
 
 @pytest.mark.gpu
