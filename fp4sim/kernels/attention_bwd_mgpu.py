@@ -120,7 +120,9 @@ class BackwardConfig:
     chunks of dQ/dK/dV are added by the tensor core into the running sums (rescaled to each
     chunk's power-of-two scale, exact) instead of fresh accumulators added in registers: fewer
     registers and one wgmma wait per chunk; hardware only (no interpret-mode rule), other
-    accumulation bits. ``dkv_warpgroups``: compute warpgroups per dK/dV CTA, each with its own
+    accumulation bits and less accuracy: the FP8 wgmma truncates the running sum it is handed
+    to 13 bits below the largest term once per chunk (``HOPPER_FP8_MODEL``), a bias of up to
+    2^-13 per 32 tokens. ``dkv_warpgroups``: compute warpgroups per dK/dV CTA, each with its own
     key tile, sharing one TMA stream of Q, dO and their chunks (2 halves that traffic; the
     same results). ``ablation``: a :class:`BackwardAblation` (timing studies only).
     """

@@ -351,8 +351,10 @@ def test_gpu_debug_bitwise_and_gradient_bound(causal, d, hq, hkv, t):
 @pytest.mark.parametrize("causal", [True])
 def test_gpu_tc_accumulate_matches_fresh_accumulators(causal):
     """The tensor-core accumulation of the chunks (hardware only) against the default fresh
-    accumulators: the same quantized operands, other summation bits, so the two agree to the
-    accumulation bound (rel-L2 < 1e-3) and both sit equally close to the oracle."""
+    accumulators: the same quantized operands, other summation bits. The Hopper FP8 wgmma
+    truncates the running sum it is given to 13 bits below the largest term
+    (:data:`fp4sim.formats.matmul.HOPPER_FP8_MODEL`), once per 32-token chunk, toward zero:
+    at most 2^-13 relative per chunk, so rel-L2 <= (T/32)·2^-13 between the two."""
     if not harness.gpu_available():
         pytest.skip("needs a GPU")
     rng = np.random.default_rng(7 + causal)
@@ -365,8 +367,9 @@ def test_gpu_tc_accumulate_matches_fresh_accumulators(causal):
         x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
         assert np.isfinite(y).all()
         rel = np.linalg.norm(x - y) / np.linalg.norm(x)
-        print(f"tc_accumulate vs fresh accumulators: {name} rel-L2 {rel:.3e}")
-        assert rel < 1e-3, (name, rel)
+        bound = (512 // 32) * 2.0**-13
+        print(f"tc_accumulate vs fresh accumulators: {name} rel-L2 {rel:.3e} (bound {bound:.2e})")
+        assert rel < bound, (name, rel)
 
 
 @pytest.mark.gpu
