@@ -124,13 +124,13 @@ def test_interpret_debug_tiles_bitwise_and_gradients(causal):
 
 
 def test_interpret_two_warpgroups_bitwise_equal_to_one():
-    """dK/dV CTAs of two warpgroups (one shared Q/dO stream, extra fully masked causal steps
-    for the second key tile) give the very bits of one-warpgroup CTAs."""
+    """dK/dV and dQ CTAs of two warpgroups (one shared Q/dO or K/V stream, extra fully masked
+    causal steps for one of the tiles) give the very bits of one-warpgroup CTAs."""
     rng = np.random.default_rng(3)
     res, d_out, scale = _residuals(rng, 1, 128, 1, 1, 64, causal=True, spread=2.0)
     outs = [harness.interpret(lambda n=n: bw.attention_fp8_backward(
-        res, d_out, softmax_scale=scale, config=bw.BackwardConfig(causal=True,
-                                                                  dkv_warpgroups=n)))
+        res, d_out, softmax_scale=scale, config=bw.BackwardConfig(
+            causal=True, dkv_warpgroups=n, dq_warpgroups=n)))
             for n in (1, 2)]
     for a, b in zip(*outs):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
