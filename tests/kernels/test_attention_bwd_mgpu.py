@@ -373,6 +373,19 @@ def test_gpu_tc_accumulate_matches_fresh_accumulators(causal):
 
 
 @pytest.mark.gpu
+def test_gpu_two_warpgroups_bitwise_equal_to_one():
+    """On the H200 too: two-warpgroup CTAs give the bits of one-warpgroup CTAs."""
+    if not harness.gpu_available():
+        pytest.skip("needs a GPU")
+    rng = np.random.default_rng(8)
+    res, d_out, scale = _residuals(rng, 1, 512, 4, 2, 128, causal=True, spread=2.0)
+    outs = [bw.attention_fp8_backward(res, d_out, softmax_scale=scale, config=bw.BackwardConfig(
+        causal=True, dkv_warpgroups=n, dq_warpgroups=n)) for n in (1, 2)]
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.gpu
 def test_gpu_two_layer_model_grads_match_emulator(t=256):
     """jax.grad of a two-layer attention model with fp8_attention on the GPU against the same
     model with emulated_attention (the nearest emulator recipe) on the GPU: the two differ by
