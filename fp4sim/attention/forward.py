@@ -72,6 +72,7 @@ exactly, so ``convert_tile(recipe, t)`` rebuilds P bit for bit.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -79,7 +80,7 @@ import numpy as np
 
 from fp4sim._checks import softmax_scale as check_softmax_scale
 from fp4sim._xp import materialize, namespace
-from fp4sim.attention import causal
+from fp4sim.attention import causal, ordered_gpu
 from fp4sim.attention._ordered import operand_stats, ordered_product
 from fp4sim.attention.converters import PTile, convert_tile
 from fp4sim.attention.exp2 import exp2_rn, log2_f32
@@ -394,24 +395,45 @@ def _group_partials(xp: Any, p: PTile, v_vals: Any, v_exps: Any, v_block: int, v
     vr = xp.reshape(vvals, (*lead, nt, ns, sub, dv))
     # computed once: otherwise XLA re-fuses the scaling into every broadcast use of the loop
     pr, vr = materialize((pr, vr))
-    if exact:
-        parts = f32.ftz(_matmul(xp, pr, vr))  # every entry exact
-    else:
-        # each sub-block's ordered float32 sum: the plain loop where it is proven to give the
-        # flushed chain's bits (short significands, no tiny product, no overflow; e.g. E4M3 P
-        # times an E4M3 V), else the chain: one predicate per call (per row block under jax)
-        parts = ordered_product(_pv_plain, _pv_chain, pr, vr, operand_stats(pr),
-                                operand_stats(vr) if v_stats is None else v_stats)
     per_group = max(1, pv_group // sub)
-    ng = ns // per_group
-    if not exact:
-        # a barrier: fused with the group sums below, XLA CPU runs the chain ~7x slower
-        parts = materialize(parts)
-    parts = xp.reshape(parts, (*lead, nt, ng, per_group, sq, dv))
+    if exact:
+        return _group_sums(f32.ftz(_matmul(xp, pr, vr)), per_group)  # every entry exact
+    # each sub-block's ordered float32 sum: the plain loop where it is proven to give the
+    # flushed chain's bits (short significands, no tiny product, no overflow; e.g. E4M3 P
+    # times an E4M3 V), else the chain: one predicate per call (per row block under jax)
+    return ordered_product(*_pv_group_sums(per_group), pr, vr, operand_stats(pr),
+                           operand_stats(vr) if v_stats is None else v_stats)
+
+
+def _group_sums(parts: Any, per_group: int) -> Any:
+    """(..., nt, ns, Sq, Dv) sub-block partials -> (..., nt, ns/per_group, Sq, Dv): each
+    group's ``per_group`` consecutive partials added in order (flushed)."""
+    xp = namespace(parts)
+    *lead, nt, ns, sq, dv = parts.shape
+    parts = xp.reshape(parts, (*lead, nt, ns // per_group, per_group, sq, dv))
     g = parts[..., 0, :, :]
     for j in range(1, per_group):
         g = f32.add_ftz(g, parts[..., j, :, :])
     return g
+
+
+@functools.cache
+def _pv_group_sums(per_group: int) -> tuple:
+    """(plain, chain): the ordered PV sub-block sums (:func:`_pv_plain`, :func:`_pv_chain`)
+    and their group adds, on a GPU as one kernel (:mod:`fp4sim.attention.ordered_gpu`).
+    Stable objects per ``per_group`` (``ordered_product`` caches by identity)."""
+
+    def sums(partial: Any, plain: bool) -> Any:
+        def jnp_path(pr: Any, vr: Any) -> Any:
+            # a barrier: fused with the group sums, XLA CPU runs the chain ~7x slower
+            return _group_sums(materialize(partial(pr, vr)), per_group)
+
+        def fn(pr: Any, vr: Any) -> Any:
+            return ordered_gpu.grouped_dispatch(jnp_path, pr, vr, per_group, plain)
+
+        return fn
+
+    return sums(_pv_plain, True), sums(_pv_chain, False)
 
 
 def _pv_chain(pr: Any, vr: Any) -> Any:

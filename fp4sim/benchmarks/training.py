@@ -6,7 +6,9 @@ Q/K/V, the recipe's P converter and tiled forward, the emulated low-precision ba
 with the spec's SEQUENTIAL accumulation, once with the backend's matmul) and through a plain
 float32 ``jnp`` causal attention of the same shape; plus the forwards alone, for context. It
 reports the median wall time of each (after compilation and a warm-up call), the ratios (target
-for fwd+bwd: at most 3x), and the gradient errors against the float64 reference. CPU times are
+for fwd+bwd: at most 3x), and the gradient errors against the float64 reference. Off the CPU
+(``--check-heads``) the emulated gradients of the first heads are recomputed on the CPU backend
+in the same process and compared bit for bit. CPU times are
 for the record only; the ratios are the claim. The chosen shape (``--seq``/``--head-dim``,
 S512 D64 by default) is measured first, then a second, larger one (``--also``, S2048 D128 by
 default; ``none`` skips it): the emulation's elementwise work grows with S² and the float32
@@ -36,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training preset name (fp4sim.attention.autodiff.TRAINING_PRESETS)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per side (default 5)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--check-heads", type=int, default=None,
+                        help="off the CPU: this many heads' emulated gradients are recomputed "
+                             "on the CPU backend in the same process and compared bit for bit "
+                             "(default 2 on a GPU, 0 on the CPU)")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
 
 
@@ -61,14 +67,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     shapes = [(args.seq, args.head_dim)] + ([second] if second else [])
-    results = [_measure(recipe, args.heads, n, d, args.repeats, args.seed) for n, d in shapes]
+    if args.check_heads is not None and args.check_heads < 0:
+        print(f"error: --check-heads={args.check_heads} must be >= 0", file=sys.stderr)
+        return 2
+    results = [_measure(recipe, args.heads, n, d, args.repeats, args.seed, args.check_heads)
+               for n, d in shapes]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results[0] | {"shapes": results}, f, indent=2)
     return 0
 
 
-def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int) -> dict:
+def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int,
+             check_heads: int | None = None) -> dict:
     """Time every side on one shape (interleaved), print the table, return the results."""
     import jax
     import jax.numpy as jnp
@@ -120,6 +131,24 @@ def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int) -> dict:
         a = np.asarray(a, np.float64)
         return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
+    platform = jax.devices()[0].platform
+    n_check = (2 if platform != "cpu" else 0) if check_heads is None else check_heads
+    n_check = min(n_check, h)
+    identical = None
+    if n_check:
+        # the same emulated gradients of the first heads on the CPU backend (same process, same
+        # inputs, one head per call: each head's bits do not depend on the batch)
+        cpu = jax.devices("cpu")[0]
+        emu = emu_out(recipe)
+        fn = jax.jit(jax.grad(lambda q, k, v, g: jnp.sum(emu(q, k, v) * g), argnums=(0, 1, 2)))
+        identical = {}
+        for i in range(n_check):
+            got = jax.block_until_ready(fn(*(jax.device_put(x[i:i + 1], cpu)
+                                             for x in (q, k, v, do))))
+            identical[f"head{i}"] = {
+                n_: int(np.count_nonzero(np.asarray(a).view(np.uint32)
+                                         != np.asarray(b)[i:i + 1].view(np.uint32)))
+                for n_, a, b in zip(("dq", "dk", "dv"), got, results["emulated_fwd_bwd"])}
     base = times["jnp_f32_fwd_bwd"]
     result = {
         "suite": "training", "device": jax.devices()[0].platform, "recipe": recipe.name,
@@ -128,6 +157,7 @@ def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int) -> dict:
         "ratio_fwd_bwd": times["emulated_fwd_bwd"] / base,
         "ratio_fwd_bwd_backend_acc": times["emulated_fwd_bwd_backend_acc"] / base,
         "ratio_fwd": times["emulated_fwd"] / times["jnp_f32_fwd"],
+        "cpu_check_mismatches": identical,
         "rel_l2_vs_float64": {
             side: {n_: rel_l2(a, b) for n_, a, b in zip(("dq", "dk", "dv"), results[side], exact)}
             for side in ("emulated_fwd_bwd", "emulated_fwd_bwd_backend_acc", "jnp_f32_fwd_bwd")},
@@ -141,6 +171,10 @@ def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int) -> dict:
     print(f"  ratio fwd+bwd, backend accumulation / jnp    "
           f"{result['ratio_fwd_bwd_backend_acc']:7.2f} x")
     print(f"  ratio forward only, emulated / jnp f32       {result['ratio_fwd']:7.2f} x")
+    if identical is not None:
+        bad = sum(sum(v.values()) for v in identical.values())
+        print(f"  emulated gradients vs the CPU backend, heads 0..{n_check - 1}: "
+              f"{'bit-identical' if bad == 0 else f'{bad} elements differ'} {identical}")
     for side, errs in result["rel_l2_vs_float64"].items():
         print(f"  rel-L2 vs float64 {side:30s} dq {errs['dq']:.3e}  dk {errs['dk']:.3e}  "
               f"dv {errs['dv']:.3e}")

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# gpuemu (issue 19) on the H200: the emulators under jax.jit on the GPU, fast and bit-identical
+# to the CPU. Total wall time: at most 8 minutes (each part under `timeout`: 15 + 200 + 70 +
+# 60 + 130 s = 475 s). Run from the repository root; everything goes under $OUT:
+#   env.txt                 GPU, jax, devices
+#   training.log/.json      bench training H8 S512 D64 and H8 S2048 D128 (jnp f32 vs emulated
+#                           fwd+bwd in one run; 2 heads' gradients recomputed on the CPU backend
+#                           and compared bit for bit)
+#   attention.log/.json     bench attention --device gpu (Direct-P forward vs cuDNN bf16, S4096 D128)
+#   profile_forward/        per-kernel GPU time of the Direct-P forward (jax.profiler trace,
+#                           summary.json, optimized_hlo.txt), log in profile_forward.log
+#   pytest.log              pytest -m gpu tests/test_gpu_bit_identity.py
+set -u
+OUT=${OUT:-out-gpuemu}
+mkdir -p "$OUT"
+PY=$(bash scripts/find_python.sh 2>/dev/null || command -v python3)
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+start=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - start )) s] $*" | tee -a "$OUT/timeline.txt"; }
+
+stamp "env"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1
+  timeout -k 5 15 "$PY" -c "import jax, jaxlib; print(jax.__version__, jaxlib.__version__, jax.devices())" 2>&1
+  git log -1 --oneline 2>&1; } > "$OUT/env.txt"
+
+stamp "bench training"
+timeout -k 5 200 "$PY" -m fp4sim bench training --seq 512 --head-dim 64 --heads 8 --also 2048x128 \
+  --json "$OUT/training.json" > "$OUT/training.log" 2>&1
+echo "rc=$?" >> "$OUT/training.log"
+
+stamp "bench attention"
+timeout -k 5 70 "$PY" -m fp4sim bench attention --device gpu --json "$OUT/attention.json" \
+  > "$OUT/attention.log" 2>&1
+echo "rc=$?" >> "$OUT/attention.log"
+
+stamp "profile Direct-P forward"
+timeout -k 5 60 "$PY" scripts/gpuemu_profile.py --what forward --seq 4096 --head-dim 128 \
+  --out "$OUT/profile_forward" > "$OUT/profile_forward.log" 2>&1
+echo "rc=$?" >> "$OUT/profile_forward.log"
+rm -rf "$OUT/profile_forward/trace"  # large; summary.json keeps the table
+
+stamp "pytest gpu"
+timeout -k 5 130 "$PY" -m pytest -m gpu -v -p no:cacheprovider tests/test_gpu_bit_identity.py \
+  > "$OUT/pytest.log" 2>&1
+echo "rc=$?" >> "$OUT/pytest.log"
+stamp "done"
