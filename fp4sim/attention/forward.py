@@ -324,11 +324,29 @@ def scores(q: Operand, k: Operand) -> Any:
     return _scores(q, k, _key_blocks(k))
 
 
+def _exact_block_sum(qv: Any, kv: Any, kbt: Any, blk: int) -> Any:
+    """Σ_b z_b in block order (plain float32 adds) of the exact block partials
+    ``z_b = qv_b·kv_bᵀ`` (exact operands without block exponents, :func:`_scores`); ``kv``
+    (the keys' values, for the GPU kernel) is not used here."""
+    xp = namespace(qv, kbt)
+    nb = qv.shape[-1] // blk
+    qb = xp.moveaxis(xp.reshape(qv, qv.shape[:-1] + (nb, blk)), -2, -3)
+    parts = materialize(_matmul(xp, qb, kbt))  # (..., nb, Sq, Sk), every entry exact
+    acc = parts[..., 0, :, :]
+    for b in range(1, nb):
+        acc = acc + parts[..., b, :, :]  # multiples of 2^-20: never subnormal
+    return acc
+
+
 def _scores(q: Operand, k: Operand, kbt: Any) -> Any:
     xp = namespace(q.values, k.values)
     d = q.values.shape[-1]
     blk = q.block
     nb = d // blk
+    if q.exact and q.exps is None and kbt is not None:
+        # on a GPU one kernel (fp4sim.attention.ordered_gpu.exact_scores): the same bits
+        acc = ordered_gpu.exact_scores_dispatch(_exact_block_sum, q.values, k.values, kbt, blk)
+        return _score_factors(q, k, acc)
     if q.exact:
         # all block partials in one batched product; each entry is exact, so the backend's
         # summation order cannot matter; the barrier keeps the ordered block sum separate
@@ -349,6 +367,11 @@ def _scores(q: Operand, k: Operand, kbt: Any) -> Any:
             acc = acc + part  # multiples of 2^-20 (FP4 x UE4M3 squared): never subnormal
         else:
             acc = f32.add_ftz(acc, part)
+    return _score_factors(q, k, acc)
+
+
+def _score_factors(q: Operand, k: Operand, acc: Any) -> Any:
+    """The per-token factors of step 1 applied to the block sum ``acc``."""
     if q.post_exp is not None:
         acc = f32.ldexp_ftz(acc, q.post_exp[..., :, None] + k.post_exp[..., None, :])
     if q.post is not None:

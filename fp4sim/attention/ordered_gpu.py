@@ -20,6 +20,13 @@ products are exact, so a fused multiply-add gives the same bits). Operand layout
 group's ordered product, the products of consecutive groups with flushed float32 adds (the
 forward's PV sub-blocks of one ``pv_group``).
 
+The forward's exact score step of FP4 Q/K (NVFP4: E2M1 payload × UE4M3 scale, each head-dim
+block's partial dot product exact, the blocks added in order) is one more kernel
+(:func:`exact_scores`): the block partials on the tensor cores from bfloat16 copies (exact:
+at most 6 significant bits per value, exact products, exact block sums), added in block order
+in float32 as the CPU does, without the (blocks, rows, keys) intermediate of the batched
+matrix product.
+
 Dispatch (:func:`on_gpu`): ``jax.lax.platform_dependent`` picks the kernel when the computation
 is lowered for ``cuda`` and the existing jnp/NumPy path elsewhere, so a CPU-placed computation
 in the same process keeps the CPU path. The environment variable ``FP4SIM_GPU_KERNELS`` (read
@@ -49,7 +56,7 @@ from fp4sim.formats import f32
 
 __all__ = ["ENV", "mode", "on_gpu", "ordered_product_kernel", "tile_shape", "backward_product",
            "grouped_product", "backward_supported", "grouped_supported",
-           "backward_dispatch", "grouped_dispatch"]
+           "backward_dispatch", "grouped_dispatch", "exact_scores", "exact_scores_dispatch"]
 
 ENV = "FP4SIM_GPU_KERNELS"
 _MODES = ("0", "1", "interpret")
@@ -304,3 +311,68 @@ def grouped_dispatch(jnp_sums: Callable, pr: Any, vr: Any, per_group: int, plain
         return grouped_product(pr, vr, per_group, plain, interpret=interpret)
 
     return on_gpu(gpu, jnp_sums, pr, vr)
+
+
+# --- the exact block scores of FP4 Q/K ------------------------------------------------------
+def _scores_kernel(q_ref: Any, k_ref: Any, o_ref: Any, *, nb: int, blk: int) -> None:
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+
+    acc = None
+    for b in range(nb):
+        # the values are FP4 payloads times UE4M3 scales (at most 6 significant bits): exact
+        # in bfloat16, their products exact in float32, and each block's sum (multiples of one
+        # unit, at most 2^12 of them) exact in the tensor core's float32 accumulation
+        qb = q_ref[0, :, pl.ds(b * blk, blk)].astype(jnp.bfloat16)
+        kb = k_ref[0, :, pl.ds(b * blk, blk)].astype(jnp.bfloat16)
+        part = lax.dot_general(qb, kb, (((1,), (1,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+        acc = part if acc is None else acc + part  # in block order, like the CPU
+    o_ref[0] = acc
+
+
+def exact_scores(qv: Any, kv: Any, blk: int, *, interpret: bool = False) -> Any:
+    """Raw scores ``Σ_b qv_b·kv_bᵀ`` (..., Sq, Sk) of FP4-valued Q/K (NVFP4 payload × UE4M3
+    scale, no block exponents: each block's partial exact) with the blocks of ``blk`` head-dim
+    elements added in order in float32: :mod:`fp4sim.attention.forward`'s exact score step as
+    one Pallas kernel (tensor-core block partials, which are exact for these values)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pltriton
+
+    lead = tuple(np.broadcast_shapes(qv.shape[:-2], kv.shape[:-2]))
+    sq, d = qv.shape[-2:]
+    sk = kv.shape[-2]
+    nbatch = int(np.prod(lead, dtype=np.int64))
+    q3 = jnp.reshape(jnp.broadcast_to(qv, lead + qv.shape[-2:]), (nbatch, sq, d))
+    k3 = jnp.reshape(jnp.broadcast_to(kv, lead + kv.shape[-2:]), (nbatch, sk, d))
+    bm, bn = _block(sq), _block(sk)
+    ni, nj = sq // bm, sk // bn
+
+    def split(p: Any) -> tuple[Any, Any, Any]:
+        return p // (ni * nj), (p // nj) % ni, p % nj
+
+    out = pl.pallas_call(
+        functools.partial(_scores_kernel, nb=d // blk, blk=blk),
+        out_shape=jax.ShapeDtypeStruct((nbatch, sq, sk), jnp.float32), grid=(nbatch * ni * nj,),
+        in_specs=[pl.BlockSpec((1, bm, d), lambda p: (split(p)[0], split(p)[1], 0)),
+                  pl.BlockSpec((1, bn, d), lambda p: (split(p)[0], split(p)[2], 0))],
+        out_specs=pl.BlockSpec((1, bm, bn), lambda p: split(p)), interpret=interpret,
+        compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=2),
+        name="fp4sim_exact_scores")(q3, k3)
+    return jnp.reshape(out, lead + (sq, sk))
+
+
+def exact_scores_dispatch(jnp_sum: Callable, qv: Any, kv: Any, kbt: Any, blk: int) -> Any:
+    """``jnp_sum(qv, kv, kbt, blk)`` (the forward's exact block sum), replaced by
+    :func:`exact_scores` where :func:`on_gpu` picks the kernel and the shapes tile (rows and
+    keys multiples of 16, blocks of 16 or more)."""
+    if blk % 16 or not _block(qv.shape[-2]) or not _block(kv.shape[-2]):
+        return jnp_sum(qv, kv, kbt, blk)
+
+    def gpu(qv: Any, kv: Any, kbt: Any, *, interpret: bool) -> Any:
+        return exact_scores(qv, kv, blk, interpret=interpret)
+
+    return on_gpu(gpu, lambda qv, kv, kbt: jnp_sum(qv, kv, kbt, blk), qv, kv, kbt)

@@ -198,20 +198,25 @@ def test_training_route_through_the_kernels_equals_numpy(monkeypatch):
         assert _bits_equal(a, b[1])
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_fp8_pv_forward_through_the_kernels_equals_numpy(monkeypatch, causal):
-    """A forward whose PV sums are ordered (E4M3 P, token-block FP8 V), with masked keys (−inf
-    scores) and a query block longer than one row chunk."""
+@pytest.mark.parametrize(("preset", "causal"), [("hw_fp4_fp8_pv", False), ("hw_fp4_fp8_pv", True),
+                                               ("hw_fp4_direct_p", True)])
+def test_forward_through_the_kernels_equals_numpy(monkeypatch, preset, causal):
+    """Forwards with NVFP4 Q/K (the exact score kernel) and, for the FP8 P/V route, ordered PV
+    sums (E4M3 P, token-block FP8 V); masked keys (−inf scores), a query block longer than one
+    row chunk."""
     from fp4sim.attention import PRESETS, attention_forward
 
     monkeypatch.setenv(og.ENV, "interpret")
     calls = _count_kernel_calls(monkeypatch)
-    rec = PRESETS["hw_fp4_fp8_pv"]
+    scores = []
+    kernel = og.exact_scores
+    monkeypatch.setattr(og, "exact_scores", lambda *a, **kw: scores.append(1) or kernel(*a, **kw))
+    rec = PRESETS[preset]
     rng = np.random.default_rng(6)
     q, k, v = (rng.standard_normal((1, 192, 64)).astype(np.float32) for _ in range(3))
     fn = jax.jit(lambda q, k, v: attention_forward(q, k, v, rec, causal=causal)[:2])
     got = fn(q, k, v)
-    assert calls
+    assert scores and (bool(calls) == (preset == "hw_fp4_fp8_pv"))
     want = attention_forward(q, k, v, rec, causal=causal)
     assert _bits_equal(got[0], want.out) and _bits_equal(got[1], want.lse)
 
@@ -245,3 +250,30 @@ def test_kernels_lower_for_cuda(plain):
     text = _cuda_text(lambda a, b: og.grouped_product(a, b, 2, plain),
                       (2, 4, 128, 32), (2, 4, 32, 64))
     assert "xla.gpu.triton" in text
+
+
+def test_exact_scores_kernel():
+    """NVFP4-valued Q/K (E2M1 payload × UE4M3 scale): the kernel's block sums equal the CPU's
+    ordered sum of exact block partials; lowered for cuda too."""
+    from fp4sim.formats.codec import decode, value_table
+    from fp4sim.formats.spec import E2M1, UE4M3
+
+    rng = np.random.default_rng(7)
+    scales = np.asarray(value_table(UE4M3), np.float32)
+    scales = scales[np.isfinite(scales) & (scales > 0)]
+
+    def operand(s):
+        codes = rng.integers(0, 16, (2, s, 64)).astype(np.uint8)
+        sc = rng.choice(scales, (2, s, 4)).astype(np.float32)
+        return (np.asarray(decode(codes, E2M1)) * np.repeat(sc, 16, axis=-1)).astype(np.float32)
+
+    qv, kv = operand(32), operand(48)
+    parts = np.einsum("bsnk,btnk->bnst", qv.reshape(2, 32, 4, 16).astype(np.float64),
+                      kv.reshape(2, 48, 4, 16).astype(np.float64)).astype(np.float32)
+    want = parts[:, 0]
+    for b in range(1, 4):
+        want = want + parts[:, b]
+    got = jax.jit(lambda a, b: og.exact_scores(a, b, 16, interpret=True))(qv, kv)
+    assert_same_bits(got, want)
+    assert "xla.gpu.triton" in _cuda_text(lambda a, b: og.exact_scores(a, b, 16),
+                                          (2, 128, 128), (2, 256, 128))
