@@ -2,6 +2,7 @@
 
     python scripts/gpuemu_profile.py --what forward --seq 4096 --head-dim 128 --out DIR
     python scripts/gpuemu_profile.py --what training --seq 2048 --head-dim 128 --heads 8 --out DIR
+    python scripts/gpuemu_profile.py --what row-chunks --chunks 128,512,4096 --out DIR
 
 Compiles and warms up the function (``forward``: the Direct-P forward emulator
 ``attention_forward`` of ``--recipe``; ``training``: jit(grad) of ``emulated_attention`` with
@@ -10,6 +11,8 @@ the XSpace back (``jax.profiler.ProfileData``) and prints, for every line of eve
 ("XLA Ops", "XLA Modules", the streams), the events with the most total time: time, share of
 the line, count. Also writes the table as JSON (``DIR/summary.json``) and the optimized HLO of
 the function (``DIR/optimized_hlo.txt``) to map fusion names back to the emulator's steps.
+``row-chunks`` (an experiment) times the forward with other query-row chunk sizes of the jitted
+forward (its private ``_ROW_CHUNK``, set here for the experiment only), median of 5 calls each.
 """
 
 from __future__ import annotations
@@ -74,9 +77,51 @@ def summarize(trace_dir: str, top: int) -> dict:
     return out
 
 
+def row_chunks(args) -> int:
+    import statistics
+
+    import jax
+
+    from fp4sim.attention import forward
+
+    args.what = "forward"
+    import numpy as np
+
+    res, ref = {}, None
+    default = forward._ROW_CHUNK
+    try:
+        for chunk in (int(c) for c in args.chunks.split(",")):
+            forward._ROW_CHUNK = chunk
+            fn, xs = build(args)
+            t0 = time.perf_counter()
+            first = jax.block_until_ready(fn(*xs))
+            comp = time.perf_counter() - t0
+            ts = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn(*xs))
+                ts.append(time.perf_counter() - t0)
+            res[chunk] = {"median_ms": statistics.median(ts) * 1e3, "first_call_s": comp}
+            print(f"row chunk {chunk:5d}: {res[chunk]['median_ms']:8.3f} ms (first call "
+                  f"{comp:.1f} s)", flush=True)
+            got = [np.asarray(a) for a in jax.device_get(first)]
+            if ref is None:
+                ref = got
+            else:
+                same = all(np.array_equal(a.view(np.uint32), b.view(np.uint32))
+                           for a, b in zip(got, ref))
+                print(f"  bits equal to the first chunk size's: {same}", flush=True)
+    finally:
+        forward._ROW_CHUNK = default
+    with open(os.path.join(args.out, "row_chunks.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--what", choices=("forward", "training"), default="forward")
+    ap.add_argument("--what", choices=("forward", "training", "row-chunks"), default="forward")
+    ap.add_argument("--chunks", default="128,512,4096")
     ap.add_argument("--recipe", default="hw_fp4_direct_p")
     ap.add_argument("--training-recipe", default="direct_p_fp8_training")
     ap.add_argument("--seq", type=int, default=4096)
@@ -91,6 +136,8 @@ def main() -> int:
     import jax
 
     os.makedirs(args.out, exist_ok=True)
+    if args.what == "row-chunks":
+        return row_chunks(args)
     fn, xs = build(args)
     t0 = time.perf_counter()
     jax.block_until_ready(fn(*xs))
