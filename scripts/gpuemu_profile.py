@@ -12,7 +12,8 @@ the XSpace back (``jax.profiler.ProfileData``) and prints, for every line of eve
 the line, count. Also writes the table as JSON (``DIR/summary.json``) and the optimized HLO of
 the function (``DIR/optimized_hlo.txt``) to map fusion names back to the emulator's steps.
 ``row-chunks`` (an experiment) times the forward with other query-row chunk sizes of the jitted
-forward (its private ``_ROW_CHUNK``, set here for the experiment only), median of 5 calls each.
+forward on the GPU (its private ``_GPU_ROW_CHUNK``, set here for the experiment only), median
+of 5 calls each, and compares the bits with the first size's.
 """
 
 from __future__ import annotations
@@ -88,10 +89,10 @@ def row_chunks(args) -> int:
     import numpy as np
 
     res, ref = {}, None
-    default = forward._ROW_CHUNK
+    default = forward._GPU_ROW_CHUNK
     try:
         for chunk in (int(c) for c in args.chunks.split(",")):
-            forward._ROW_CHUNK = chunk
+            forward._GPU_ROW_CHUNK = chunk
             fn, xs = build(args)
             t0 = time.perf_counter()
             first = jax.block_until_ready(fn(*xs))
@@ -112,7 +113,7 @@ def row_chunks(args) -> int:
                            for a, b in zip(got, ref))
                 print(f"  bits equal to the first chunk size's: {same}", flush=True)
     finally:
-        forward._ROW_CHUNK = default
+        forward._GPU_ROW_CHUNK = default
     with open(os.path.join(args.out, "row_chunks.json"), "w") as f:
         json.dump(res, f, indent=1)
     return 0

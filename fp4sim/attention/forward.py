@@ -103,6 +103,7 @@ __all__ = ["Operand", "ForwardResult", "ForwardIntermediates", "quantize_qk", "q
 
 _LN2 = np.float32(math.log(2.0))
 _ROW_CHUNK = 128  # query rows per chunk under jax (rows are independent)
+_GPU_ROW_CHUNK = 1024  # the same where the computation is lowered for a GPU (fewer map steps)
 _NP_ROW_CHUNK = 512  # query rows per block on NumPy (bounds the memory)
 _BUCKETS = 4  # causal under jax: row-block groups, each computed on the key tiles it sees
 
@@ -811,65 +812,72 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
         nl = len(lead)
         res = tuple(None if outs[0][j] is None else
                     np.concatenate([o[j] for o in outs], axis=nl) for j in range(len(outs[0])))
-    elif sq <= chunk:
-        res = rows_fn(qop, qseg, xp.arange(sq, dtype=np.int32), tiles_needed(sq))
     else:
-        # jax: map over chunks of query rows (same arithmetic per row; bounded memory, cache)
-        from jax import lax
+        def jax_rows(chunk: int) -> tuple:
+            if sq <= chunk:
+                return rows_fn(qop, qseg, xp.arange(sq, dtype=np.int32), tiles_needed(sq))
+            # jax: map over chunks of query rows (same arithmetic per row; bounded memory, cache)
+            from jax import lax
 
-        n_chunks = -(-sq // chunk)
-        padr = n_chunks * chunk - sq
-        nl = len(lead)
+            n_chunks = -(-sq // chunk)
+            padr = n_chunks * chunk - sq
+            nl = len(lead)
 
-        def split(x: Any, axis: int) -> Any:  # rows axis -> (n_chunks, ..., chunk, ...)
-            if x is None:
-                return None
-            axis = axis % x.ndim
-            if padr:
-                x = xp.pad(x, [(0, 0)] * axis + [(0, padr)] + [(0, 0)] * (x.ndim - axis - 1))
-            x = xp.reshape(x, x.shape[:axis] + (n_chunks, chunk) + x.shape[axis + 1:])
-            return xp.moveaxis(x, axis, 0)
+            def split(x: Any, axis: int) -> Any:  # rows axis -> (n_chunks, ..., chunk, ...)
+                if x is None:
+                    return None
+                axis = axis % x.ndim
+                if padr:
+                    x = xp.pad(x, [(0, 0)] * axis + [(0, padr)] + [(0, 0)] * (x.ndim - axis - 1))
+                x = xp.reshape(x, x.shape[:axis] + (n_chunks, chunk) + x.shape[axis + 1:])
+                return xp.moveaxis(x, axis, 0)
 
-        parts = (split(qop.values, -2), split(qop.exps, -2), split(qop.post, -1),
-                 split(qop.post_exp, -1), split(qseg, -1),
-                 xp.reshape(xp.arange(n_chunks * chunk, dtype=np.int32), (n_chunks, chunk)))
+            parts = (split(qop.values, -2), split(qop.exps, -2), split(qop.post, -1),
+                     split(qop.post_exp, -1), split(qseg, -1),
+                     xp.reshape(xp.arange(n_chunks * chunk, dtype=np.int32), (n_chunks, chunk)))
 
-        def one(xs, ntu):
-            qv, qe, qp, qpe, qs, ids = xs
-            return rows_fn(qop._replace(values=qv, exps=qe, post=qp, post_exp=qpe), qs, ids, ntu)
+            def one(xs, ntu):
+                qv, qe, qp, qpe, qs, ids = xs
+                return rows_fn(qop._replace(values=qv, exps=qe, post=qp, post_exp=qpe), qs, ids, ntu)
 
-        # row blocks in up to _BUCKETS consecutive groups, each mapped with the key tiles its
-        # last block needs (causal: later rows see more tiles; otherwise one group)
-        bounds = sorted({n_chunks * b // _BUCKETS for b in range(1, _BUCKETS)} | {n_chunks})
-        if masked is None:
-            bounds = [n_chunks]
-        groups, c0 = [], 0
-        for c1 in bounds:
-            if c1 > c0:
-                ntu = tiles_needed(min(sq, c1 * chunk))
-                if groups and groups[-1][2] == ntu:
-                    groups[-1] = (groups[-1][0], c1, ntu)
+            # row blocks in up to _BUCKETS consecutive groups, each mapped with the key tiles its
+            # last block needs (causal: later rows see more tiles; otherwise one group)
+            bounds = sorted({n_chunks * b // _BUCKETS for b in range(1, _BUCKETS)} | {n_chunks})
+            if masked is None:
+                bounds = [n_chunks]
+            groups, c0 = [], 0
+            for c1 in bounds:
+                if c1 > c0:
+                    ntu = tiles_needed(min(sq, c1 * chunk))
+                    if groups and groups[-1][2] == ntu:
+                        groups[-1] = (groups[-1][0], c1, ntu)
+                    else:
+                        groups.append((c0, c1, ntu))
+                    c0 = c1
+            outs = []
+            for c0, c1, ntu in groups:
+                sub = tuple(None if x is None else x[c0:c1] for x in parts)
+                if c1 - c0 == 1:
+                    y = one(tuple(None if x is None else x[0] for x in sub), ntu)
+                    outs.append(tuple(None if a is None else a[None] for a in y))
                 else:
-                    groups.append((c0, c1, ntu))
-                c0 = c1
-        outs = []
-        for c0, c1, ntu in groups:
-            sub = tuple(None if x is None else x[c0:c1] for x in parts)
-            if c1 - c0 == 1:
-                y = one(tuple(None if x is None else x[0] for x in sub), ntu)
-                outs.append(tuple(None if a is None else a[None] for a in y))
-            else:
-                outs.append(lax.map(lambda xs, ntu=ntu: one(xs, ntu), sub))
-        mapped = outs[0] if len(outs) == 1 else tuple(
-            None if outs[0][j] is None else xp.concatenate([o[j] for o in outs], axis=0)
-            for j in range(len(outs[0])))
+                    outs.append(lax.map(lambda xs, ntu=ntu: one(xs, ntu), sub))
+            mapped = outs[0] if len(outs) == 1 else tuple(
+                None if outs[0][j] is None else xp.concatenate([o[j] for o in outs], axis=0)
+                for j in range(len(outs[0])))
 
-        def merge(y: Any) -> Any:  # (n_chunks, ..., chunk, ...) -> (..., Sq, ...)
-            y = xp.moveaxis(y, 0, nl)
-            y = xp.reshape(y, y.shape[:nl] + (n_chunks * chunk,) + y.shape[nl + 2:])
-            return y[(slice(None),) * nl + (slice(0, sq),)]
+            def merge(y: Any) -> Any:  # (n_chunks, ..., chunk, ...) -> (..., Sq, ...)
+                y = xp.moveaxis(y, 0, nl)
+                y = xp.reshape(y, y.shape[:nl] + (n_chunks * chunk,) + y.shape[nl + 2:])
+                return y[(slice(None),) * nl + (slice(0, sq),)]
 
-        res = tuple(None if y is None else merge(y) for y in mapped)
+            return tuple(None if y is None else merge(y) for y in mapped)
+
+        if _GPU_ROW_CHUNK == chunk or sq <= chunk:
+            res = jax_rows(chunk)
+        else:  # on a GPU: fewer, larger row chunks (rows are independent: the same bits)
+            res = ordered_gpu.on_gpu(lambda _, interpret: jax_rows(_GPU_ROW_CHUNK),
+                                     lambda _: jax_rows(chunk), qop.values)
     if not return_intermediates:
         return ForwardResult(res[0], res[1], None)
     out, lse, anchors, codes, scales, ks, acc, den = res

@@ -198,15 +198,18 @@ def test_training_route_through_the_kernels_equals_numpy(monkeypatch):
         assert _bits_equal(a, b[1])
 
 
-@pytest.mark.parametrize(("preset", "causal"), [("hw_fp4_fp8_pv", False), ("hw_fp4_fp8_pv", True),
-                                               ("hw_fp4_direct_p", True)])
-def test_forward_through_the_kernels_equals_numpy(monkeypatch, preset, causal):
+@pytest.mark.parametrize(("preset", "causal", "gpu_chunk"),
+                         [("hw_fp4_fp8_pv", False, None), ("hw_fp4_fp8_pv", True, 64),
+                          ("hw_fp4_direct_p", True, None), ("hw_fp4_direct_p", False, 64)])
+def test_forward_through_the_kernels_equals_numpy(monkeypatch, preset, causal, gpu_chunk):
     """Forwards with NVFP4 Q/K (the exact score kernel) and, for the FP8 P/V route, ordered PV
-    sums (E4M3 P, token-block FP8 V); masked keys (−inf scores), a query block longer than one
-    row chunk."""
-    from fp4sim.attention import PRESETS, attention_forward
+    sums (E4M3 P, token-block FP8 V); masked keys (−inf scores), 192 query rows: more than one
+    CPU row chunk, one GPU row chunk by default, three of ``gpu_chunk``."""
+    from fp4sim.attention import PRESETS, attention_forward, forward
 
     monkeypatch.setenv(og.ENV, "interpret")
+    if gpu_chunk is not None:
+        monkeypatch.setattr(forward, "_GPU_ROW_CHUNK", gpu_chunk)
     calls = _count_kernel_calls(monkeypatch)
     scores = []
     kernel = og.exact_scores
