@@ -124,3 +124,18 @@ def test_ordered_kernel_gpu_equals_numpy_chain():
     fn = lambda x, y: ordered_gpu.ordered_product_kernel(x, y, plain=False)  # noqa: E731
     got = _run_on(jax.devices("gpu")[0], fn, a, b)
     assert_same_bits(got, want)
+
+
+@pytest.mark.parametrize(("preset", "causal"), [("hw_fp4_direct_p", False), ("hw_fp4_direct_p", True),
+                                                ("hw_fp4_direct_p_mitchell", False)])
+def test_direct_p_forward_kernels_gpu_equal_cpu(preset, causal):
+    """O and LSE without intermediates: on the GPU the Direct-P family runs on the kernels of
+    fp4sim.attention.direct_p_gpu (padded keys: 1000 is not a multiple of the 128-key tile)."""
+    recipe = PRESETS[preset]
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((2, 512, 128)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 1000, 128)).astype(np.float32) for _ in range(2))
+    fn = lambda q, k, v: attention_forward(q, k, v, recipe, causal=causal)[:2]  # noqa: E731
+    gpu = _run_on(jax.devices("gpu")[0], fn, q, k, v)
+    cpu = _run_on(jax.devices("cpu")[0], fn, q, k, v)
+    _assert_same_bits(gpu, cpu, f"{preset} causal={causal} O, LSE")

@@ -80,13 +80,16 @@ import numpy as np
 
 from fp4sim._checks import softmax_scale as check_softmax_scale
 from fp4sim._xp import materialize, namespace
-from fp4sim.attention import causal, ordered_gpu
+from fp4sim.attention import causal, direct_p_gpu, ordered_gpu
 from fp4sim.attention._ordered import operand_stats, ordered_product
 from fp4sim.attention.converters import PTile, convert_tile
 from fp4sim.attention.exp2 import exp2_rn, log2_f32
 from fp4sim.attention.normalization import block_denominator, represented_output
 from fp4sim.attention.recipe import (
+    AffineP,
     AttentionRecipe,
+    BlockExponent,
+    MitchellP,
     Normalization,
     PFormat,
     QKFormat,
@@ -104,6 +107,7 @@ __all__ = ["Operand", "ForwardResult", "ForwardIntermediates", "quantize_qk", "q
 _LN2 = np.float32(math.log(2.0))
 _ROW_CHUNK = 128  # query rows per chunk under jax (rows are independent)
 _GPU_ROW_CHUNK = 1024  # the same where the computation is lowered for a GPU (fewer map steps)
+_GPU_ROW_CHUNK_FUSED = 4096  # ... for the Direct-P kernels (fewer rows: too few programs)
 _NP_ROW_CHUNK = 512  # query rows per block on NumPy (bounds the memory)
 _BUCKETS = 4  # causal under jax: row-block groups, each computed on the key tiles it sees
 
@@ -546,10 +550,17 @@ class _Problem(NamedTuple):
         return self.k.values.shape[-2] // self.recipe.block_kv
 
 
-def _row_block(pb: _Problem, qo: Operand, qs: Any, row_ids: Any, ntu: int) -> tuple:
+def _row_block(pb: _Problem, qo: Operand, qs: Any, row_ids: Any, ntu: int,
+               fused: bool = True) -> tuple:
     """Everything for a set of query rows (module docstring, steps 1-5 and the final output),
     computed on the first ``ntu`` key tiles; the other tiles are masked for all these rows
-    (:func:`masked_tile`)."""
+    (:func:`masked_tile`). On a GPU the Direct-P family runs on the kernels of
+    :mod:`fp4sim.attention.direct_p_gpu` (:func:`_direct_p_rows`, the same bits)."""
+    if fused and _fused_direct_p(pb, qo, qs):
+        return ordered_gpu.on_gpu(
+            lambda _, interpret: _direct_p_rows(pb, qo, row_ids, ntu, interpret),
+            lambda _: _row_block(pb, qo, qs, row_ids, ntu, fused=False), qo.values,
+            family="direct_p")
     xp = namespace(qo.values)
     ko, kb, ks = _first_tiles(pb, ntu)
     u, nanf = _row_log2_scores(pb, qo, ko, kb, qs, ks, row_ids, ntu)
@@ -606,7 +617,14 @@ def _running_max(pb: _Problem, ut: Any) -> tuple[Any, Any, Any]:
     """Step 2's running max over the tiles of ``ut`` (..., rows, tiles, tile): the anchor
     ``m'`` each tile uses, the anchor before it, and the final one."""
     xp = namespace(ut)
-    mt = xp.max(xp.where(xp.isnan(ut) | (ut == np.inf), np.float32(-np.inf), ut), axis=-1)
+    return _anchors(pb, xp.max(xp.where(xp.isnan(ut) | (ut == np.inf), np.float32(-np.inf), ut),
+                               axis=-1))
+
+
+def _anchors(pb: _Problem, mt: Any) -> tuple[Any, Any, Any]:
+    """:func:`_running_max` from the tile maxima ``mt`` (..., rows, tiles) of the finite
+    scores."""
+    xp = namespace(mt)
     threshold = pb.recipe.rescale_threshold
     m = xp.full(mt.shape[:-1], -np.inf, dtype=np.float32)
     anchors, prevs = [], []
@@ -654,17 +672,88 @@ def _accumulate(pb: _Problem, p: PTile, r: Any, ntu: int) -> tuple[Any, Any]:
         for j in range(g.shape[-3]):
             acc = f32.add_ftz(acc, g[..., i, j, :, :])
         den = f32.add_ftz(f32.mul_ftz(den, r[..., i]), lt[..., i])
-    if ntu < pb.n_tiles:
-        # the skipped tiles: r = 1 (or 0 with acc = 0), P = +0 and a zero denominator, so
-        # each would add fl(0·v) partials: +0, or NaN in a column where V (with its block
-        # scales) holds Inf/NaN; one add of their ordered column sums does exactly that
-        vs = vop.values[..., ku:, :]
-        if vop.exps is not None:
-            vs = f32.ldexp_ftz(vs, xp.repeat(vop.exps[..., ku // vop.block:, :], vop.block,
-                                             axis=-2))
-        zs = xp.sum(f32.mul_ftz(np.float32(0.0), vs), axis=-2)  # (..., Dv): +0 or NaN
-        acc = f32.add_ftz(acc, zs[..., None, :])
-    return acc, den
+    return _skipped_tiles(pb, acc, ntu), den
+
+
+def _skipped_tiles(pb: _Problem, acc: Any, ntu: int) -> Any:
+    """The accumulator after the tiles beyond the first ``ntu`` (masked for every row)."""
+    if ntu == pb.n_tiles:
+        return acc
+    # the skipped tiles: r = 1 (or 0 with acc = 0), P = +0 and a zero denominator, so
+    # each would add fl(0·v) partials: +0, or NaN in a column where V (with its block
+    # scales) holds Inf/NaN; one add of their ordered column sums does exactly that
+    xp = namespace(acc)
+    vop, ku = pb.v, ntu * pb.tile
+    vs = vop.values[..., ku:, :]
+    if vop.exps is not None:
+        vs = f32.ldexp_ftz(vs, xp.repeat(vop.exps[..., ku // vop.block:, :], vop.block,
+                                         axis=-2))
+    zs = xp.sum(f32.mul_ftz(np.float32(0.0), vs), axis=-2)  # (..., Dv): +0 or NaN
+    return f32.add_ftz(acc, zs[..., None, :])
+
+
+def _fused_direct_p(pb: _Problem, qo: Operand, qs: Any) -> bool:
+    """Whether these rows may run on the Direct-P kernels (:mod:`fp4sim.attention.direct_p_gpu`):
+    NVFP4 Q/K, a Direct-P family converter into MXFP4 P, MXFP4 V along tokens, consistent
+    normalization, no segment ids, no intermediates, and shapes the kernels tile."""
+    rec, sub = pb.recipe, direct_p_gpu.SUB
+    dv, d = pb.dv, qo.values.shape[-1]
+    return (not pb.intermediates and qs is None and pb.kseg is None
+            and rec.qk is QKFormat.NVFP4 and qo.exact and qo.exps is None
+            and qo.post_exp is None and qo.block == direct_p_gpu.QK_BLOCK
+            and rec.p_format is PFormat.MXFP4 and isinstance(rec.converter, (AffineP, MitchellP))
+            and rec.v is VFormat.MXFP4_TOKENS and pb.v.exps is not None and pb.v.block == sub
+            and rec.normalization is Normalization.CONSISTENT
+            and pb.tile % rec.pv_group == 0 and rec.pv_group % sub == 0
+            and direct_p_gpu.rows_block(qo.values.shape[-2]) > 0 and d % 16 == 0
+            and dv >= 16 and dv & (dv - 1) == 0)
+
+
+def _direct_p_rows(pb: _Problem, qo: Operand, row_ids: Any, ntu: int, interpret: bool) -> tuple:
+    """:func:`_row_block` for the Direct-P family on the GPU kernels: tile maxima (kernel), the
+    running max and r (here, the same code), the accumulator with the block payload sums and
+    exponents (kernel), the tile denominators and L, the skipped tiles, O and LSE (here)."""
+    import jax.numpy as jnp
+
+    rec, lead, tile = pb.recipe, pb.lead, pb.tile
+    ko, _, _ = _first_tiles(pb, ntu)
+    rows, d = qo.values.shape[-2:]
+    ku, nb = ntu * tile, math.prod(lead)
+
+    def flat(x: Any, tail: tuple) -> Any:
+        return None if x is None else jnp.reshape(jnp.broadcast_to(x, lead + tail), (nb,) + tail)
+
+    qv, kv = flat(qo.values, (rows, d)), flat(ko.values, (ku, d))
+    qp, kp = flat(qo.post, (rows,)), flat(ko.post, (ku,))
+    consts = dict(c=float(pb.c), skv=pb.skv, sq=pb.sq, causal=pb.causal, tile=tile, ntu=ntu,
+                  interpret=interpret)
+    mt, nan = direct_p_gpu.tile_maxima(qv, kv, qp, kp, row_ids, **consts)
+    anchors, prevs, m = _anchors(pb, jnp.swapaxes(mt, 1, 2))  # (nb, rows, ntu)
+    finite = anchors > -np.inf
+    safe = jnp.where(finite, anchors, np.float32(0.0))
+    r = jnp.where(prevs > -np.inf, exp2_rn(prevs - safe), np.float32(0.0))
+    vop = pb.v
+    vv = f32.ldexp_ftz(vop.values[..., :ku, :],
+                       jnp.repeat(vop.exps[..., :ku // vop.block, :], vop.block, axis=-2))
+    fexp = rec.converter.factor_exp(rec.p_format)
+    acc, sums, kb = direct_p_gpu.accumulate(
+        qv, kv, qp, kp, row_ids, flat(vv, (ku, pb.dv)), *(jnp.swapaxes(x, 1, 2) for x in
+                                                          (safe, finite, r)),
+        converter=rec.converter, ceil_rule=rec.block_exponent is BlockExponent.BLOCK_MAX_CEIL,
+        factor_exp=fexp, pv_group=rec.pv_group, **consts)
+    nsub = tile // direct_p_gpu.SUB
+    sums, kb = (jnp.reshape(jnp.swapaxes(x, 1, 2), (nb, rows, ntu, nsub)) for x in (sums, kb))
+    per = block_denominator(sums, kb + np.int32(fexp), rec.p_format.divisor)
+    lt = per[..., 0]
+    for b in range(1, nsub):
+        lt = f32.add_ftz(lt, per[..., b])
+    den = jnp.zeros((nb, rows), dtype=np.float32)
+    for i in range(ntu):
+        den = f32.add_ftz(f32.mul_ftz(den, r[..., i]), lt[..., i])
+    acc = _skipped_tiles(pb, jnp.reshape(acc, lead + (rows, pb.dv)), ntu)
+    out, lse = _finish(pb, acc, jnp.reshape(den, lead + (rows,)), jnp.reshape(m, lead + (rows,)),
+                       jnp.reshape(nan != 0, lead + (rows,)))
+    return materialize((out, lse))
 
 
 def _finish(pb: _Problem, acc: Any, den: Any, m: Any, nanf: Any) -> tuple[Any, Any]:
@@ -873,11 +962,12 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
 
             return tuple(None if y is None else merge(y) for y in mapped)
 
-        if _GPU_ROW_CHUNK == chunk or sq <= chunk:
+        gpu_chunk = _GPU_ROW_CHUNK_FUSED if _fused_direct_p(pb, qop, qseg) else _GPU_ROW_CHUNK
+        if gpu_chunk == chunk or sq <= chunk:
             res = jax_rows(chunk)
         else:  # on a GPU: fewer, larger row chunks (rows are independent: the same bits)
-            res = ordered_gpu.on_gpu(lambda _, interpret: jax_rows(_GPU_ROW_CHUNK),
-                                     lambda _: jax_rows(chunk), qop.values)
+            res = ordered_gpu.on_gpu(lambda _, interpret: jax_rows(gpu_chunk),
+                                     lambda _: jax_rows(chunk), qop.values, family="rows")
     if not return_intermediates:
         return ForwardResult(res[0], res[1], None)
     out, lse, anchors, codes, scales, ks, acc, den = res

@@ -32,7 +32,8 @@ is lowered for ``cuda`` and the existing jnp/NumPy path elsewhere, so a CPU-plac
 in the same process keeps the CPU path. The environment variable ``FP4SIM_GPU_KERNELS`` (read
 at trace time) selects: ``1`` (default) the kernel on the GPU only, ``0`` never,
 ``interpret`` the kernels everywhere, in Pallas interpret mode off the GPU (for the bitwise
-tests on the CPU). Shapes the kernel does not tile (output rows or columns not a multiple of 16)
+tests on the CPU), or a comma-separated subset of :data:`FAMILIES` (e.g. ``ordered,scores``:
+the other kernels off). Shapes the kernel does not tile (output rows or columns not a multiple of 16)
 keep the jnp path.
 
 Operands are the emulator's quantized, flushed-or-correctly-rounded float32 values. The GPU
@@ -54,32 +55,44 @@ import numpy as np
 from fp4sim._xp import is_jax
 from fp4sim.formats import f32
 
-__all__ = ["ENV", "mode", "on_gpu", "ordered_product_kernel", "tile_shape", "backward_product",
+__all__ = ["ENV", "FAMILIES", "mode", "on_gpu", "ordered_product_kernel", "tile_shape", "backward_product",
            "grouped_product", "backward_supported", "grouped_supported",
            "backward_dispatch", "grouped_dispatch", "exact_scores", "exact_scores_dispatch"]
 
 ENV = "FP4SIM_GPU_KERNELS"
-_MODES = ("0", "1", "interpret")
+FAMILIES = ("ordered", "scores", "direct_p", "rows")
+"""What ``FP4SIM_GPU_KERNELS`` can name: the ordered sums (backward products, forward PV
+groups), the exact NVFP4 scores, the Direct-P forward kernels
+(:mod:`fp4sim.attention.direct_p_gpu`), the forward's larger GPU row chunks."""
 _MIN_BLOCK = 16
 _MAX_BLOCK = 64
 _TARGET_PROGRAMS = 264  # two per H200 SM: below this the blocks are halved
 
 
 def mode() -> str:
-    """``FP4SIM_GPU_KERNELS`` (module docstring): ``"0"``, ``"1"`` (default) or ``"interpret"``."""
+    """``FP4SIM_GPU_KERNELS`` (module docstring): ``"0"``, ``"1"`` (default), ``"interpret"``,
+    or a comma-separated subset of :data:`FAMILIES` (those on the GPU, the others off)."""
     value = os.environ.get(ENV, "1").strip().lower()
-    if value not in _MODES:
-        raise ValueError(f"{ENV}={value!r}; allowed: {list(_MODES)}")
-    return value
+    if value in ("0", "1", "interpret"):
+        return value
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    if not names or not names <= set(FAMILIES):
+        raise ValueError(f"{ENV}={value!r}; allowed: '0', '1', 'interpret' or a comma-separated "
+                         f"subset of {list(FAMILIES)}")
+    return ",".join(sorted(names))
 
 
-def on_gpu(gpu_fn: Callable, default_fn: Callable, *args: Any) -> Any:
+def on_gpu(gpu_fn: Callable, default_fn: Callable, *args: Any, family: str) -> Any:
     """``gpu_fn(*args, interpret=False)`` where the computation is lowered for ``cuda``, else
     ``default_fn(*args)`` (both must give the same shapes and dtypes), by
-    ``jax.lax.platform_dependent``; NumPy arguments and ``FP4SIM_GPU_KERNELS=0`` always take
-    ``default_fn``, ``interpret`` runs ``gpu_fn(*args, interpret=True)`` off the GPU."""
+    ``jax.lax.platform_dependent``; NumPy arguments, ``FP4SIM_GPU_KERNELS=0`` and a family not
+    named always take ``default_fn``, ``interpret`` runs ``gpu_fn(*args, interpret=True)`` off
+    the GPU."""
+    if family not in FAMILIES:
+        raise ValueError(f"family={family!r}; allowed: {list(FAMILIES)}")
     m = mode()
-    if m == "0" or not any(is_jax(a) for a in args):
+    if m == "0" or (m not in ("1", "interpret") and family not in m.split(",")) or \
+            not any(is_jax(a) for a in args):
         return default_fn(*args)
     from jax import lax
 
@@ -298,7 +311,7 @@ def backward_dispatch(jnp_loop: Callable, a: Any, b: Any, plain: bool, needed: A
     def default(a: Any, b: Any, *nd: Any) -> Any:
         return jnp_loop(a, b, plain, nd[0] if nd else None, transposed)
 
-    return on_gpu(gpu, default, a, b, *(() if needed is None else (needed,)))
+    return on_gpu(gpu, default, a, b, *(() if needed is None else (needed,)), family="ordered")
 
 
 def grouped_dispatch(jnp_sums: Callable, pr: Any, vr: Any, per_group: int, plain: bool) -> Any:
@@ -310,7 +323,7 @@ def grouped_dispatch(jnp_sums: Callable, pr: Any, vr: Any, per_group: int, plain
     def gpu(pr: Any, vr: Any, *, interpret: bool) -> Any:
         return grouped_product(pr, vr, per_group, plain, interpret=interpret)
 
-    return on_gpu(gpu, jnp_sums, pr, vr)
+    return on_gpu(gpu, jnp_sums, pr, vr, family="ordered")
 
 
 # --- the exact block scores of FP4 Q/K ------------------------------------------------------
@@ -375,4 +388,5 @@ def exact_scores_dispatch(jnp_sum: Callable, qv: Any, kv: Any, kbt: Any, blk: in
     def gpu(qv: Any, kv: Any, kbt: Any, *, interpret: bool) -> Any:
         return exact_scores(qv, kv, blk, interpret=interpret)
 
-    return on_gpu(gpu, lambda qv, kv, kbt: jnp_sum(qv, kv, kbt, blk), qv, kv, kbt)
+    return on_gpu(gpu, lambda qv, kv, kbt: jnp_sum(qv, kv, kbt, blk), qv, kv, kbt,
+                  family="scores")

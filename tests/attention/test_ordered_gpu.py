@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from cuda_lowering import cuda_text as _cuda_text
 from ordered_oracle import assert_same_bits, flushed_chain, ftz
 
 from fp4sim.attention import ordered_gpu as og
@@ -134,13 +135,27 @@ def test_mode_and_dispatch(monkeypatch):
     texts = {}
     for m in ("0", "1", "interpret"):
         monkeypatch.setenv(og.ENV, m)
-        texts[m] = str(jax.make_jaxpr(lambda a, b: og.on_gpu(gpu, default, a, b))(x, y))
-        out = jax.jit(lambda a, b: og.on_gpu(gpu, default, a, b))(x, y)
+        texts[m] = str(jax.make_jaxpr(lambda a, b: og.on_gpu(gpu, default, a, b,
+                                                             family="ordered"))(x, y))
+        out = jax.jit(lambda a, b: og.on_gpu(gpu, default, a, b, family="ordered"))(x, y)
         assert float(out[0, 0, 0]) == (4.0 if m == "interpret" else 0.0)  # CPU here
     assert "pallas_call" not in texts["0"]
     assert "pallas_call" in texts["1"] and "platform_index" in texts["1"]
     # NumPy inputs never dispatch
-    assert og.on_gpu(gpu, lambda a, b: "numpy", np.ones(2), np.ones(2)) == "numpy"
+    assert og.on_gpu(gpu, lambda a, b: "numpy", np.ones(2), np.ones(2),
+                     family="ordered") == "numpy"
+    # a subset of the families: the others take the default
+    monkeypatch.setenv(og.ENV, "scores, rows")
+    assert og.mode() == "rows,scores"
+    assert "pallas_call" not in str(jax.make_jaxpr(
+        lambda a, b: og.on_gpu(gpu, default, a, b, family="ordered"))(x, y))
+    assert "pallas_call" in str(jax.make_jaxpr(
+        lambda a, b: og.on_gpu(gpu, default, a, b, family="scores"))(x, y))
+    monkeypatch.setenv(og.ENV, "scores,bogus")
+    with pytest.raises(ValueError, match="subset"):
+        og.mode()
+    with pytest.raises(ValueError, match="family"):
+        og.on_gpu(gpu, default, x, y, family="other")
 
 
 def _count_kernel_calls(monkeypatch):
@@ -222,27 +237,6 @@ def test_forward_through_the_kernels_equals_numpy(monkeypatch, preset, causal, g
     assert scores and (bool(calls) == (preset == "hw_fp4_fp8_pv"))
     want = attention_forward(q, k, v, rec, causal=causal)
     assert _bits_equal(got[0], want.out) and _bits_equal(got[1], want.lse)
-
-
-def _cuda_text(fn, *shapes):
-    """``fn`` lowered for cuda (Pallas Triton MLIR) on this GPU-less host, as an H200."""
-    reg = pytest.importorskip("jax._src.pallas.triton.pallas_call_registration")
-    gi = pytest.importorskip("jax._src.pallas.triton.gpu_info")
-    if not hasattr(reg, "gpu_info_lib") or not hasattr(gi, "get_gpu_info_from_version"):
-        pytest.skip("jax's Pallas Triton internals changed: no GPU-less lowering")
-
-    class _H200:
-        @staticmethod
-        def get_gpu_info():
-            return gi.get_gpu_info_from_version(gi.GpuVersion.H200)
-
-    old = reg.gpu_info_lib
-    reg.gpu_info_lib = _H200
-    try:
-        structs = [jax.ShapeDtypeStruct(s, np.float32) for s in shapes]
-        return jax.jit(fn).trace(*structs).lower(lowering_platforms=("cuda",)).as_text()
-    finally:
-        reg.gpu_info_lib = old
 
 
 @pytest.mark.parametrize("plain", [False, True])
