@@ -5,6 +5,13 @@ which module (``numpy`` or ``jax.numpy``) to use. The few operations whose spell
 between the two (bit reinterpretation, functional updates) live here so the algorithms read the
 same for both. Nothing here does floating-point arithmetic, so XLA's flush-to-zero and fused
 multiply-add choices cannot change a result: the emulators do their rounding on integers.
+
+Foreign arrays (PyTorch tensors of any dtype on any device, and any other object with
+``__dlpack__``) enter through :func:`adopt`, which makes a NumPy array of the same bits (a CPU
+copy where the data is elsewhere; bfloat16 and the float8 dtypes by bit reinterpretation into
+their ml_dtypes dtypes, since NumPy's DLPack import knows none of them), and results go back to
+the caller's type with :func:`like_caller` where that is cheap (a PyTorch tensor on the input's
+device).
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ import numpy.typing
 if TYPE_CHECKING:
     import jax
 
-__all__ = ["Array", "namespace", "is_jax", "bitcast", "asarray_like", "to_numpy", "materialize"]
+__all__ = ["Array", "namespace", "is_jax", "bitcast", "asarray_like", "to_numpy", "materialize",
+           "is_torch", "is_foreign", "adopt", "like_caller"]
 
 type Array = np.ndarray | jax.Array
 """A NumPy array or a jax array (also a tracer under ``jax.jit``): what every emulator takes and
@@ -74,3 +82,83 @@ def materialize(x: Array | tuple[Any, ...]) -> Any:
     from jax import lax
 
     return lax.optimization_barrier(x)
+
+
+def is_torch(x: object) -> bool:
+    """True for PyTorch tensors (without importing torch when it is not loaded)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def is_foreign(x: object) -> bool:
+    """True for arrays that are neither NumPy nor jax but can be read: PyTorch tensors and other
+    objects with ``__dlpack__``."""
+    if isinstance(x, np.ndarray | np.generic) or is_jax(x):
+        return False
+    return is_torch(x) or hasattr(x, "__dlpack__")
+
+
+# torch dtypes NumPy cannot hold, by the ml_dtypes dtype of the same bits
+_TORCH_BITS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "float8_e4m3fn"),
+               "float8_e5m2": ("uint8", "float8_e5m2"), "float8_e4m3fnuz": ("uint8", "float8_e4m3fnuz"),
+               "float8_e5m2fnuz": ("uint8", "float8_e5m2fnuz"), "float8_e8m0fnu": ("uint8", "float8_e8m0fnu"),
+               "float4_e2m1fn_x2": ("uint8", None)}
+
+
+def _torch_to_numpy(t: Any, name: str) -> np.ndarray:
+    torch = sys.modules["torch"]
+    t = t.detach()  # tensors that require grad: the values, not the graph
+    if t.device.type != "cpu":
+        t = t.cpu()  # a copy to the host (CUDA, MPS, ...)
+    t = t.resolve_conj().resolve_neg().contiguous()
+    key = str(t.dtype).removeprefix("torch.")
+    if key in _TORCH_BITS:
+        int_name, mld_name = _TORCH_BITS[key]
+        raw = t.view(getattr(torch, int_name)).numpy()
+        if mld_name is None:  # packed FP4 pairs stay bytes (fp4sim.formats.packing reads them)
+            return raw.view(np.uint8)
+        import ml_dtypes
+
+        return raw.view(getattr(ml_dtypes, mld_name))
+    try:
+        return t.numpy()
+    except (TypeError, RuntimeError) as exc:
+        raise TypeError(f"{name}: a torch tensor of dtype {t.dtype} cannot be read as a NumPy "
+                        f"array ({exc})") from exc
+
+
+def adopt(x: Any, name: str = "x") -> Any:
+    """``x`` as an array the emulators take: NumPy and jax arrays (and scalars, lists) unchanged;
+    a PyTorch tensor or another ``__dlpack__`` object as a NumPy array of the same bits (detached,
+    copied to the host when on another device). ``name`` names the argument in errors."""
+    if not is_foreign(x):
+        return x
+    if is_torch(x):
+        return _torch_to_numpy(x, name)
+    try:
+        return np.from_dlpack(x)
+    except (TypeError, RuntimeError, BufferError, ValueError) as exc:
+        raise TypeError(f"{name}: {type(x).__name__} object cannot be read through DLPack as a "
+                        f"NumPy array ({exc}); pass a NumPy array, a jax array or a PyTorch "
+                        "tensor") from exc
+
+
+def like_caller(result: Any, caller: Any) -> Any:
+    """``result`` in the array type of ``caller`` where that is cheap: a NumPy result for a
+    PyTorch ``caller`` becomes a tensor on ``caller``'s device (bfloat16/float8 results by their
+    bits); anything else is returned unchanged (jax results stay jax, other DLPack callers get
+    NumPy)."""
+    if not is_torch(caller) or not isinstance(result, np.ndarray):
+        return result
+    torch = sys.modules["torch"]
+    name = result.dtype.name
+    bits = {"bfloat16": torch.int16}.get(name, torch.uint8 if name.startswith("float8") else None)
+    if bits is not None:
+        tdtype = getattr(torch, name, None)
+        if tdtype is None:
+            return result
+        raw = torch.from_numpy(result.view(np.int16 if bits is torch.int16 else np.uint8).copy())
+        out = raw.view(tdtype)
+    else:
+        out = torch.from_numpy(np.ascontiguousarray(result))
+    return out.to(caller.device)

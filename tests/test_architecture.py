@@ -29,9 +29,6 @@ module is the application layer."""
 # modules (their internals are theirs to change). Each entry must still occur: remove it when the
 # crossing is gone, and add nothing here.
 PENDING_KERNEL_CROSSINGS = {
-    ("fp4sim.kernels.attention_directp_mgpu", "fp4sim.kernels.attention_mgpu", "_ceil_f32"),
-    ("fp4sim.kernels.attention_directp_mgpu", "fp4sim.kernels.attention_mgpu", "_floor_f32"),
-    ("fp4sim.kernels.attention_directp_mgpu", "fp4sim.kernels.attention_mgpu", "_pow2_f32"),
     ("fp4sim.kernels.attention_directp_mgpu", "fp4sim.kernels.attention_mgpu",
      "_check_qkv_shapes"),
 }

@@ -1,6 +1,6 @@
 """On a GPU machine: the jitted emulators give the same bits on the GPU as on the CPU backend.
 
-DESIGN.md promises that emulator results do not depend on where they run. XLA's GPU backend
+fp4sim promises that emulator results do not depend on where they run. XLA's GPU backend
 makes different choices from its CPU backend (fused multiply-add contraction, division
 rewrites, flush-to-zero), so this is checked on the hardware: the same jitted function runs on
 ``jax.devices("gpu")[0]`` and ``jax.devices("cpu")[0]`` and every output is compared as bits.

@@ -64,7 +64,7 @@ __all__ += list(_recipe.__all__) + [
     "ErrorSummary", "code_match_rate", "error_summary", "uniform_grid",
 ]
 
-# --- training path (backward, autodiff, causal-safe scaling, leak probe, consistency) ---------
+# --- training path (backward, autodiff, operand scalings, causal safety, leak probe, consistency)
 # (TrainingRecipe, its enums, TRAINING_PRESETS, LEAK_TABLE, training_preset: from recipe above)
 from fp4sim.attention.autodiff import (  # noqa: E402
     emulated_attention,
@@ -78,9 +78,13 @@ from fp4sim.attention.backward import (  # noqa: E402
     emulated_backward,
     softmax_grad,
 )
+from fp4sim.attention.operands import (  # noqa: E402
+    OperandScaling,
+    fake_quantize,
+    quantize_operand,
+)
 from fp4sim.attention.causal import (  # noqa: E402
     LeakClass,
-    OperandScaling,
     fake_quantize_segmented,
     leak_class,
 )
@@ -95,6 +99,7 @@ from fp4sim.attention.leak import LeakReport, leak_probe  # noqa: E402
 __all__ += [
     "emulated_attention", "rebuild_p", "training_backward", "training_forward", "Gradients",
     "attention_grad_reference", "emulated_backward", "softmax_grad", "LeakClass",
-    "OperandScaling", "fake_quantize_segmented", "leak_class", "ConsistencyReport", "Mismatch",
+    "OperandScaling", "fake_quantize", "quantize_operand", "fake_quantize_segmented",
+    "leak_class", "ConsistencyReport", "Mismatch",
     "check_consistency", "with_mismatch", "LeakReport", "leak_probe",
 ]

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fp4sim._xp import bitcast, is_jax, materialize, namespace
+from fp4sim._xp import Array, bitcast, is_jax, materialize, namespace
 from fp4sim.formats import f32
 
 __all__ = ["OperandStats", "operand_stats", "quantized_stats", "plain_sum_is_exact",
@@ -32,12 +32,12 @@ __all__ = ["OperandStats", "operand_stats", "quantized_stats", "plain_sum_is_exa
 class OperandStats(NamedTuple):
     """float32 scalars over every element of an operand (:func:`operand_stats`)."""
 
-    min_abs: Any  # smallest nonzero |x| (+Inf when all are zero)
-    max_abs: Any  # largest |x| (+Inf when any is NaN or ±Inf)
-    min_lsb: Any  # 2^tz: the lowest set bit of any 24-bit significand (2^23 when all are zero)
+    min_abs: Array  # smallest nonzero |x| (+Inf when all are zero)
+    max_abs: Array  # largest |x| (+Inf when any is NaN or ±Inf)
+    min_lsb: Array  # 2^tz: the lowest set bit of any 24-bit significand (2^23 when all are zero)
 
 
-def operand_stats(x: Any) -> OperandStats:
+def operand_stats(x: Array) -> OperandStats:
     """The :class:`OperandStats` of ``x`` (float reductions: fast on XLA CPU)."""
     xp = namespace(x)
     x = xp.asarray(x, dtype=np.float32)
@@ -54,7 +54,7 @@ def operand_stats(x: Any) -> OperandStats:
     return OperandStats(lo, hi, xp.min(xp.where(a > 0, lsb, np.float32(2.0**23))))
 
 
-def quantized_stats(exps: Any, live: Any, nonfinite: Any, elem: Any) -> OperandStats:
+def quantized_stats(exps: Array, live: Array, nonfinite: Array, elem: Any) -> OperandStats:
     """Bounds on the :func:`operand_stats` of a dequantized operand, from its block exponents
     instead of a pass over its elements: ``lo ≤ min_abs``, ``hi ≥ max_abs``, ``lsb ≤ min_lsb``.
 
@@ -114,7 +114,7 @@ def quantized_stats(exps: Any, live: Any, nonfinite: Any, elem: Any) -> OperandS
                         xp.asarray(lsb, dtype=np.float32))
 
 
-def plain_sum_is_exact(a_stats: OperandStats, b_stats: OperandStats, k: int) -> Any:
+def plain_sum_is_exact(a_stats: OperandStats, b_stats: OperandStats, k: int) -> Array:
     """True (a boolean scalar) when the plain float32 sum ``acc + a_k·b_k`` of ``a @ b`` over
     ``k`` terms (any fusion of the multiply into the add allowed), in contraction order, gives
     the bits of the flushed SEQUENTIAL chain after one final :func:`~fp4sim.formats.f32.ftz`:
@@ -182,8 +182,8 @@ def plain_or_chain(plain: Callable, chain: Callable) -> Callable:
     return fn
 
 
-def ordered_product(plain: Callable, chain: Callable, a: Any, b: Any, a_stats: OperandStats,
-                    b_stats: OperandStats, *extra: Any) -> Any:
+def ordered_product(plain: Callable, chain: Callable, a: Array, b: Array, a_stats: OperandStats,
+                    b_stats: OperandStats, *extra: Array) -> Array:
     """``plain(a, b, *extra)`` when :func:`plain_sum_is_exact` holds for the stats (of every
     element of ``a`` and ``b``; the contraction length is ``b.shape[-2]``), else
     ``chain(a, b, *extra)``: a Python branch on NumPy, :func:`plain_or_chain` under jax."""

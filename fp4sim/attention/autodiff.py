@@ -29,7 +29,7 @@ This module owns:
   scores again: the same bits as :func:`rebuild_p` (tested for every forward preset), which
   :func:`training_backward` and the consistency checks still run.
 * Named recipes: :data:`TRAINING_PRESETS` (published routes and the float32 baseline) and
-  :data:`LEAK_TABLE` (the rows of seed_algorithms.md §6.3, in order).
+  :data:`LEAK_TABLE` (the configurations of FLAMIA (github.com/yandex-research/flamia-blackwell-attention)'s leak table, in order).
 """
 
 from __future__ import annotations
@@ -37,17 +37,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from fp4sim._checks import softmax_scale as check_softmax_scale
-from fp4sim._xp import bitcast, materialize, namespace
+from fp4sim._xp import Array, bitcast, materialize, namespace
 from fp4sim.attention import causal as sc
+from fp4sim.attention import operands as ops
 from fp4sim.attention.backward import (
     BackwardTrace,
     DeltaSource,
     DsProbabilities,
+    Gradients,
     TrainingRecipe,
     emulated_backward,
 )
@@ -102,26 +105,26 @@ class SavedForward:
     values, block exponents, per-token factors), from which the scores are recomputed exactly;
     ``q_hat``/``k_hat`` are the same operands dequantized (the dQ/dK operands)."""
 
-    q_op: Any
-    k_op: Any
-    q_hat: Any  # (..., Sq, D) float32
-    k_hat: Any  # (..., Skv, D)
-    v_hat: Any  # (..., Skv, Dv): the quantized V as the forward multiplied it
-    out: Any  # (..., Sq, Dv) float32 O
-    out_hp: Any  # (..., Sq, Dv) O from the unquantized p (only for DeltaSource.HIGH_PRECISION_OUTPUT)
-    lse: Any  # (..., Sq) natural-log LSE
-    m: Any  # (..., Sq) final running max (log2 units, scaled scores)
-    l: Any  # noqa: E741  (..., Sq) final normalizer, converter units
-    fwd_codes: Any  # (..., Sq, Skv_pad) the forward's P codes (for the consistency check)
-    fwd_scales: Any  # (..., Sq, Skv_pad / block) or None
-    fwd_k: Any  # (..., Sq, Skv_pad / block) or None
-    fwd_anchors: Any  # (..., Sq, Skv_pad) the anchor each key's tile used
-    segment_ids: Any  # (..., S) or None
+    q_op: tuple
+    k_op: tuple
+    q_hat: Array  # (..., Sq, D) float32
+    k_hat: Array  # (..., Skv, D)
+    v_hat: Array  # (..., Skv, Dv): the quantized V as the forward multiplied it
+    out: Array  # (..., Sq, Dv) float32 O
+    out_hp: Array | None  # (..., Sq, Dv) O from the unquantized p (only for DeltaSource.HIGH_PRECISION_OUTPUT)
+    lse: Array  # (..., Sq) natural-log LSE
+    m: Array  # (..., Sq) final running max (log2 units, scaled scores)
+    l: Array  # noqa: E741  (..., Sq) final normalizer, converter units
+    fwd_codes: Array  # (..., Sq, Skv_pad) the forward's P codes (for the consistency check)
+    fwd_scales: Array | None  # (..., Sq, Skv_pad / block) or None
+    fwd_k: Array | None  # (..., Sq, Skv_pad / block) or None
+    fwd_anchors: Array  # (..., Sq, Skv_pad) the anchor each key's tile used
+    segment_ids: Array | None  # (..., S) or None
     qk_block: int
     qk_exact: bool
     softmax_scale: float
     causal: bool
-    tile_anchors: Any = None  # (..., Sq, n_tiles) the forward's anchor per key tile
+    tile_anchors: Array | None = None  # (..., Sq, n_tiles) the forward's anchor per key tile
 
 
 _SAVED_DATA = ("q_op", "k_op", "q_hat", "k_hat", "v_hat", "out", "out_hp", "lse", "m", "l", "fwd_codes",
@@ -136,7 +139,7 @@ except ImportError:  # pragma: no cover
     pass
 
 
-def _dequantized(xp: Any, op: tuple, block: int) -> Any:
+def _dequantized(xp: ModuleType, op: tuple, block: int) -> Array:
     """The real values of a saved Q/K operand: ``values · 2^exps · 2^post_exp · post``."""
     values, exps, post, post_exp = op
     x = values
@@ -166,21 +169,21 @@ class RebuiltP(NamedTuple):
     """The backward's P: ``p`` normalized float32 (..., Sq, Skv), the integer parts, and (on
     request) the unquantized probabilities ``p_hp = 2^(u − LSE₂)``."""
 
-    p: Any
-    codes: Any  # (..., Sq, Skv_pad)
-    scales: Any
-    k: Any
-    anchors: Any  # (..., Sq, Skv_pad) per key
-    p_hp: Any = None  # (..., Sq, Skv) or None
+    p: Array
+    codes: Array  # (..., Sq, Skv_pad)
+    scales: Array | None
+    k: Array | None
+    anchors: Array  # (..., Sq, Skv_pad) per key
+    p_hp: Array | None = None  # (..., Sq, Skv) or None
 
 
 def _softmax_scale(head_dim: int, softmax_scale: float | None) -> float:
     return check_softmax_scale(softmax_scale, head_dim)
 
 
-def _quantizer(segment_ids: Any, aligned: bool):
+def _quantizer(segment_ids: Array | None, aligned: bool):
     if segment_ids is None or not aligned:
-        return sc.fake_quantize
+        return ops.fake_quantize
     return _Segmented(segment_ids)
 
 
@@ -189,24 +192,24 @@ class _Segmented:
     ``with_stats`` also gives the statistics bounds for the ordered products
     (:func:`fp4sim.attention.causal.fake_quantize_segmented_stats`)."""
 
-    def __init__(self, segment_ids: Any) -> None:
+    def __init__(self, segment_ids: Array) -> None:
         self.segment_ids = segment_ids
 
-    def __call__(self, x: Any, scaling: sc.OperandScaling) -> Any:
+    def __call__(self, x: Array, scaling: ops.OperandScaling) -> Array:
         return sc.fake_quantize_segmented(x, scaling, self.segment_ids)
 
-    def with_stats(self, x: Any, scaling: sc.OperandScaling) -> tuple[Any, Any]:
+    def with_stats(self, x: Array, scaling: ops.OperandScaling) -> tuple[Array, Any]:
         return sc.fake_quantize_segmented_stats(x, scaling, self.segment_ids)
 
 
-def _per_key(xp: Any, a: Any, width: int) -> Any:
+def _per_key(xp: ModuleType, a: Array, width: int) -> Array:
     """(..., n) per-block values repeated ``width`` times along the last axis."""
     return xp.repeat(a, width, axis=-1)
 
 
-def training_forward(q: Any, k: Any, v: Any, recipe: TrainingRecipe, *,
+def training_forward(q: Array, k: Array, v: Array, recipe: TrainingRecipe, *,
                      softmax_scale: float | None = None, causal: bool = True,
-                     segment_ids: Any = None) -> tuple[Any, SavedForward]:
+                     segment_ids: Array | None = None) -> tuple[Array, SavedForward]:
     """O (..., Sq, Dv) of ``recipe``'s forward and the :class:`SavedForward` state.
 
     Self-attention shapes: ``segment_ids`` (..., S) label packed documents (queries and keys
@@ -249,7 +252,7 @@ def training_forward(q: Any, k: Any, v: Any, recipe: TrainingRecipe, *,
     return res.out, saved
 
 
-def _tile_anchors(xp: Any, u: Any, recipe: AttentionRecipe) -> list[Any]:
+def _tile_anchors(xp: ModuleType, u: Array, recipe: AttentionRecipe) -> list[Array]:
     """The running max used by each key tile (the forward's rule, step 2 of its docstring)."""
     tile = recipe.block_kv
     m = xp.full(u.shape[:-1], -np.inf, dtype=np.float32)
@@ -266,7 +269,8 @@ def _tile_anchors(xp: Any, u: Any, recipe: AttentionRecipe) -> list[Any]:
     return out
 
 
-def _mask(xp: Any, sq: int, skv: int, skv_pad: int, is_causal: bool, segment_ids: Any) -> Any:
+def _mask(xp: ModuleType, sq: int, skv: int, skv_pad: int, is_causal: bool,
+          segment_ids: Array | None) -> Array:
     rows = xp.arange(sq, dtype=np.int32)[:, None]
     cols = xp.arange(skv_pad, dtype=np.int32)[None, :]
     ok = cols < skv
@@ -327,8 +331,8 @@ def rebuild_p(saved: SavedForward, recipe: AttentionRecipe, *,
     return RebuiltP(p, codes, scales, ks, anc, p_hp)
 
 
-def _normalized(xp: Any, saved: SavedForward, recipe: AttentionRecipe, pt: Any, anchors: Any,
-                skv: int) -> tuple[Any, Any]:
+def _normalized(xp: ModuleType, saved: SavedForward, recipe: AttentionRecipe, pt: Array,
+                anchors: Array, skv: int) -> tuple[Array, Array]:
     """``P̃_ij = fl(fl(w̃_ij · 2^(m_tile − m)) / L)`` (module docstring) from the converter's
     tiles ``pt`` ((..., Sq, n_tiles, tile) values, block exponents) and the anchor of each
     tile; also the anchors per key (..., Sq, Skv_pad)."""
@@ -351,7 +355,7 @@ def _normalized(xp: Any, saved: SavedForward, recipe: AttentionRecipe, pt: Any, 
     # a barrier: the per-tile exp2 computed once, not re-fused into every key (4x slower)
     r = materialize(r)
 
-    def norm(w: Any, rows: slice, tiles: slice) -> Any:  # these rows and tiles
+    def norm(w: Array, rows: slice, tiles: slice) -> Array:  # these rows and tiles
         return xp.where(pos[..., rows, None, None],
                         f32.div_ftz(f32.mul_ftz(w, r[..., rows, tiles, None]),
                                  l_safe[..., rows, :, :]), np.float32(0.0))
@@ -416,7 +420,8 @@ def _causal_spans(recipe: AttentionRecipe, is_causal: bool, sq: int, skv: int,
     return spans
 
 
-def _values_from_codes(xp: Any, recipe: AttentionRecipe, codes: Any, scales: Any) -> Any:
+def _values_from_codes(xp: ModuleType, recipe: AttentionRecipe, codes: Array,
+                       scales: Array | None) -> Array:
     """The float32 MMA values of P codes (the converters' ``values``): the decoded payload,
     times the decoded UE4M3 block scale for NVFP4 P (exact)."""
     fmt = recipe.p_format
@@ -477,8 +482,8 @@ def forward_p(saved: SavedForward, recipe: TrainingRecipe) -> RebuiltP:
 class TrainingTrace(NamedTuple):
     """:class:`~fp4sim.attention.backward.BackwardTrace` plus the rebuilt P."""
 
-    grads: Any
-    p: Any
+    grads: Gradients
+    p: Array
     rebuilt: RebuiltP
     backward: BackwardTrace
 
@@ -486,7 +491,7 @@ class TrainingTrace(NamedTuple):
         return getattr(self.backward, name)
 
 
-def training_backward(saved: SavedForward, d_out: Any, recipe: TrainingRecipe, *,
+def training_backward(saved: SavedForward, d_out: Array, recipe: TrainingRecipe, *,
                       forward_p_codes: bool = False, grads_only: bool = False) -> TrainingTrace:
     """dQ, dK, dV (and every intermediate) of ``recipe``'s backward from ``saved``.
 
@@ -552,9 +557,9 @@ def _vjp_function(recipe: TrainingRecipe, softmax_scale: float, is_causal: bool,
     return f
 
 
-def emulated_attention(q: Any, k: Any, v: Any, recipe: TrainingRecipe, *,
+def emulated_attention(q: Array, k: Array, v: Array, recipe: TrainingRecipe, *,
                        softmax_scale: float | None = None, causal: bool = True,
-                       segment_ids: Any = None) -> Any:
+                       segment_ids: Array | None = None) -> Array:
     """O of ``recipe``'s training forward; ``jax.grad`` through it runs the emulated backward.
 
     jax arrays (under ``jit``/``vmap``/``grad``); ``recipe``, ``softmax_scale`` and ``causal``

@@ -35,14 +35,14 @@ This module owns the gradient of softmax attention ``O = softmax(c_e·Q Kᵀ + m
   operands: exact products, none below 2^-103), per cache-sized output block, skipping the
   all-zero terms of causal row blocks; otherwise as the flushed chain. The statistics of the
   quantized P, dO and dS operands are bounds taken from their quantizers' block exponents
-  (:func:`fp4sim.attention.causal.fake_quantize_stats`), not a pass over the elements; any
+  (:func:`fp4sim.attention.operands.fake_quantize_stats`), not a pass over the elements; any
   sound bounds give the same bits (:func:`fp4sim.attention._ordered.quantized_stats`). ``D`` is a fixed
   pairwise-tree sum, ``dS`` is formed elementwise; every float32 step flushes results below
   2^-126 (``.ftz`` arithmetic).
 
 The identity ``D_i = Σ_j P̃_ij dP_ij = rowsum(dO_i ∘ O_i)`` holds only when ``O = P̃ V̂`` with the
 very ``P̃`` used in dS; the rows of dS then sum to ``D_i·(1 − Σ_j P̃_ij)``, which is zero only
-under consistent normalization (seed_algorithms.md §5.2: 0 vs 0.068027 in the two-key example).
+under consistent normalization (0 vs 0.068027 in the two-key example).
 :mod:`fp4sim.attention.consistency` checks these and the other invariants.
 
 Masks are those of :mod:`fp4sim.attention.reference`: ``causal`` aligned at the end (query i
@@ -59,7 +59,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fp4sim import _xp
-from fp4sim.attention import causal, ordered_gpu
+from fp4sim._xp import Array
+from fp4sim.attention import operands, ordered_gpu
 from fp4sim.attention._ordered import operand_stats, plain_or_chain, plain_sum_is_exact
 from fp4sim.attention.recipe import (  # defined with every recipe; re-exported here
     BackwardAccumulation,
@@ -85,12 +86,12 @@ __all__ = [
 class Gradients(NamedTuple):
     """dQ, dK, dV of one attention call (same shapes as Q, K, V)."""
 
-    dq: Any
-    dk: Any
-    dv: Any
+    dq: Array
+    dk: Array
+    dv: Array
 
 
-def softmax_grad(p: Any, dp: Any, delta: Any) -> Any:
+def softmax_grad(p: Array, dp: Array, delta: Array) -> Array:
     """``dS = P ∘ (dP − D)``: the gradient through the row softmax, D broadcast along keys.
 
     ``p`` and ``dp`` are (..., N, M), ``delta`` is (..., N). With ``D = Σ_j P_ij dP_ij`` each row
@@ -99,10 +100,10 @@ def softmax_grad(p: Any, dp: Any, delta: Any) -> Any:
     return p * (dp - delta[..., None])
 
 
-def attention_grad_reference(q: Any, k: Any, v: Any, d_out: Any, *,
+def attention_grad_reference(q: Array, k: Array, v: Array, d_out: Array, *,
                              softmax_scale: float | None = None, causal: bool = False,
-                             q_segment_ids: Any = None,
-                             kv_segment_ids: Any = None) -> Gradients:
+                             q_segment_ids: Array | None = None,
+                             kv_segment_ids: Array | None = None) -> Gradients:
     """Exact float64 gradients of ``Σ O ∘ d_out`` with respect to q, k, v.
 
     Shapes (..., N, d), (..., M, d), (..., M, dv), (..., N, dv); any leading batch/head axes.
@@ -129,10 +130,10 @@ def attention_grad_reference(q: Any, k: Any, v: Any, d_out: Any, *,
 
 
 # --- the emulated backward --------------------------------------------------------------------
-def _matmul(a: Any, b: Any,
+def _matmul(a: Array, b: Array,
             accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL, *,
             a_stats: Any = None, b_stats: Any = None, needed: Any = None,
-            transpose_a: bool = False) -> Any:
+            transpose_a: bool = False) -> Array:
     """float32 ``a @ b`` of dequantized operands (a (..., I, K), b (..., K, J)); with
     ``transpose_a`` the product ``aᵀ @ b`` of a stored (..., K, I) (no transposed copy is made:
     on XLA CPU a transpose of a 2048² operand costs ~25 ms, more than its product loop).
@@ -186,7 +187,7 @@ _BLOCK_ELEMENTS = 1 << 15  # the plain loop's accumulator block (128 KiB: stays 
 _BLOCK_COLS = 256  # at most this many output columns per block
 
 
-def _loop(a: Any, b: Any, plain: bool, needed: Any = None, transposed: bool = False) -> Any:
+def _loop(a: Array, b: Array, plain: bool, needed: Any = None, transposed: bool = False) -> Array:
     """The sequential sum under jax: the flushed chain, or (``plain``) ``acc + a_k·b_k`` then
     one flush, computed per block of the output (rows × columns, at most ``_BLOCK_ELEMENTS``
     accumulators with the leading axes) so that the accumulator stays in the cache; every
@@ -201,7 +202,7 @@ def _loop(a: Any, b: Any, plain: bool, needed: Any = None, transposed: bool = Fa
     if not plain:
         at = a if transposed else _swap(a)  # (..., K, I): row k is column k of a
 
-        def term(k: Any) -> Any:
+        def term(k: Array) -> Array:
             ak = lax.dynamic_index_in_dim(at, k, axis=at.ndim - 2, keepdims=False)[..., :, None]
             bk = lax.dynamic_index_in_dim(b, k, axis=b.ndim - 2, keepdims=True)
             return f32.mul_ftz(ak, bk)
@@ -241,12 +242,12 @@ def _loop(a: Any, b: Any, plain: bool, needed: Any = None, transposed: bool = Fa
         nb = xp.reshape(needed != 0, lead + (ni, rows, nj, cols))  # NaN counts as needed
         busy = xp.reshape(xp.any(nb, axis=tuple(range(nl)) + (nl + 1, nl + 3)), (ni * nj,))
 
-    def a_block(i: Any) -> Any:  # (..., K, rows): columns i·rows ... of a
+    def a_block(i: Array) -> Array:  # (..., K, rows): columns i·rows ... of a
         if transposed:
             return lax.dynamic_slice_in_dim(a, i * rows, rows, axis=a.ndim - 1)
         return _swap(lax.dynamic_index_in_dim(ab, i, keepdims=False))
 
-    def one(t: Any) -> Any:
+    def one(t: Array) -> Array:
         b_blk = lax.dynamic_index_in_dim(bb, t % nj, keepdims=False)
         if needed is None:
             return _plain_range(a_block(t // nj), b_blk, lo[t // nj], hi[t // nj])
@@ -261,14 +262,14 @@ def _loop(a: Any, b: Any, plain: bool, needed: Any = None, transposed: bool = Fa
     return f32.ftz(xp.reshape(out, lead + (n_i, n_j)))
 
 
-def _plain_block(a: Any, b: Any, transposed: bool) -> Any:
+def _plain_block(a: Array, b: Array, transposed: bool) -> Array:
     """``Σ_k a[..., :, k] ⊗ b[..., k, :]`` in order k = 0, 1, ... (plain float32; a (..., I, K),
     or (..., K, I) when ``transposed``; b (..., K, J)), eight terms per loop step. Column k of
     a non-transposed ``a`` is read in place (a strided slice fused into the step): measured
     about 2x faster on XLA CPU than transposing a 512² ``a`` first."""
     from jax import lax
 
-    def term(k: Any) -> Any:
+    def term(k: Array) -> Array:
         if transposed:
             ak = lax.dynamic_index_in_dim(a, k, axis=a.ndim - 2, keepdims=False)[..., :, None]
         else:
@@ -280,19 +281,19 @@ def _plain_block(a: Any, b: Any, transposed: bool) -> Any:
     return lax.fori_loop(1, n_k, lambda k, acc: acc + term(k), term(0), unroll=8)
 
 
-def _plain_range(at: Any, b: Any, lo: Any, hi: Any) -> Any:
+def _plain_range(at: Array, b: Array, lo: Array, hi: Array) -> Array:
     """``Σ_{lo ≤ k < hi} at_k ⊗ b_k`` in order, from +0 (plain float32; dynamic bounds), four
     terms per loop step."""
     from jax import lax
 
     xp = _xp.namespace(at, b)
 
-    def term(k: Any) -> Any:
+    def term(k: Array) -> Array:
         ak = lax.dynamic_index_in_dim(at, k, axis=at.ndim - 2, keepdims=False)[..., :, None]
         bk = lax.dynamic_index_in_dim(b, k, axis=b.ndim - 2, keepdims=True)
         return ak * bk
 
-    def four(j: Any, acc: Any) -> Any:
+    def four(j: Array, acc: Array) -> Array:
         k = lo + 4 * j
         return acc + term(k) + term(k + 1) + term(k + 2) + term(k + 3)
 
@@ -318,7 +319,7 @@ def _sequential_jax(transposed: bool = False):
     return plain_or_chain(plain, chain)
 
 
-def _swap(x: Any) -> Any:
+def _swap(x: Array) -> Array:
     return _xp.namespace(x).swapaxes(x, -1, -2)
 
 
@@ -331,26 +332,26 @@ class BackwardTrace(NamedTuple):
     """
 
     grads: Gradients
-    d_out_q: Any
-    d_out_delta: Any
-    p_dv: Any
-    p_ds: Any
-    dp: Any
-    delta: Any
-    ds: Any
-    ds_q: Any
+    d_out_q: Array
+    d_out_delta: Array
+    p_dv: Array
+    p_ds: Array
+    dp: Array
+    delta: Array
+    ds: Array
+    ds_q: Array
 
 
-def _quantized(fq: Any, x: Any, scaling: Any, with_stats: bool) -> tuple[Any, Any]:
+def _quantized(fq: Any, x: Array, scaling: Any, with_stats: bool) -> tuple[Array, Any]:
     """``fq(x, scaling)`` and (``with_stats``) bounds on its :class:`OperandStats`: from the
     quantizer's block exponents for the built-in quantizers
-    (:func:`fp4sim.attention.causal.fake_quantize_stats`, or a quantizer's own ``with_stats``),
+    (:func:`fp4sim.attention.operands.fake_quantize_stats`, or a quantizer's own ``with_stats``),
     else a pass over the result (:func:`operand_stats`). Any bounds serve: the predicate of
     :func:`plain_sum_is_exact` on them implies it on the true statistics
     (:func:`fp4sim.attention._ordered.quantized_stats`)."""
     if not with_stats:
         return fq(x, scaling), None
-    both = causal.fake_quantize_stats if fq is causal.fake_quantize else \
+    both = operands.fake_quantize_stats if fq is operands.fake_quantize else \
         getattr(fq, "with_stats", None)
     if both is None:
         y = fq(x, scaling)
@@ -358,13 +359,14 @@ def _quantized(fq: Any, x: Any, scaling: Any, with_stats: bool) -> tuple[Any, An
     return both(x, scaling)
 
 
-def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_out: Any, *,
-                      softmax_scale: float, d_out_scaling: causal.OperandScaling,
-                      p_scaling: causal.OperandScaling, ds_scaling: causal.OperandScaling,
+def emulated_backward(p: Array, q_hat: Array, k_hat: Array, v_hat: Array, out: Array,
+                      d_out: Array, *,
+                      softmax_scale: float, d_out_scaling: operands.OperandScaling,
+                      p_scaling: operands.OperandScaling, ds_scaling: operands.OperandScaling,
                       delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT,
                       accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL,
-                      p_ds: Any = None, out_delta: Any = None,
-                      dq_scaling: causal.OperandScaling | None = None,
+                      p_ds: Array | None = None, out_delta: Array | None = None,
+                      dq_scaling: operands.OperandScaling | None = None,
                       quantize: Any = None, dp_only_where_p: bool = False) -> BackwardTrace:
     """The backward of one attention call from the forward's saved state (module docstring).
 
@@ -372,9 +374,9 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     (rebuilt by :func:`fp4sim.attention.autodiff.rebuild_p`); ``q_hat``, ``k_hat``, ``v_hat`` the
     dequantized operands the forward used; ``out`` the forward's O; ``d_out`` the float32
     upstream gradient. ``d_out_scaling``, ``p_scaling`` (P for dV, rows = queries) and
-    ``ds_scaling`` are :class:`fp4sim.attention.causal.OperandScaling`; ``quantize`` is the
+    ``ds_scaling`` are :class:`fp4sim.attention.operands.OperandScaling`; ``quantize`` is the
     fake-quantizer ``(x, scaling) -> float32`` (by default
-    :func:`fp4sim.attention.causal.fake_quantize`; the document-aware one for packed sequences).
+    :func:`fp4sim.attention.operands.fake_quantize`; the document-aware one for packed sequences).
     ``p_ds`` is the P of dS (default ``p``), ``out_delta`` the O of D (default ``out``);
     ``dq_scaling`` quantizes the dQ output (default: float32). ``dp_only_where_p`` (jax,
     SEQUENTIAL): dP may be left +0 in output blocks where the P of dS is all zero (a causal
@@ -388,7 +390,7 @@ def emulated_backward(p: Any, q_hat: Any, k_hat: Any, v_hat: Any, out: Any, d_ou
     if not isinstance(delta, DeltaSource):
         raise TypeError(f"delta={delta!r} must be a DeltaSource; allowed: "
                         f"{[m.name for m in DeltaSource]}")
-    fq = causal.fake_quantize if quantize is None else quantize
+    fq = operands.fake_quantize if quantize is None else quantize
     xp = _xp.namespace(p, q_hat, k_hat, v_hat, out, d_out)
     d_out = xp.asarray(d_out, dtype=np.float32)
     seq = accumulation is BackwardAccumulation.SEQUENTIAL

@@ -16,7 +16,7 @@ Output: a :class:`PTile` with
   *unquantized* weights in the same units as ``values · 2^exps · 2^factor_exp`` (only when asked),
 * ``k``: (..., rows, blocks) the block exponent actually used (Direct-P k_B, HAO b_g, RCEIL e_B).
 
-The converters (seed_algorithms.md §2), with the float32 evaluation order that defines them:
+The converters, with the float32 evaluation order that defines them:
 
 ``ExactP`` + MXFP4  (Direct-P family) ``k_B`` per :class:`BlockExponent`, ``x = fl(t + fl(log2 6 − k_B))``,
                     payload ``RN_E2M1_sat(exp2(x))``, scale code ``k_B + 127``, ``pdiv = 6``.
@@ -28,14 +28,14 @@ The converters (seed_algorithms.md §2), with the float32 evaluation order that 
 ``ExactP`` + NVFP4  ``p = exp2(t)``, ``sf = RN_UE4M3(fl(max p / 6))``, payload ``RN_E2M1(fl(p / sf))``
                     (payload 0 where sf = 0), values ``payload·sf``.
 ``ExactP`` + FP8 / BF16 / FLOAT32: ``RN(exp2(t))`` in E4M3 / BF16 / float32 (no scale).
-``LogGroupP``       HAO (§2.2): ``s = fl(t + off)``, ``off = log2 6`` (NVFP4, 16 keys) or ``log2 448``
+``LogGroupP``       HAO (github.com/hao-ai-lab/flash-attention-fp4): ``s = fl(t + off)``, ``off = log2 6`` (NVFP4, 16 keys) or ``log2 448``
                     (MXFP8, 32 keys); ``b = fl(max(max s, clamp) − off)``, ceil'ed for MXFP8;
                     ``P = exp2(fl(s − b))``; NVFP4 scale ``RN_UE4M3(exp2(b))``, MXFP8 scale code
                     ``b + 127``; mismatched sum ``Σ_g fl(exp2(b) · Σ_j P_j)``.
-``SageTwoLevelP``   (§2.3): ``P̂ = exp2(fl(t + log2 2688))``, ``A_g = exp2(fl(max_g t + log2 448))``,
+``SageTwoLevelP``   (SageAttention3, arXiv:2505.11594): ``P̂ = exp2(fl(t + log2 2688))``, ``A_g = exp2(fl(max_g t + log2 448))``,
                     payload ``RN_E2M1(fl(P̂ / A_g))``, scale ``RN_UE4M3(A_g)``; mismatched ``Σ P̂``.
-``FixedScaleP``     (§2.5): payload ``RN_E4M3(p · scale)``, ``factor_exp = −log2 scale``.
-``SchraudolphP``    (§2.9): code pattern ``floor(2^mb·fl(t + fl(scale_log2 − shift))) + bias·2^mb``.
+``FixedScaleP``     (cuDNN, github.com/NVIDIA/cudnn-frontend): payload ``RN_E4M3(p · scale)``, ``factor_exp = −log2 scale``.
+``SchraudolphP``    (Schraudolph 1999, as used by FLAMIA): code pattern ``floor(2^mb·fl(t + fl(scale_log2 − shift))) + bias·2^mb``.
 
 Sums over keys inside a converter (the mismatched denominators) use the fixed pairwise tree of
 :func:`fp4sim.formats.f32.tree_sum_ftz` over each scale group (or the whole tile), then add the
@@ -46,11 +46,12 @@ carried by the forward (a row with a NaN score has NaN output; :mod:`fp4sim.atte
 from __future__ import annotations
 
 import math
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from fp4sim._xp import bitcast, namespace
+from fp4sim._xp import Array, bitcast, namespace
 from fp4sim.attention.exp2 import exp2_model, exp2_rn
 from fp4sim.attention.recipe import (
     AffineP,
@@ -83,42 +84,42 @@ _E2M1_POLICY = Policy(nan=NanPolicy.ZERO)  # NaN rows are handled by the forward
 class PTile(NamedTuple):
     """One key tile of P (see the module docstring for every field)."""
 
-    codes: Any
-    scales: Any
-    values: Any
-    exps: Any
+    codes: Array
+    scales: Array | None
+    values: Array
+    exps: Array | None
     block: int
     factor_exp: int
     pdiv: float
-    mismatched: Any
-    k: Any
+    mismatched: Array | None
+    k: Array | None
 
 
-def _blocks(xp: Any, t: Any, block: int) -> Any:
+def _blocks(xp: ModuleType, t: Array, block: int) -> Array:
     *lead, n = t.shape
     if n % block:
         raise ValueError(f"tile of {n} keys is not a multiple of the P block {block}")
     return xp.reshape(t, (*lead, n // block, block))
 
 
-def _unblock(xp: Any, tb: Any) -> Any:
+def _unblock(xp: ModuleType, tb: Array) -> Array:
     *lead, nb, b = tb.shape
     return xp.reshape(tb, (*lead, nb * b))
 
 
-def _block_max(xp: Any, tb: Any) -> Any:
+def _block_max(xp: ModuleType, tb: Array) -> Array:
     """Max over each block, NaN-propagating (−inf for fully masked blocks)."""
     return xp.max(tb, axis=-1)
 
 
-def _ceil_exp(xp: Any, m: Any, lo: int = -127, hi: int = 127) -> Any:
+def _ceil_exp(xp: ModuleType, m: Array, lo: int = -127, hi: int = 127) -> Array:
     """int32 ceil(m) clamped to [lo, hi]; −inf gives lo, NaN gives 0 (a NaN row's codes are
     meaningless; 0 keeps them finite)."""
     c = xp.ceil(xp.where(xp.isnan(m), np.float32(0.0), xp.clip(m, np.float32(lo), np.float32(hi))))
     return c.astype(np.int32)
 
 
-def block_max_exponent(tb: Any) -> Any:
+def block_max_exponent(tb: Array) -> Array:
     """Direct-P's ``k_B = ceil(max_{j in B} t_j)`` (``BlockExponent.BLOCK_MAX_CEIL``) of the
     blocks ``tb`` (..., blocks, block keys): int32, clamped to [−127, 127], −inf gives −127 and
     NaN 0 (also used by the GPU kernel of :mod:`fp4sim.attention.direct_p_gpu`)."""
@@ -126,7 +127,8 @@ def block_max_exponent(tb: Any) -> Any:
     return _ceil_exp(xp, _block_max(xp, tb))
 
 
-def _group_sum(xp: Any, vals_b: Any, weight: Any = None, exps: Any = None) -> Any:
+def _group_sum(xp: ModuleType, vals_b: Array, weight: Array | None = None,
+               exps: Array | None = None) -> Array:
     """Σ_groups fl(weight_g · tree_sum_g(vals)) (or ``· 2^exps_g``), groups added in key order
     (float32, FTZ)."""
     partial = f32.tree_sum_ftz(vals_b, axis=-1)  # (..., rows, nb)
@@ -140,7 +142,7 @@ def _group_sum(xp: Any, vals_b: Any, weight: Any = None, exps: Any = None) -> An
     return acc
 
 
-def mitchell_exp2(y: Any) -> Any:
+def mitchell_exp2(y: Array) -> Array:
     """Mitchell's piecewise-linear 2^y: float32 bits ``floor(y·2^23) + 127·2^23``, i.e.
     ``2^floor(y)·(1 + frac(y))`` (y clamped to 127 above; 0 below −126 and for −Inf/NaN)."""
     xp = namespace(y)
@@ -151,15 +153,15 @@ def mitchell_exp2(y: Any) -> Any:
     return xp.where(ok, bitcast(i.astype(np.uint32), np.float32), np.float32(0.0))
 
 
-def direct_p_coordinate(t: Any, k: Any) -> Any:
+def direct_p_coordinate(t: Array, k: Array) -> Array:
     """Direct-P coordinate ``x = fl(t + fl(log2 6 − k))`` (k broadcast against t)."""
     xp = namespace(t, k)
     bias = xp.asarray(LOG2_6) - xp.asarray(k).astype(np.float32)
     return xp.asarray(t, dtype=np.float32) + bias
 
 
-def direct_p_payload(converter: Any, x: Any, *, exp2: Exp2Model = Exp2Model(),
-                     fragment: int = 32, tile: int = 128) -> Any:
+def direct_p_payload(converter: Any, x: Array, *, exp2: Exp2Model = Exp2Model(),
+                     fragment: int = 32, tile: int = 128) -> Array:
     """E2M1 payload codes (uint8) of the Direct-P family (ExactP, AffineP, MitchellP) from the
     coordinate ``x`` (float32, any shape; −inf gives code 0)."""
     xp = namespace(x)
@@ -178,7 +180,7 @@ def direct_p_payload(converter: Any, x: Any, *, exp2: Exp2Model = Exp2Model(),
     return encode(value, E2M1, _E2M1_POLICY)
 
 
-def convert_tile(recipe: AttentionRecipe, t: Any, *, need_mismatched: bool = False) -> PTile:
+def convert_tile(recipe: AttentionRecipe, t: Array, *, need_mismatched: bool = False) -> PTile:
     """P of one key tile ``t`` (..., rows, keys) per ``recipe`` (converter, P format, block
     exponent rule, exp2 model, fragment and tile sizes). Pure; the backward calls it to rebuild
     P bit-identically from the same ``t``."""
@@ -186,16 +188,17 @@ def convert_tile(recipe: AttentionRecipe, t: Any, *, need_mismatched: bool = Fal
         return _convert_tile(recipe, t, need_mismatched)
 
 
-def _convert_tile(recipe: AttentionRecipe, t: Any, need_mismatched: bool) -> PTile:
+def _convert_tile(recipe: AttentionRecipe, t: Array, need_mismatched: bool) -> PTile:
     xp = namespace(t)
     t = xp.asarray(t, dtype=np.float32)
     conv, fmt = recipe.converter, recipe.p_format
     tile = t.shape[-1]
 
-    def ex2(v: Any) -> Any:
+    def ex2(v: Array) -> Array:
         return exp2_model(v, recipe.exp2, fragment=recipe.fragment, tile=tile)
 
-    def tile_of(codes: Any, scales: Any, values: Any, exps: Any, mism: Any, k: Any) -> PTile:
+    def tile_of(codes: Array, scales: Array | None, values: Array, exps: Array | None,
+                mism: Array | None, k: Array | None) -> PTile:
         # the P format's and the converter's declared constants (recipe.PFormat, converters)
         return PTile(codes, scales, values, exps, fmt.block, conv.factor_exp(fmt), fmt.divisor,
                      mism, k)

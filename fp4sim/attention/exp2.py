@@ -4,7 +4,7 @@ Both run on NumPy and under ``jax.jit`` with identical bits: they use only float
 whose results are exact or correctly rounded by construction (:mod:`fp4sim.formats.f32`),
 integer bit manipulation, and flush-to-zero of results below 2^-126.
 
-:func:`exp2_rn` — "exact" exp2 of fp4sim (seed_algorithms.md §11 item 7): the float32 nearest
+:func:`exp2_rn` — "exact" exp2 of fp4sim: the float32 nearest
 (ties to even) to the real 2^x, with results below 2^-126 flushed to +0 (the SIMT path is FTZ);
 x ≥ 128 gives +Inf, x = −Inf gives +0, NaN gives NaN. Method: ``x = n + r`` with
 ``n = rint(x)``, ``r = j/256 + s`` (exact), ``2^r = T_j·e^{s·ln 2}`` with the table
@@ -15,7 +15,7 @@ is below 2^-53 relative, so a result can only be misrounded when 2^x lies within
 of a midpoint between two float32 numbers; the tests compare against float64 ``exp2`` rounded
 to float32 on millions of inputs, including every float32 in chosen intervals.
 
-:func:`exp2_fa4` — FA4's software ex2 (Dao-AILab ``flash_attn/cute/utils.py``; §2.6):
+:func:`exp2_fa4` — FA4's software ex2 (github.com/Dao-AILab/flash-attention ``flash_attn/cute/utils.py``):
 ``xc = max(x, −127)``, ``n = floor(xc)``, ``f = fl(xc − n)``,
 ``p = fma(fma(fma(c3, f, c2), f, c1), f, c0)`` with the degree-3 coefficients ``POLY_EX2``, and
 the result bits ``(n << 23) + bits(p)`` (integer add into the exponent field). The FMAs are

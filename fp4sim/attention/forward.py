@@ -28,7 +28,7 @@ the accumulator columns where a 0·Inf (or 0·NaN) partial gives NaN, which one 
 keys' column sums of fl(0·v) reproduces; its anchors and P codes/scales are filled in. Under jax
 the row blocks are mapped in up to ``_BUCKETS`` groups, each with the tiles its last block needs.
 
-Per key tile of ``block_kv`` keys (seed_algorithms.md §2.0, §4.2):
+Per key tile of ``block_kv`` keys (the notation of :mod:`fp4sim.attention.recipe`):
 
 1. Scores ``z`` from the quantized operands (:func:`quantize_qk`): each scale block's partial
    dot product is formed first — by a matrix product when it is exact (FP4 payloads, optionally
@@ -43,10 +43,10 @@ Per key tile of ``block_kv`` keys (seed_algorithms.md §2.0, §4.2):
 4. PV: the power-of-two block scales ``2^k_P``, ``2^k_V`` (and ``factor_exp``) are applied to
    the operands (exact; values below 2^-126 flush); for each sub-block of keys sharing one P
    scale and one V scale the partial product is formed (exactly by a matrix product for
-   FP4 x FP4, else a float32 sum in key order); the partials of one ``pv_group`` (K64 of seed
-   000) are added together, then to the float32 accumulator ``A``.
+   FP4 x FP4, else a float32 sum in key order); the partials of one ``pv_group`` (K64 in Hardware-Aware
+   FP4 FlashAttention-4) are added together, then to the float32 accumulator ``A``.
 5. Denominator: ``CONSISTENT`` (and ``EXACT``) adds, per P block in key order,
-   ``fl(fl(Σq / pdiv)·2^k)`` (the FTZ-safe order of §4.3); ``MISMATCHED`` adds the converter's
+   ``fl(fl(Σq / pdiv)·2^k)`` (the FTZ-safe order of :mod:`fp4sim.attention.normalization`); ``MISMATCHED`` adds the converter's
    float32 sum of unquantized weights. ``L ← fl(fl(L·r) + L_tile)``.
 
 Finally ``O = fl(fl(A / (pdiv·v_div)) / L)`` (consistent; ``pdiv = 6`` for Direct-P P and
@@ -74,13 +74,14 @@ from __future__ import annotations
 
 import functools
 import math
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from fp4sim._checks import softmax_scale as check_softmax_scale
-from fp4sim._xp import materialize, namespace
-from fp4sim.attention import causal, direct_p_gpu, ordered_gpu
+from fp4sim._xp import Array, adopt, materialize, namespace
+from fp4sim.attention import direct_p_gpu, operands, ordered_gpu
 from fp4sim.attention._ordered import operand_stats, ordered_product
 from fp4sim.attention.converters import PTile, convert_tile
 from fp4sim.attention.exp2 import exp2_rn, log2_f32
@@ -97,7 +98,7 @@ from fp4sim.attention.recipe import (
 )
 from fp4sim.attention.reference import check_qkv_shapes
 from fp4sim.formats import blocks, f32
-from fp4sim.formats.codec import bf16_round, bf16_values, decode, encode
+from fp4sim.formats.codec import bf16_round, bf16_values, decode
 from fp4sim.formats.spec import E2M1, E4M3
 
 __all__ = ["Operand", "ForwardResult", "ForwardIntermediates", "quantize_qk", "quantize_v",
@@ -123,10 +124,10 @@ class Operand(NamedTuple):
     are exact in float32. ``div``: convention divisor (6 for MXFP4 V). ``quantized``: the
     :class:`~fp4sim.formats.blocks.QuantizedArray` (or codes) it came from, for inspection."""
 
-    values: Any
-    exps: Any
-    post: Any
-    post_exp: Any
+    values: Array
+    exps: Array | None
+    post: Array | None
+    post_exp: Array | None
     block: int
     exact: bool
     div: float
@@ -137,23 +138,23 @@ class ForwardIntermediates(NamedTuple):
     q: Operand
     k: Operand
     v: Operand
-    anchors: Any  # (..., Sq, n_tiles) float32: the running max m' used by each key tile
-    p_codes: Any  # (..., Sq, Skv_padded)
-    p_scales: Any  # (..., Sq, Skv_padded / block) or None
-    p_k: Any  # (..., Sq, Skv_padded / block) int32 block exponents or None
-    numerator: Any  # (..., Sq, Dv) float32 A, converter units
-    normalizer: Any  # (..., Sq) float32 L
-    score_scale: Any  # float32 c = softmax_scale·log2(e)
+    anchors: Array  # (..., Sq, n_tiles) float32: the running max m' used by each key tile
+    p_codes: Array  # (..., Sq, Skv_padded)
+    p_scales: Array | None  # (..., Sq, Skv_padded / block) or None
+    p_k: Array | None  # (..., Sq, Skv_padded / block) int32 block exponents or None
+    numerator: Array  # (..., Sq, Dv) float32 A, converter units
+    normalizer: Array  # (..., Sq) float32 L
+    score_scale: np.float32  # float32 c = softmax_scale·log2(e)
 
 
 class ForwardResult(NamedTuple):
-    out: Any  # (..., Sq, Dv) float32
-    lse: Any  # (..., Sq) float32, natural log
+    out: Array  # (..., Sq, Dv) float32
+    lse: Array  # (..., Sq) float32, natural log
     intermediates: ForwardIntermediates | None
 
 
 # --- inputs ---------------------------------------------------------------------------------
-def _as_f32(xp: Any, x: Any, name: str) -> Any:
+def _as_f32(xp: ModuleType, x: Array, name: str) -> Array:
     x = xp.asarray(x)
     if x.dtype == np.float32:
         return x
@@ -174,7 +175,7 @@ def converter_unit(recipe: AttentionRecipe) -> float:
     return recipe.converter.unit(recipe.p_format)
 
 
-def hadamard(x: Any) -> Any:
+def hadamard(x: Array) -> Array:
     """Orthonormal Walsh-Hadamard transform along the last axis (a power of two), float32:
     butterflies in a fixed order, then the scale 1/√D (exact when log2 D is even)."""
     xp = namespace(x)
@@ -195,17 +196,17 @@ def hadamard(x: Any) -> Any:
 
 
 # --- operands -------------------------------------------------------------------------------
-def _expand_last(xp: Any, s: Any, block: int) -> Any:
+def _expand_last(xp: ModuleType, s: Array, block: int) -> Array:
     return xp.repeat(s, block, axis=-1)
 
 
-def quantize_qk(x: Any, recipe: AttentionRecipe) -> Operand:
+def quantize_qk(x: Array, recipe: AttentionRecipe) -> Operand:
     """Q or K (..., S, D) in ``recipe.qk`` (scale groups along the head dim, per token)."""
     with np.errstate(divide="ignore", invalid="ignore"):  # all-zero (padding) blocks
         return _quantize_qk(x, recipe)
 
 
-def _quantize_qk(x: Any, recipe: AttentionRecipe) -> Operand:
+def _quantize_qk(x: Array, recipe: AttentionRecipe) -> Operand:
     xp = namespace(x)
     fmt = recipe.qk
     d = x.shape[-1]
@@ -220,7 +221,7 @@ def _quantize_qk(x: Any, recipe: AttentionRecipe) -> Operand:
         return Operand(bf16_values(c), None, None, None, d, False, 1.0, c)
     if fmt is QKFormat.TOKEN_BLOCK_FP8 and x.shape[-2] % 32:
         raise ValueError(f"token-block Q/K need a multiple of 32 tokens; got {x.shape[-2]}")
-    q = causal.quantize_operand(x, recipe.qk_scaling)  # the declared Q/K scaling
+    q = operands.quantize_operand(x, recipe.qk_scaling)  # the declared Q/K scaling
     if fmt is QKFormat.FP8_PER_TENSOR:
         g = xp.broadcast_to(xp.reshape(q.global_scale, (1,) * (x.ndim - 1)), x.shape[:-1])
         return Operand(decode(q.codes, E4M3), None, g, None, d, False, 1.0, q)
@@ -242,34 +243,13 @@ def _quantize_qk(x: Any, recipe: AttentionRecipe) -> Operand:
     return Operand(decode(q.codes, E4M3), None, None, pe, d, False, 1.0, q)
 
 
-def _mxfp4_v(xp: Any, v: Any) -> tuple[Any, Any, Any]:
-    """Direct-P's V rule (``VFormat.MXFP4_TOKENS``): per 32 tokens and column,
-    β = 2^ceil(log2 amax), payload RN_E2M1(fl(6·fl(v/β))) in flushed float32, value β·q/6.
-
-    Not a :func:`fp4sim.formats.blocks.quantize` rule: MXFP4 with RCEIL scales
-    (``causal.MXFP4_TOKENS_RCEIL``) rounds ``v/2^ceil(log2(amax/6))`` once, onto a grid that
-    differs from this one by the factor β/6 (not a power of two), so the codes differ."""
-    from fp4sim._xp import bitcast
-
-    *lead, s, dv = v.shape
-    vb = xp.reshape(v, (*lead, s // 32, 32, dv))
-    mag = bitcast(vb, np.uint32) & np.uint32(0x7FFFFFFF)
-    amax = xp.max(mag, axis=-2)
-    e_field = (amax >> np.uint32(23)).astype(np.int32)
-    e = e_field - 127 + ((amax & np.uint32(0x7FFFFF)) != 0).astype(np.int32)
-    e = xp.where(amax == 0, np.int32(-127), xp.clip(e, -127, 127))
-    scaled = f32.mul_ftz(f32.ldexp_ftz(vb, -e[..., None, :]), np.float32(6.0))
-    codes = xp.reshape(encode(scaled, E2M1), v.shape)
-    return codes, e, decode(codes, E2M1)
-
-
-def quantize_v(v: Any, recipe: AttentionRecipe) -> Operand:
+def quantize_v(v: Array, recipe: AttentionRecipe) -> Operand:
     """V (..., Skv, Dv) in ``recipe.v`` (scale groups along tokens)."""
     with np.errstate(divide="ignore", invalid="ignore"):  # all-zero (padding) blocks
         return _quantize_v(v, recipe)
 
 
-def _quantize_v(v: Any, recipe: AttentionRecipe) -> Operand:
+def _quantize_v(v: Array, recipe: AttentionRecipe) -> Operand:
     xp = namespace(v)
     fmt = recipe.v
     v = f32.ftz(v)
@@ -282,10 +262,14 @@ def _quantize_v(v: Any, recipe: AttentionRecipe) -> Operand:
     if fmt is VFormat.BF16:
         c = bf16_round(v)
         return Operand(bf16_values(c), None, None, None, 1, False, 1.0, c)
-    if fmt is VFormat.MXFP4_TOKENS:  # Direct-P's amplitude rule (not a blocks.quantize rule)
-        codes, e, vals = _mxfp4_v(xp, v)
-        return Operand(vals, e, None, None, 32, True, 6.0, (codes, e))
-    q = causal.quantize_operand(v, recipe.v_scaling)  # the declared V scaling
+    q = operands.quantize_operand(v, recipe.v_scaling)  # the declared V scaling
+    if fmt is VFormat.MXFP4_TOKENS:
+        # Direct-P's amplitude rule (blocks.MXFP4_AMPLITUDE): payloads q with the exponents of
+        # β = 2^e, the divisor 6 applied at the end; a NaN block (scale code 0xFF, e = 128) is
+        # NaN in every element (E2M1 has no NaN code), so its columns are NaN in every row
+        e = blocks.scale_exponents(q)
+        vals = xp.where(xp.repeat(e == 128, vb, axis=-2), np.float32(np.nan), decode(q.codes, E2M1))
+        return Operand(vals, e, None, None, vb, True, q.format.divisor, q)
     if fmt is VFormat.FP8:
         return Operand(decode(q.codes, E4M3), None, None, None, 1, False, 1.0, q)
     if fmt is VFormat.NVFP4_TOKENS:
@@ -297,7 +281,7 @@ def _quantize_v(v: Any, recipe: AttentionRecipe) -> Operand:
 
 
 # --- products -------------------------------------------------------------------------------
-def _matmul(xp: Any, a: Any, b: Any) -> Any:
+def _matmul(xp: ModuleType, a: Array, b: Array) -> Array:
     if xp is np:
         return np.matmul(a, b)
     import jax
@@ -305,7 +289,7 @@ def _matmul(xp: Any, a: Any, b: Any) -> Any:
     return xp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
 
 
-def _seq_dot(a: Any, b: Any) -> Any:
+def _seq_dot(a: Array, b: Array) -> Array:
     """Σ_d fl(a[..., i, d]·b[..., j, d]) in d order, float32 flushed: (..., I, J)."""
     acc = f32.mul_ftz(a[..., :, None, 0], b[..., None, :, 0])
     for d in range(1, a.shape[-1]):
@@ -313,7 +297,7 @@ def _seq_dot(a: Any, b: Any) -> Any:
     return acc
 
 
-def _key_blocks(k: Operand) -> Any:
+def _key_blocks(k: Operand) -> Array | None:
     """K's values as (..., nb, blk, Sk) for the batched block product of :func:`scores`
     (exact operands only; else None). Computed once per forward, outside the row loop."""
     if not k.exact:
@@ -324,7 +308,7 @@ def _key_blocks(k: Operand) -> Any:
     return xp.moveaxis(kb, -3, -1)
 
 
-def scores(q: Operand, k: Operand) -> Any:
+def scores(q: Operand, k: Operand) -> Array:
     """Raw float32 scores z (..., Sq, Sk) of quantized operands (module docstring, step 1)."""
     return _scores(q, k, _key_blocks(k))
 
@@ -384,14 +368,14 @@ def _score_factors(q: Operand, k: Operand, acc: Any) -> Any:
     return acc
 
 
-def log2_scores(z: Any, c: Any, valid: Any) -> Any:
+def log2_scores(z: Array, c: Array, valid: Array) -> Array:
     """``u = fl(z·c)`` with masked keys −inf."""
     xp = namespace(z)
     return xp.where(valid, f32.mul_ftz(z, c), np.float32(-np.inf))
 
 
-def _group_partials(xp: Any, p: PTile, v_vals: Any, v_exps: Any, v_block: int, v_exact: bool,
-                    pv_group: int, p_fp4: bool, v_stats: Any = None) -> Any:
+def _group_partials(xp: ModuleType, p: PTile, v_vals: Array, v_exps: Array | None, v_block: int,
+                    v_exact: bool, pv_group: int, p_fp4: bool, v_stats: Any = None) -> Array:
     """PV partial products of every tile, summed per ``pv_group`` (module docstring, step 4).
 
     ``p`` holds (..., Sq, n_tiles, T) tiles, ``v_vals`` is (..., n_tiles, T, Dv) and
@@ -473,7 +457,7 @@ def _pv_chain(pr: Any, vr: Any) -> Any:
     return parts
 
 
-def _pv_plain(pr: Any, vr: Any) -> Any:
+def _pv_plain(pr: Array, vr: Array) -> Array:
     """The same sum as :func:`_pv_chain` as a plain ``acc + a·b`` chain and one flush: the
     same bits wherever :func:`fp4sim.attention._ordered.plain_sum_is_exact` holds (proof
     there); one fused chain under jax (measured 2.4x faster than the flushed one on XLA CPU)."""
@@ -483,7 +467,7 @@ def _pv_plain(pr: Any, vr: Any) -> Any:
     return f32.ftz(parts)
 
 
-def _row(x: Any) -> Any:
+def _row(x: Array | None) -> np.ndarray | None:
     return None if x is None else np.asarray(x)[0]
 
 
@@ -503,7 +487,7 @@ def masked_tile(recipe: AttentionRecipe, tile: int, mism: bool) -> PTile | None:
     return p
 
 
-def _consistent_denominator(xp: Any, p: PTile, n: int) -> Any:
+def _consistent_denominator(xp: ModuleType, p: PTile, n: int) -> Array:
     gb = p.block if p.block > 1 else (32 if n % 32 == 0 else n)
     vb = xp.reshape(p.values, (*p.values.shape[:-1], n // gb, gb))
     sums = f32.tree_sum_ftz(vb, axis=-1)  # (..., nb)
@@ -525,15 +509,15 @@ class _Problem(NamedTuple):
     """What every block of query rows of one :func:`attention_forward` call shares."""
 
     recipe: AttentionRecipe
-    c: Any  # float32 score scale softmax_scale·log2(e)
+    c: np.float32  # float32 score scale softmax_scale·log2(e)
     causal: bool
     sq: int  # query rows
     skv: int  # keys before padding to whole tiles
     dv: int
     lead: tuple[int, ...]  # batch/head axes
     k: Operand  # quantized K, padded to whole tiles
-    kbt: Any  # K's block-transposed values for the exact score product (or None)
-    kseg: Any  # key segment ids (padded with -1) or None
+    kbt: Array | None  # K's block-transposed values for the exact score product (or None)
+    kseg: Array | None  # key segment ids (padded with -1) or None
     v: Operand  # quantized V, padded
     v_stats: Any  # V's OperandStats for the ordered PV sums (or None: computed per call)
     masked: PTile | None  # P of a fully masked tile when skipping it is exact (causal), else None
@@ -550,7 +534,7 @@ class _Problem(NamedTuple):
         return self.k.values.shape[-2] // self.recipe.block_kv
 
 
-def _row_block(pb: _Problem, qo: Operand, qs: Any, row_ids: Any, ntu: int,
+def _row_block(pb: _Problem, qo: Operand, qs: Array | None, row_ids: Array, ntu: int,
                fused: bool = True) -> tuple:
     """Everything for a set of query rows (module docstring, steps 1-5 and the final output),
     computed on the first ``ntu`` key tiles; the other tiles are masked for all these rows
@@ -583,7 +567,7 @@ def _first_tiles(pb: _Problem, ntu: int) -> tuple[Operand, Any, Any]:
         return pb.k, pb.kbt, pb.kseg
     ku = ntu * pb.tile
 
-    def cut(x: Any, axis: int) -> Any:  # the first ku keys along axis -1 or -2
+    def cut(x: Array | None, axis: int) -> Array | None:  # the first ku keys along axis -1 or -2
         if x is None:
             return None
         return x[(Ellipsis, slice(0, ku)) + (slice(None),) * (-1 - axis)]
@@ -594,8 +578,9 @@ def _first_tiles(pb: _Problem, ntu: int) -> tuple[Operand, Any, Any]:
     return ko, cut(pb.kbt, -1), cut(pb.kseg, -1)
 
 
-def _row_log2_scores(pb: _Problem, qo: Operand, ko: Operand, kb: Any, qs: Any, ks: Any,
-                     row_ids: Any, ntu: int) -> tuple[Any, Any]:
+def _row_log2_scores(pb: _Problem, qo: Operand, ko: Operand, kb: Array | None, qs: Array | None,
+                     ks: Array | None,
+                     row_ids: Array, ntu: int) -> tuple[Array, Array]:
     """Steps 1-2: ``u = fl(z·c)`` of these rows against the first ``ntu`` tiles, masked keys
     −inf; and which rows hold a NaN or +Inf score (their output is NaN)."""
     xp = namespace(qo.values)
@@ -613,7 +598,7 @@ def _row_log2_scores(pb: _Problem, qo: Operand, ko: Operand, kb: Any, qs: Any, k
     return u, nanf
 
 
-def _running_max(pb: _Problem, ut: Any) -> tuple[Any, Any, Any]:
+def _running_max(pb: _Problem, ut: Array) -> tuple[Array, Array, Array]:
     """Step 2's running max over the tiles of ``ut`` (..., rows, tiles, tile): the anchor
     ``m'`` each tile uses, the anchor before it, and the final one."""
     xp = namespace(ut)
@@ -640,7 +625,7 @@ def _anchors(pb: _Problem, mt: Any) -> tuple[Any, Any, Any]:
     return xp.stack(anchors, axis=-1), xp.stack(prevs, axis=-1), m
 
 
-def _tile_probabilities(pb: _Problem, ut: Any, finite: Any, safe: Any) -> PTile:
+def _tile_probabilities(pb: _Problem, ut: Array, finite: Array, safe: Array) -> PTile:
     """Step 3: ``t = fl(u − m')`` of every tile and its P (:func:`convert_tile`)."""
     xp = namespace(ut)
     t = xp.where(finite[..., None], ut - safe[..., None], np.float32(-np.inf))
@@ -649,7 +634,7 @@ def _tile_probabilities(pb: _Problem, ut: Any, finite: Any, safe: Any) -> PTile:
         (p.codes, p.values, p.exps, p.mismatched)))))
 
 
-def _accumulate(pb: _Problem, p: PTile, r: Any, ntu: int) -> tuple[Any, Any]:
+def _accumulate(pb: _Problem, p: PTile, r: Array, ntu: int) -> tuple[Array, Array]:
     """Steps 4-5: the PV partials and tile denominators of every tile, then the sequential
     online-softmax updates ``A ← fl(A·r) + partials``, ``L ← fl(fl(L·r) + L_tile)``; the
     skipped tiles' fl(0·v) column sums last."""
@@ -756,7 +741,7 @@ def _direct_p_rows(pb: _Problem, qo: Operand, row_ids: Any, ntu: int, interpret:
     return materialize((out, lse))
 
 
-def _finish(pb: _Problem, acc: Any, den: Any, m: Any, nanf: Any) -> tuple[Any, Any]:
+def _finish(pb: _Problem, acc: Array, den: Array, m: Array, nanf: Array) -> tuple[Array, Array]:
     """``O = represented_output(A, L, div)`` and the natural-log LSE (module docstring)."""
     xp = namespace(acc)
     # per-row values computed once (else fused into, and recomputed for, every column)
@@ -779,13 +764,13 @@ def _finish(pb: _Problem, acc: Any, den: Any, m: Any, nanf: Any) -> tuple[Any, A
     return out, lse
 
 
-def _with_intermediates(pb: _Problem, out: Any, lse: Any, anchors: Any, m: Any, p: PTile,
-                        acc: Any, den: Any, ntu: int) -> tuple:
+def _with_intermediates(pb: _Problem, out: Array, lse: Array, anchors: Array, m: Array, p: PTile,
+                        acc: Array, den: Array, ntu: int) -> tuple:
     """The row block's outputs with its intermediates, the skipped tiles filled in."""
     xp = namespace(out)
     n_tiles = pb.n_tiles
 
-    def flat(x: Any, fill: Any) -> Any:  # (..., Sq, ntu, w) -> (..., Sq, n_tiles*w)
+    def flat(x: Array | None, fill: Array) -> Array | None:  # (..., Sq, ntu, w) -> (..., Sq, n_tiles*w)
         if x is None:
             return None
         x = xp.reshape(x, x.shape[:-2] + (-1,))
@@ -805,12 +790,16 @@ def _with_intermediates(pb: _Problem, out: Any, lse: Any, anchors: Any, m: Any, 
 
 
 # --- the forward ----------------------------------------------------------------------------
-def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal: bool = False,
-                      q_segment_ids: Any = None, kv_segment_ids: Any = None,
+def attention_forward(q: Array, k: Array, v: Array, recipe: AttentionRecipe, *,
+                      causal: bool = False,
+                      q_segment_ids: Array | None = None, kv_segment_ids: Array | None = None,
                       softmax_scale: float | None = None,
                       return_intermediates: bool = False) -> ForwardResult:
     """Emulated forward of ``recipe`` (see the module docstring). Returns O, LSE (natural log)
-    and, on request, the intermediates."""
+    and, on request, the intermediates. PyTorch tensors (any float dtype, any device) and other
+    ``__dlpack__`` arrays are read as NumPy (:func:`fp4sim._xp.adopt`); the results are NumPy."""
+    q, k, v = adopt(q, "q"), adopt(k, "k"), adopt(v, "v")
+    q_segment_ids, kv_segment_ids = adopt(q_segment_ids, "q_segment_ids"), adopt(kv_segment_ids, "kv_segment_ids")
     if not isinstance(recipe, AttentionRecipe):
         raise TypeError(f"recipe={recipe!r} must be an AttentionRecipe (see "
                         f"fp4sim.attention.recipe.PRESETS)")
@@ -881,7 +870,7 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
         last = r1 - 1 + skv - sq  # the last key row r1 - 1 sees (end-aligned causal)
         return max(1, min(n_tiles, last // tile + 1)) if last >= 0 else 1
 
-    def rows_fn(qo: Operand, qs: Any, row_ids: Any, ntu: int) -> tuple:
+    def rows_fn(qo: Operand, qs: Array | None, row_ids: Array, ntu: int) -> tuple:
         return _row_block(pb, qo, qs, row_ids, ntu)
 
     chunk = _ROW_CHUNK
@@ -912,7 +901,7 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
             padr = n_chunks * chunk - sq
             nl = len(lead)
 
-            def split(x: Any, axis: int) -> Any:  # rows axis -> (n_chunks, ..., chunk, ...)
+            def split(x: Array | None, axis: int) -> Array | None:  # rows -> (n_chunks, ...)
                 if x is None:
                     return None
                 axis = axis % x.ndim
@@ -955,7 +944,7 @@ def attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, causal
                 None if outs[0][j] is None else xp.concatenate([o[j] for o in outs], axis=0)
                 for j in range(len(outs[0])))
 
-            def merge(y: Any) -> Any:  # (n_chunks, ..., chunk, ...) -> (..., Sq, ...)
+            def merge(y: Array) -> Array:  # (n_chunks, ..., chunk, ...) -> (..., Sq, ...)
                 y = xp.moveaxis(y, 0, nl)
                 y = xp.reshape(y, y.shape[:nl] + (n_chunks * chunk,) + y.shape[nl + 2:])
                 return y[(slice(None),) * nl + (slice(0, sq),)]

@@ -1,4 +1,4 @@
-"""The causal leak probe (seed_algorithms.md §6.2): can a future token change earlier outputs?
+"""The causal leak probe (after FLAMIA's, github.com/yandex-research/flamia-blackwell-attention): can a future token change earlier outputs?
 
 This module owns :func:`leak_probe` and its result :class:`LeakReport`. Protocol:
 
@@ -9,7 +9,7 @@ This module owns :func:`leak_probe` and its result :class:`LeakReport`. Protocol
    ``77·N/128``: 77 for N = 128, inside the 32-token group 64..95, as in the seed).
 3. Perturb the *input* of ``j*``: ``X[j*] ← gain · X[j*]`` (default gain 5), so that its K and V
    entries become their groups' maxima. The default gain is deliberately *not* a power of two
-   (the seed used 4): when ``j*`` already held a group's max, a power-of-two gain rescales a
+   (FLAMIA used 4): when ``j*`` already held a group's max, a power-of-two gain rescales a
    non-power-of-two scale (FP32 amax/448, UE4M3) by exactly that power of two, and E4M3
    rounding is invariant under it — which hides a real leak (measured: per-tensor amax/448 at
    gain 4 gives 1.7e-6 on the default inputs, at gain 5 6.5e-2). The probe then checks that the scale of at least one
@@ -21,10 +21,11 @@ This module owns :func:`leak_probe` and its result :class:`LeakReport`. Protocol
    ``bitwise_dq``; a difference below the float64 resolution of the ratio would still be
    reported as the smallest positive float).
 
-Which class to expect is :func:`fp4sim.attention.causal.leak_class` of the recipe's operands.
+Which class to expect is :func:`fp4sim.attention.causal.leak_class` of the recipe's operand
+scalings.
 
 Measured with the defaults on :data:`fp4sim.attention.autodiff.LEAK_TABLE` (leak_O / leak_dQ;
-gain 5, then the seed's gain 4): V unquantized, V per-token pow2, V token-block ceil, V MXFP8
+gain 5, then FLAMIA's gain 4): V unquantized, V per-token pow2, V token-block ceil, V MXFP8
 32-token RCEIL: 0 / 0 (bitwise) at both gains; OCP floor 1.2e-2 / 7.2e-3 (same at 4); MXFP4
 2.8e-2 / 1.3e-2 (4: 2.8e-2 / 1.0e-2); NVFP4 16-token 2.6e-2 / 1.6e-2 (4: 2.6e-2 / 2.3e-2);
 per-tensor amax/448 6.5e-2 / 6.4e-2 (4: 1.7e-6 / 0, the hidden case above); per-tensor pow2
@@ -37,7 +38,7 @@ import dataclasses
 
 import numpy as np
 
-from fp4sim.attention import causal
+from fp4sim.attention import operands
 from fp4sim.attention.recipe import TrainingRecipe
 
 __all__ = ["LeakReport", "leak_probe", "probe_inputs", "leak_metric"]
@@ -101,13 +102,13 @@ def leak_metric(before: np.ndarray, after: np.ndarray, target: int) -> tuple[flo
     return max(diff / denom, np.finfo(np.float64).tiny), False
 
 
-def _group_scales_changed(x0: np.ndarray, x1: np.ndarray, scaling: causal.OperandScaling,
+def _group_scales_changed(x0: np.ndarray, x1: np.ndarray, scaling: operands.OperandScaling,
                           target: int) -> bool:
     """Did any scale (block code or FP32 factor) covering row ``target`` change?"""
     from fp4sim.formats import blocks
 
-    q0 = causal.quantize_operand(x0, scaling)
-    q1 = causal.quantize_operand(x1, scaling)
+    q0 = operands.quantize_operand(x0, scaling)
+    q1 = operands.quantize_operand(x1, scaling)
     if q0 is None:
         return False
     changed = False
@@ -148,17 +149,17 @@ def leak_probe(recipe: TrainingRecipe, *, n_tokens: int = 128, d_model: int = 64
     x1[target] = (np.float32(gain) * x1[target]).astype(np.float32)
 
     results = []
-    operands = []
+    qkv = []
     for x in (inputs["x"], x1):
         q, k, v = (x @ inputs[w] for w in ("wq", "wk", "wv"))
         out, saved = training_forward(q, k, v, recipe, softmax_scale=softmax_scale, causal=True)
         trace = training_backward(saved, inputs["d_out"], recipe)
         results.append((np.asarray(out), np.asarray(trace.grads.dq)))
-        operands.append((q, k, v))
+        qkv.append((q, k, v))
 
     changed = tuple(
         name for name, i, scaling in (("q", 0, recipe.qk), ("k", 1, recipe.qk), ("v", 2, recipe.v))
-        if _group_scales_changed(operands[0][i], operands[1][i], scaling, target))
+        if _group_scales_changed(qkv[0][i], qkv[1][i], scaling, target))
     leak_o, bit_o = leak_metric(results[0][0], results[1][0], target)
     leak_dq, bit_dq = leak_metric(results[0][1], results[1][1], target)
     return LeakReport(recipe=recipe.name, target=target, gain=float(gain), leak_o=leak_o,

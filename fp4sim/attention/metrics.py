@@ -2,9 +2,9 @@
 
 * :func:`code_match_rate` — the share of inputs on which two Direct-P-family converters
   (``ExactP``, ``AffineP``, ``MitchellP``) give the same E2M1 payload code, over *every*
-  element of ``x`` (seed_algorithms.md §11 item 2: zeros included). ``x`` is the Direct-P
+  element of ``x`` (zeros included). ``x`` is the Direct-P
   coordinate ``x = t − k_B + log2 6``; :func:`uniform_grid` builds the deterministic grid of
-  §8 item 3 (x uniform on [−6, log2 6)).
+  the published code-match rates (x uniform on [−6, log2 6)).
 * :func:`error_summary` — cosine similarity, relative L2, max abs error and the fraction of
   exact zeros of an approximation against a reference (float64 arithmetic, NaN-aware: NaN in
   either input makes every metric NaN).

@@ -13,11 +13,12 @@ reach.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from fp4sim._checks import softmax_scale as check_softmax_scale
+from fp4sim._xp import Array
 
 __all__ = ["ReferenceResult", "attention_mask", "attention_reference"]
 
@@ -28,8 +29,8 @@ class ReferenceResult(NamedTuple):
     probs: np.ndarray  # (..., Sq, Skv) float64 normalized probabilities (0 where masked)
 
 
-def attention_mask(n_q: int, n_kv: int, *, causal: bool = False, q_segment_ids: Any = None,
-                   kv_segment_ids: Any = None) -> np.ndarray:
+def attention_mask(n_q: int, n_kv: int, *, causal: bool = False, q_segment_ids: Array | None = None,
+                   kv_segment_ids: Array | None = None) -> np.ndarray:
     """bool (..., n_q, n_kv): True where query i may attend to key j (see module docstring)."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal={causal!r} must be a bool")
@@ -52,7 +53,7 @@ def attention_mask(n_q: int, n_kv: int, *, causal: bool = False, q_segment_ids: 
     return mask & (qs[..., :, None] == ks[..., None, :])
 
 
-def check_qkv_shapes(q: Any, k: Any, v: Any) -> None:
+def check_qkv_shapes(q: Array, k: Array, v: Array) -> None:
     """Raise ``ValueError`` unless q (..., Sq, D), k (..., Skv, D), v (..., Skv, Dv) agree (shared
     by the reference and the emulated forward)."""
     if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
@@ -66,8 +67,8 @@ def check_qkv_shapes(q: Any, k: Any, v: Any) -> None:
         raise ValueError(f"k has {k.shape[-2]} keys but v has {v.shape[-2]}")
 
 
-def attention_reference(q: Any, k: Any, v: Any, *, causal: bool = False,
-                        q_segment_ids: Any = None, kv_segment_ids: Any = None,
+def attention_reference(q: Array, k: Array, v: Array, *, causal: bool = False,
+                        q_segment_ids: Array | None = None, kv_segment_ids: Array | None = None,
                         softmax_scale: float | None = None) -> ReferenceResult:
     """Exact float64 attention of ``q (..., Sq, D)``, ``k (..., Skv, D)``, ``v (..., Skv, Dv)``.
 

@@ -33,10 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="preset timed against the baseline (fp4sim.attention.recipe.PRESETS)")
     parser.add_argument("--causal", action="store_true", help="causal masking (default off)")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per side (default 3)")
-    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="where jax runs both sides (default cpu)")
     parser.add_argument("--errors", action="store_true",
                         help="also measure every preset's error against the float64 reference")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default 0)")
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
 
 

@@ -9,6 +9,7 @@ section         module                             what it runs
 ==============  =================================  ==========================================
 ``quant``       ``fp4sim.benchmarks.gpu_quant``     quantization kernels vs emulator and JAX
 ``attention``   ``fp4sim.benchmarks.gpu_attention`` attention kernels vs cuDNN / attention_mgpu
+``backward``    ``fp4sim.benchmarks.gpu_backward``  attention backward vs cuDNN / attention_mgpu
 ==============  =================================  ==========================================
 
 A section module exposes ``add_arguments(parser)`` (its own options, prefixed with the section
@@ -40,6 +41,7 @@ from typing import Any
 SECTIONS: dict[str, str] = {
     "quant": "fp4sim.benchmarks.gpu_quant",
     "attention": "fp4sim.benchmarks.gpu_attention",
+    "backward": "fp4sim.benchmarks.gpu_backward",
 }
 
 

@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", default="direct_p_fp8_training",
                         help="training preset name (fp4sim.attention.autodiff.TRAINING_PRESETS)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per side (default 5)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default 0)")
     parser.add_argument("--check-heads", type=int, default=None,
                         help="off the CPU: this many heads' emulated gradients are recomputed "
                              "on the CPU backend in the same process and compared bit for bit "

@@ -17,13 +17,22 @@ Public names
       rounded *up* onto the scale grid. UE8M0: ``2^ceil(log2 d)`` by the TE/cuDNN/torchao bit
       rule (exponent + 1 iff a mantissa bit is set; an f32-subnormal ``d`` rounds up only above
       2^-127). UE4M3/UE5M3: the next scale value at or above ``d``.
-    * ``FLOOR`` (OCP MX §6.3, microxcaling, torchao FLOOR): ``2^(floor(log2 amax) − e_M)``; block
+    * ``FLOOR`` (OCP MX v1.0 specification, github.com/microsoft/microxcaling, torchao FLOOR): ``2^(floor(log2 amax) − e_M)``; block
       maxima above ``M·2^e`` are *clamped* to ``±M`` by the saturating element cast.
     * ``CEIL`` (torchao CEIL): ``2^(ceil(log2 amax) − e_M)``.
     * ``EVEN`` (torchao EVEN): round ``amax`` to the element's mantissa width (ties up), then
       ``FLOOR``.
     * ``NEAREST`` (default for UE4M3/UE5M3 scales, NVFP4): ``d`` to the nearest scale value,
       ties to even (satfinite).
+    * ``AMPLITUDE`` (UE8M0 only; Direct-P's V operand, ``VFormat.MXFP4_TOKENS`` of
+      :mod:`fp4sim.attention.recipe`): the scale is the block's amplitude ``β = 2^e`` itself,
+      ``e = ceil(log2 amax)`` (bitwise: the exponent field − 127, plus 1 when a mantissa bit is
+      set; clamped to [−127, 127], 2^-127 for a zero block), and the elements are
+      ``RN_elem(fl(fl(x·2^-e)·M))`` — two float32 roundings, each flushed to +0 below 2^-126
+      (:func:`fp4sim.formats.f32.ldexp_ftz`, :func:`~fp4sim.formats.f32.mul_ftz`) — so the
+      represented value is ``β·q/M``: a scale rule with the non-power-of-two divisor
+      ``M = elem.max`` (6 for E2M1; :attr:`BlockFormat.divisor`). Not OCP MX: ``CEIL`` scales
+      by ``2^(e − e_M)``, a grid that differs by the factor ``M/2^e_M`` (1.5 for E2M1).
 ``Geometry``
     Which elements share one scale: ``BLOCK`` (``block_size`` consecutive elements along
     ``axis``; default), ``PER_ROW`` (the whole of ``axis``), ``PER_TENSOR`` (all),
@@ -40,7 +49,7 @@ Public names
     cases): ``TRANSFORMER_ENGINE`` (default), ``TORCHAO``, ``JAX``; see the class.
 ``NonFinite``
     The UE8M0 code of blocks holding Inf/NaN: ``SATFINITE`` (NaN → 0xFF, Inf → 0xFE; TE and
-    DESIGN.md §3; default), ``NAN`` (both → 0xFF; torchao ≥ PR #4725), ``JAX`` (NaN wraps to
+    fp4sim's default), ``NAN`` (both → 0xFF; torchao ≥ PR #4725), ``JAX`` (NaN wraps to
     0x00, Inf → 0xFF: JAX's ``cast_to_e8m0_with_rounding_up``), ``FORMULA`` (NaN → 0xFF, Inf →
     what the rule's formula gives for Inf's bits, at most 0xFE: torchao 0.18's 247 for E4M3
     FLOOR, 254 for RCEIL).
@@ -48,12 +57,12 @@ Public names
     Frozen, hashable: ``name``, ``elem``, ``scale`` (``None`` = no block scale), ``block_size``,
     ``rule``, ``policy`` (the element :class:`~fp4sim.formats.spec.Policy`), ``global_scale``,
     ``arithmetic``, ``min_scale`` (lower clamp of the block scale value before it is encoded;
-    torchao NVFP4: 2^-6), ``nonfinite``; ``.replace(**changes)``, ``.pow2``.
+    torchao NVFP4: 2^-6), ``nonfinite``; ``.replace(**changes)``, ``.pow2``, ``.divisor``.
 Constants
     ``MXFP4``, ``MXFP6_E2M3``, ``MXFP6_E3M2``, ``MXFP8_E4M3`` (= ``MXFP8``), ``MXFP8_E5M2`` (UE8M0
     per 32, ``RCEIL``); ``NVFP4`` (UE4M3 per 16, ``NEAREST``, per-tensor FP32 factor, TE order);
     ``NVFP4_SINGLE`` (no FP32 factor); ``FP8_E4M3_PER_TENSOR`` (no block scale, FP32 per-tensor
-    factor).
+    factor); ``MXFP4_AMPLITUDE`` (E2M1, UE8M0 per 32, ``AMPLITUDE``: value ``β·q/6``).
 ``QuantizedArray``
     A registered jax pytree. Children: ``codes`` (uint8; one code per byte, or packed along the
     last axis when ``packed``), ``scales`` (uint8 scale codes, ``shape[d] // extent[d]`` per
@@ -106,9 +115,19 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fp4sim._xp import bitcast, is_jax, materialize, namespace
+from fp4sim._xp import Array, adopt, bitcast, is_jax, materialize, namespace
 from fp4sim.formats import codec
-from fp4sim.formats.f32 import bitlen, compose, div_f32, f32_bits, ldexp_f32, mul_f32, split
+from fp4sim.formats.f32 import (
+    bitlen,
+    compose,
+    div_f32,
+    f32_bits,
+    ldexp_f32,
+    ldexp_ftz,
+    mul_f32,
+    mul_ftz,
+    split,
+)
 from fp4sim.formats.spec import (
     DEFAULT_POLICY,
     E2M1,
@@ -140,6 +159,7 @@ __all__ = [
     "NVFP4",
     "NVFP4_SINGLE",
     "FP8_E4M3_PER_TENSOR",
+    "MXFP4_AMPLITUDE",
     "BLOCK_FORMATS",
     "QuantizedArray",
     "quantize",
@@ -167,9 +187,11 @@ class ScaleRule(enum.Enum):
     CEIL = "ceil"
     EVEN = "even"
     NEAREST = "nearest"
+    AMPLITUDE = "amplitude"
 
 
-_POW2_RULES = (ScaleRule.RCEIL, ScaleRule.FLOOR, ScaleRule.CEIL, ScaleRule.EVEN)
+_POW2_RULES = (ScaleRule.RCEIL, ScaleRule.FLOOR, ScaleRule.CEIL, ScaleRule.EVEN,
+               ScaleRule.AMPLITUDE)
 
 
 class Geometry(enum.Enum):
@@ -268,12 +290,29 @@ class BlockFormat:
                              f"allowed for {self.scale}: NEAREST, RCEIL")
         if not (isinstance(self.min_scale, float) and self.min_scale >= 0.0):
             raise ValueError(f"BlockFormat.min_scale={self.min_scale!r} must be a float >= 0")
+        if self.rule is ScaleRule.AMPLITUDE and self.scale is not UE8M0:
+            raise ValueError(f"BlockFormat {self.name!r}: rule=AMPLITUDE needs UE8M0 (power-of-two) "
+                             f"block scales; got scale={self.scale}")
+        if self.rule is ScaleRule.AMPLITUDE and (
+                self.global_scale is not GlobalScale.NONE
+                or self.arithmetic is not Arithmetic.TRANSFORMER_ENGINE or self.min_scale):
+            raise ValueError(f"BlockFormat {self.name!r}: rule=AMPLITUDE (value β·q/M) is defined "
+                             f"without an FP32 factor, min_scale or other arithmetic; allowed: "
+                             f"global_scale=NONE, arithmetic=TRANSFORMER_ENGINE, min_scale=0.0 "
+                             f"(got {self.global_scale.name}, {self.arithmetic.name}, "
+                             f"{self.min_scale})")
         codec.check_policy(self.elem, element_policy(self))
 
     @property
     def pow2(self) -> bool:
         """True when block scales are powers of two (UE8M0)."""
         return self.scale is UE8M0
+
+    @property
+    def divisor(self) -> float:
+        """The constant every value is divided by: ``elem.max`` under ``ScaleRule.AMPLITUDE``
+        (value ``2^e·q/M``), else 1.0 (value ``code·scale·global``)."""
+        return float(self.elem.max) if self.rule is ScaleRule.AMPLITUDE else 1.0
 
     def replace(self, **changes: Any) -> BlockFormat:
         """A copy with some fields changed (validated again)."""
@@ -304,8 +343,12 @@ NVFP4_SINGLE = BlockFormat(name="NVFP4_SINGLE", elem=E2M1, scale=UE4M3, block_si
                            rule=ScaleRule.NEAREST)
 FP8_E4M3_PER_TENSOR = BlockFormat(name="FP8_E4M3_PER_TENSOR", elem=E4M3, scale=None, block_size=1,
                                   global_scale=GlobalScale.PER_TENSOR)
+MXFP4_AMPLITUDE = BlockFormat(name="MXFP4_AMPLITUDE", elem=E2M1, scale=UE8M0, block_size=32,
+                              rule=ScaleRule.AMPLITUDE)
+"""Direct-P's V operand (:class:`ScaleRule` ``AMPLITUDE``): per 32 elements
+``β = 2^ceil(log2 amax)``, payload ``RN_E2M1(fl(6·fl(x/β)))`` (flushed), value ``β·q/6``."""
 BLOCK_FORMATS = (MXFP4, MXFP6_E2M3, MXFP6_E3M2, MXFP8_E4M3, MXFP8_E5M2, NVFP4, NVFP4_SINGLE,
-                 FP8_E4M3_PER_TENSOR)
+                 FP8_E4M3_PER_TENSOR, MXFP4_AMPLITUDE)
 
 
 _U = np.uint32
@@ -371,7 +414,7 @@ def _block_reduce_axes(nd: int) -> tuple[int, ...]:
     return tuple(2 * d + 1 for d in range(nd))
 
 
-def expand_scales(values: Any, q: QuantizedArray) -> Any:
+def expand_scales(values: Array, q: QuantizedArray) -> Array:
     """Broadcast an array shaped like ``q.scales`` (one value per block) to the element shape."""
     xp = namespace(values)
     shape = q.shape
@@ -394,9 +437,9 @@ class QuantizedArray:
     broadcastable to the scales' shape, or ``None``.
     """
 
-    codes: Any
-    scales: Any
-    global_scale: Any
+    codes: Array
+    scales: Array | None
+    global_scale: Array | None
     format: BlockFormat
     geometry: Geometry = Geometry.BLOCK
     axis: int = -1
@@ -459,7 +502,7 @@ class QuantizedArray:
     def ndim(self) -> int:
         return len(self.codes.shape)
 
-    def unpacked_codes(self) -> Any:
+    def unpacked_codes(self) -> Array:
         """One element code per byte, in the logical shape."""
         if not self.packed:
             return self.codes
@@ -481,18 +524,18 @@ class QuantizedArray:
             return self
         return dataclasses.replace(self, codes=self.unpacked_codes(), packed=False)
 
-    def values(self) -> Any:
+    def values(self) -> Array:
         """Decoded element values (float32) before any scale is applied."""
         return codec.decode(self.unpacked_codes(), self.format.elem)
 
-    def scale_values(self) -> Any:
+    def scale_values(self) -> Array:
         """Decoded block scales (float32; UE8M0 0x00 is the float32 subnormal 2^-127 as bits)."""
         if self.scales is None:
             raise ValueError(f"{self.format.name} has no block scales")
         return codec.decode(self.scales, self.format.scale)
 
 
-def _is_array(x: Any) -> bool:
+def _is_array(x: object) -> bool:
     return isinstance(x, np.ndarray) or is_jax(x)
 
 
@@ -520,7 +563,7 @@ except ImportError:  # pragma: no cover
 
 
 # --- scale derivation -------------------------------------------------------------------------
-def _ue8m0_from_descale(xp: Any, d_bits: Any) -> Any:
+def _ue8m0_from_descale(xp: ModuleType, d_bits: Array) -> Array:
     """UE8M0 code of a float32 descale d >= 0 rounded up (TE / cuDNN / torchao RCEIL bit rule)."""
     field = (d_bits >> _U(23)) & _U(0xFF)
     mant = d_bits & _U(0x7FFFFF)
@@ -528,7 +571,7 @@ def _ue8m0_from_descale(xp: Any, d_bits: Any) -> Any:
     return xp.minimum(field + up.astype(np.uint32), _U(0xFE)).astype(np.int32)
 
 
-def _pow2_scale_code(xp: Any, amax_bits: Any, fmt: BlockFormat, rule: ScaleRule) -> Any:
+def _pow2_scale_code(xp: ModuleType, amax_bits: Array, fmt: BlockFormat, rule: ScaleRule) -> Array:
     """int32 UE8M0 code (0..254; 255 = NaN) of blocks with max-abs bits ``amax_bits``."""
     e_m = fmt.elem.emax
     field = ((amax_bits >> _U(23)) & _U(0xFF)).astype(np.int32)
@@ -544,8 +587,8 @@ def _pow2_scale_code(xp: Any, amax_bits: Any, fmt: BlockFormat, rule: ScaleRule)
             half = _U(1 << (23 - fmt.elem.mbits - 1))
             field = (((amax_bits + half) >> _U(23)) & _U(0x1FF)).astype(np.int32)
         # floor(log2 amax): the exponent field (subnormal and zero blocks clamp to 2^-127 anyway)
-        e = field - 127 - e_m
-        if rule is ScaleRule.CEIL:
+        e = field - 127 - (0 if rule is ScaleRule.AMPLITUDE else e_m)
+        if rule in (ScaleRule.CEIL, ScaleRule.AMPLITUDE):
             e = e + ((amax_bits & _U(0x7FFFFF)) != 0).astype(np.int32)
         code = xp.clip(e + 127, 0, 254)
     is_nan = amax_bits > _U(0x7F800000)
@@ -562,7 +605,7 @@ def _pow2_scale_code(xp: Any, amax_bits: Any, fmt: BlockFormat, rule: ScaleRule)
     return xp.where(is_nan, np.int32(nan_c), code)
 
 
-def _block_amax_bits(xp: Any, bits: Any, blocked: tuple[int, ...]) -> Any:
+def _block_amax_bits(xp: ModuleType, bits: Array, blocked: tuple[int, ...]) -> Array:
     """Max-abs bits per block, shaped ``blocked`` with the block axes kept (size 1).
 
     Integer max (exact, NaN-aware). Shaped for XLA CPU, which vectorizes a max over a non-minor
@@ -586,7 +629,7 @@ def _block_amax_bits(xp: Any, bits: Any, blocked: tuple[int, ...]) -> Any:
     return materialize(xp.reshape(a, tuple(1 if i in red else n for i, n in enumerate(blocked))))
 
 
-def tensor_amax_bits(xp: ModuleType, bits: Any) -> Any:
+def tensor_amax_bits(xp: ModuleType, bits: Array) -> Array:
     """Max-abs bits (uint32) of the whole array of float32 bit patterns ``bits``: rows of 4096 (or fewer) elements maxed pairwise (halves
     of the row range, which XLA CPU vectorizes; its full reduction is ~4x slower), then one row."""
     mag = bits & _U(0x7FFFFFFF)
@@ -601,19 +644,19 @@ def tensor_amax_bits(xp: ModuleType, bits: Any) -> Any:
     return xp.max(materialize(a))
 
 
-def global_decode_scale(amax: Any, fmt: BlockFormat = NVFP4) -> Any:
+def global_decode_scale(amax: Array, fmt: BlockFormat = NVFP4) -> Array:
     """The NVFP4 decode factor ``amax/(M·S)`` (2688 for NVFP4) as float32 (torchao/JAX form)."""
     xp = namespace(amax)
     return div_f32(xp.asarray(amax, dtype=np.float32), np.float32(_global_max(fmt)))
 
 
-def global_encode_scale(amax: Any, fmt: BlockFormat = NVFP4) -> Any:
+def global_encode_scale(amax: Array, fmt: BlockFormat = NVFP4) -> Array:
     """TE's encode factor ``(M·S)/amax`` as float32, capped at float32 max (amax 0), 1 where it
     would be 0 (amax Inf)."""
     return _encode_factor(amax, fmt)
 
 
-def _encode_factor(amax: Any, fmt: BlockFormat) -> Any:
+def _encode_factor(amax: Array, fmt: BlockFormat) -> Array:
     xp = namespace(amax)
     amax = xp.asarray(amax, dtype=np.float32)
     s = div_f32(np.float32(_global_max(fmt)), amax)
@@ -626,7 +669,7 @@ def _global_max(fmt: BlockFormat) -> float:
 
 
 # --- quantize ---------------------------------------------------------------------------------
-def _as_f32(x: Any) -> Any:
+def _as_f32(x: Array) -> Array:
     xp = namespace(x)
     x = xp.asarray(x)
     dt = np.dtype(x.dtype)
@@ -647,20 +690,23 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
     (encode factor, TE's ``S_enc``) are required exactly when ``fmt.global_scale`` is
     ``CONSTANT`` (scalar or broadcastable to the scales' shape). ``pack=True`` packs FP4/FP6
     codes along the last axis. See the module docstring for the scale rules and the
-    :class:`Arithmetic` orders.
+    :class:`Arithmetic` orders. ``x`` may also be a PyTorch tensor (float32, bfloat16 or float16,
+    any device) or another ``__dlpack__`` array: it is read as NumPy (:func:`fp4sim._xp.adopt`)
+    and the result holds NumPy codes and scales, the same bits as for the same values in NumPy.
     """
+    x = adopt(x, "x")
     return quantize_with_block_amax(x, fmt, axis=axis, geometry=geometry, rule=rule,
                                     global_scale=global_scale,
                                     global_encode_scale=global_encode_scale, pack=pack)[0]
 
 
-def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
+def quantize_with_block_amax(x: Array, fmt: BlockFormat, *, axis: int = -1,
                              geometry: Geometry = Geometry.BLOCK, rule: ScaleRule | None = None,
                              global_scale: Any = None, global_encode_scale: Any = None,
                              pack: bool = False) -> tuple[QuantizedArray, Any]:
     """:func:`quantize` and, for power-of-two block scales without an FP32 factor, the max-abs
     bit pattern (uint32) of ``x`` in each block, shaped like the scales (the quantizer's own,
-    not a second pass; what :func:`fp4sim.attention.causal.fake_quantize_stats` bounds the
+    not a second pass; what :func:`fp4sim.attention.operands.fake_quantize_stats` bounds the
     dequantized values with); ``None`` for the other formats."""
     if not isinstance(fmt, BlockFormat):
         raise TypeError(f"fmt={fmt!r} must be a BlockFormat (e.g. MXFP8, MXFP4, NVFP4)")
@@ -745,8 +791,13 @@ def quantize_with_block_amax(x: Any, fmt: BlockFormat, *, axis: int = -1,
         elif fmt.arithmetic is Arithmetic.TORCHAO:  # torchao's handling of the 2^-127 code
             e = xp.where(code == 0, np.int32(0), e) if fmt.rule is ScaleRule.RCEIL \
                 else xp.maximum(e, np.int32(-126))
-        # the elements are encoded as the exact x·2^-e: one rounding, exponent arithmetic only
-        y, shift = xb, -xp.where(code == 255, np.int32(0), e)
+        if fmt.rule is ScaleRule.AMPLITUDE:
+            # fl(fl(x·2^-e)·M), both flushed, then the element rounding (the value is 2^e·q/M)
+            y = mul_ftz(ldexp_ftz(xb, -xp.where(code == 255, np.int32(0), e)),
+                        np.float32(fmt.elem.max))
+        else:
+            # the elements are encoded as the exact x·2^-e: one rounding, exponent arithmetic only
+            y, shift = xb, -xp.where(code == 255, np.int32(0), e)
         scales = code.astype(np.uint8)
     else:
         y, scales = _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec_b, s_enc_b)
@@ -785,7 +836,7 @@ def _to_blocked(xp: Any, g: Any, shape: tuple[int, ...], blocked: tuple[int, ...
     return xp.reshape(g, tuple(target))
 
 
-def _clip_scale(xp: Any, v: Any, lo: float, hi: Any) -> Any:
+def _clip_scale(xp: ModuleType, v: Array, lo: float, hi: Array) -> Array:
     """``clip(v, lo, hi)`` for float32 ``v >= +0`` or NaN (kept), compared as bit patterns: a
     float max/min would see a float32-subnormal ``v`` as 0 where XLA flushes (XLA CPU's DAZ)."""
     vb = f32_bits(xp, v)
@@ -831,7 +882,7 @@ def _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec, s_enc):
 
 
 # --- dequantize -------------------------------------------------------------------------------
-def scale_exponents(q: QuantizedArray) -> Any:
+def scale_exponents(q: QuantizedArray) -> Array:
     """int32 power-of-two exponents of UE8M0 scales (code − 127; NaN code 0xFF gives 128)."""
     if not q.format.pow2:
         raise ValueError(f"scale_exponents needs UE8M0 scales; {q.format.name} has "
@@ -839,7 +890,7 @@ def scale_exponents(q: QuantizedArray) -> Any:
     return q.scales.astype(np.int32) - 127
 
 
-def _mul_exact_small(xp: Any, v: Any, g: Any) -> Any:
+def _mul_exact_small(xp: ModuleType, v: Array, g: Array) -> Array:
     """Correctly rounded float32 v·g for v with <= 8 significant bits and any float32 g."""
     vb, gb = bitcast(v, np.uint32), bitcast(g, np.uint32)
     _, sv, ev = split(xp, vb)
@@ -854,7 +905,7 @@ def _mul_exact_small(xp: Any, v: Any, g: Any) -> Any:
     return xp.where(plain, bitcast(out, np.float32), mul_f32(v, g))
 
 
-def dequantize(q: QuantizedArray) -> Any:
+def dequantize(q: QuantizedArray) -> Array:
     """float32 values ``code · scale · global`` (correctly rounded, FTZ-proof)."""
     if not isinstance(q, QuantizedArray):
         raise TypeError(f"q={q!r} must be a QuantizedArray")
@@ -871,6 +922,12 @@ def dequantize(q: QuantizedArray) -> Any:
     elif fmt.pow2:
         code = xp.reshape(q.scales.astype(np.int32), sshape)
         out = ldexp_f32(vb, code - 127)
+        if fmt.divisor != 1.0:
+            # AMPLITUDE: fl(2^e·q/M), one rounding: 2^e·q is exact (at least 2^-149) unless it
+            # overflows, and then 2^e·fl(q/M) is normal, so the scaling is exact
+            m = np.float32(fmt.divisor)
+            out = xp.where(xp.isinf(out), ldexp_f32(div_f32(vb, m), code - 127),
+                           div_f32(out, m))
         out = xp.where(code == 255, np.float32(np.nan), out)
     else:
         s = xp.reshape(q.scale_values(), sshape)

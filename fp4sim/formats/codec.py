@@ -82,7 +82,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fp4sim._xp import Array, bitcast, is_jax, namespace
+from fp4sim._xp import Array, adopt, bitcast, is_foreign, is_jax, like_caller, namespace
 from fp4sim.formats.spec import (
     DEFAULT_POLICY,
     FloatFormat,
@@ -313,6 +313,27 @@ def encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
     what a power-of-two block scale needs); every step of the module doc, flushing included,
     applies to the shifted value. Works on NumPy arrays and on jax arrays under
     ``jax.jit``/``vmap`` (pass ``fmt`` and ``policy`` as static arguments or close over them).
+    A PyTorch tensor (any float dtype, bfloat16 included, any device) or another ``__dlpack__``
+    array is read through :func:`fp4sim._xp.adopt`; a tensor gets a uint8 tensor back on its
+    device.
+    """
+    if is_foreign(values) or is_foreign(random_bits) or is_foreign(exp_shift):
+        codes = _encode(adopt(values, "values"), fmt, policy, random_bits=adopt(random_bits, "random_bits"),
+                        exp_shift=adopt(exp_shift, "exp_shift"))
+        return like_caller(codes, values)
+    return _encode(values, fmt, policy, random_bits=random_bits, exp_shift=exp_shift)
+
+
+def _encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
+            random_bits: Array = None, exp_shift: Array = None) -> Any:
+    """Codes (uint8, same shape) of ``values`` in ``fmt`` under ``policy`` (see module doc).
+
+    ``random_bits`` (uint32, same shape as ``values``) is required for ``Rounding.STOCHASTIC``
+    and rejected otherwise. ``exp_shift`` (integers broadcastable to the shape of ``values``)
+    encodes the exact ``values · 2^exp_shift`` instead, rounded once (no intermediate float32:
+    what a power-of-two block scale needs); every step of the module doc, flushing included,
+    applies to the shifted value. Works on NumPy arrays and on jax arrays under
+    ``jax.jit``/``vmap`` (pass ``fmt`` and ``policy`` as static arguments or close over them).
     """
     check_policy(fmt, policy)
     xp = namespace(values, random_bits, exp_shift)
@@ -496,7 +517,12 @@ def encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
 
 # --- decode ---------------------------------------------------------------------------------
 def decode(codes: Array, fmt: FloatFormat) -> Array:
-    """float32 values (same shape) of the uint8 ``codes`` of ``fmt`` (see module doc)."""
+    """float32 values (same shape) of the uint8 ``codes`` of ``fmt`` (see module doc).
+
+    A PyTorch tensor or another ``__dlpack__`` array of codes is read through
+    :func:`fp4sim._xp.adopt`; a tensor gets a float32 tensor back on its device."""
+    if is_foreign(codes):
+        return like_caller(decode(adopt(codes, "codes"), fmt), codes)
     _check_format(fmt)
     xp = namespace(codes)
     codes = xp.asarray(codes)

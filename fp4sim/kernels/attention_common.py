@@ -26,7 +26,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["StepContext", "StepResult", "TileMath", "build_forward"]
+__all__ = ["StepContext", "StepResult", "TileMath", "build_forward", "pow2_f32", "ceil_f32",
+           "floor_f32"]
 
 
 class StepContext(NamedTuple):
@@ -67,6 +68,33 @@ class TileMath:
     finish: Callable[..., tuple[Any, Any]]
     state_init: tuple[float, ...] = ()
     n_debug: int = 2
+
+
+# --- float32 helpers the kernels' tile math shares (Mosaic GPU lowers these) ----------------
+def pow2_f32(e: Any) -> Any:
+    """2^e as float32 for int32 e in [-126, 127], built from the exponent bits."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    return lax.bitcast_convert_type((e.astype(jnp.int32) + 127) << 23, jnp.float32)
+
+
+def ceil_f32(x: Any) -> Any:
+    """⌈x⌉ with round-to-nearest-even and a comparison (Mosaic GPU has no floor/ceil rule)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    r = lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)
+    return r + jnp.where(r < x, 1.0, 0.0).astype(x.dtype)
+
+
+def floor_f32(x: Any) -> Any:
+    """⌊x⌋ with round-to-nearest-even and a comparison (as :func:`ceil_f32`)."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    r = lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)
+    return r - jnp.where(r > x, 1.0, 0.0).astype(x.dtype)
 
 
 def _when(cond: Any, fn: Callable[[], None]) -> None:

@@ -6,7 +6,7 @@ K, P converted to E2M1 by the affine classifier or Mitchell-P with one E8M0 ampl
 2^k_B`` per 32 keys (``k_B = ⌈max_{j∈B} t_j⌉``), V in MXFP4 along tokens (``β·q/6``), consistent
 normalization. Hopper has no FP4 tensor-core path, so every low-precision operand is decoded
 *exactly* to float16 and multiplied by the 16-bit ``wgmma`` with float32 accumulation, which the
-H200 rounds correctly in practice (``reference/pallas_mgpu.md`` §1.5):
+H200 rounds correctly in practice (measured by :mod:`fp4sim.kernels.wgmma_probe`):
 
 * Q, K: NVFP4 values ``e2m1 × UE4M3 scale`` (at most 6 significant bits, within float16's range)
   decoded by :func:`fp4sim.attention.forward.quantize_qk` outside the kernel.
@@ -173,7 +173,8 @@ def prepare_operands(q: Any, k: Any, v: Any, recipe: AttentionRecipe = HW_FP4_DI
     import jax.numpy as jnp
 
     from fp4sim.attention.forward import quantize_qk, quantize_v
-    from fp4sim.kernels.attention_mgpu import _check_qkv_shapes, _pow2_f32
+    from fp4sim.kernels.attention_common import pow2_f32 as _pow2_f32
+    from fp4sim.kernels.attention_mgpu import _check_qkv_shapes
 
     _check_qkv_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
     bhtd = lambda x: jnp.swapaxes(jnp.asarray(x, jnp.float32), 1, 2)  # noqa: E731
@@ -263,7 +264,9 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Direc
     from jax import lax
 
     from fp4sim.kernels.attention_common import StepResult, TileMath, build_forward
-    from fp4sim.kernels.attention_mgpu import _ceil_f32, _floor_f32, _pow2_f32
+    from fp4sim.kernels.attention_common import ceil_f32 as _ceil_f32
+    from fp4sim.kernels.attention_common import floor_f32 as _floor_f32
+    from fp4sim.kernels.attention_common import pow2_f32 as _pow2_f32
 
     bq, bkv, d = cfg.block_q, cfg.block_kv, q_shape[3]
     n_blocks = bkv // _P_BLOCK

@@ -12,7 +12,7 @@ TMA warpgroup feeding a ring of K, Vᵀ and key-column tiles, causal loops) is s
 Direct-P kernel and lives in :mod:`fp4sim.kernels.attention_common`; this module plugs in the
 FP8 numerics.
 
-Hopper-specific choices, each forced by a hardware rule (``reference/pallas_mgpu.md``):
+Hopper-specific choices, each forced by a hardware rule (NVIDIA PTX ISA, docs.nvidia.com/cuda/parallel-thread-execution; FlashAttention-3, arXiv:2407.08608):
 
 * FP8 ``wgmma`` wants both operands K-major: K is stored (keys, D) and passed transposed, V is
   stored transposed, **Vᵀ (D, keys)**, so the PV product reads it K-major.
@@ -38,7 +38,7 @@ exact; every product of a float32 by a power of two is exact, so no step depends
 multiply-add contraction):
 
 1. ``z = fl(S·2^e_K(j))`` with ``S = Q_c·K_cᵀ`` from the FP8 tensor core (float32 accumulation,
-   not correctly rounded on Hopper: ``reference/pallas_mgpu.md`` §1.5); masked keys ``−inf``.
+   not correctly rounded on Hopper: :mod:`fp4sim.kernels.wgmma_probe`); masked keys ``−inf``.
 2. ``m ← max(m, max_j z_j)`` (running max of z); ``t_j = fl(fl(z_j − m)·c_r) ≤ 0``.
 3. ``F = A + ⌈t_max⌉ − 8`` with ``t_max = fl(fl(max_j z_j − m)·c_r)`` (exact integer arithmetic
    on float32); ``G_j = e_V(j) − F``.
@@ -84,6 +84,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fp4sim.attention.recipe import Normalization
+from fp4sim.kernels.attention_common import ceil_f32 as _ceil_f32
+from fp4sim.kernels.attention_common import floor_f32 as _floor_f32
+from fp4sim.kernels.attention_common import pow2_f32 as _pow2_f32
 
 __all__ = [
     "TOKEN_BLOCK",
@@ -236,14 +239,6 @@ class FP8Operands(NamedTuple):
     v_exp: Any
 
 
-def _pow2_f32(e: Any) -> Any:
-    """2^e as float32 for int32 e in [-126, 127], built from the exponent bits."""
-    import jax.numpy as jnp
-    from jax import lax
-
-    return lax.bitcast_convert_type((e.astype(jnp.int32) + 127) << 23, jnp.float32)
-
-
 def quantize_operands(q: Any, k: Any, v: Any) -> FP8Operands:
     """Quantize float Q (B, T, Hq, D), K and V (B, S, Hkv, D) to token-block E4M3.
 
@@ -355,23 +350,6 @@ def e4m3_exp2_thresholds() -> dict[int, tuple[float, ...]]:
             ths.append(float(th))
         out[key] = tuple(ths)
     return out
-
-
-def _ceil_f32(x: Any) -> Any:
-    """⌈x⌉ with round-to-nearest-even and a comparison (Mosaic GPU has no floor/ceil rule)."""
-    import jax.numpy as jnp
-    from jax import lax
-
-    r = lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)
-    return r + jnp.where(r < x, 1.0, 0.0).astype(x.dtype)
-
-
-def _floor_f32(x: Any) -> Any:
-    import jax.numpy as jnp
-    from jax import lax
-
-    r = lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)
-    return r - jnp.where(r > x, 1.0, 0.0).astype(x.dtype)
 
 
 def exact_e4m3_exp2(t: Any, g: Any) -> Any:

@@ -112,9 +112,13 @@ def recipe_summary(record: dict[str, Any], name: str) -> dict[str, Any]:
                             "grad_equal": all(li["grad_equal"])}
     out["operator_probe"] = r.get("operator_probe")
     out["leak_class"] = r.get("leak_class", {})
-    out["deterministic"] = r.get("determinism", {}).get("bitwise_equal")
-    ratio = record.get("timing", {}).get("ratio_to_jnp_float32", {})
-    out["ratio"] = ratio.get(name)
+    out["deterministic"] = (r.get("determinism") or {}).get("bitwise_equal")
+    timing = record.get("timing", {})
+    out["ratio"] = timing.get("ratio_to_jnp_float32", {}).get(name)
+    out["steps_per_s"] = timing.get("steps_per_s", {}).get(name)
+    comp = timing.get("compile", {}).get("per_recipe", {}).get(name, {})
+    out["compile_s"] = (comp.get("trace_lower_s"), comp.get("xla_compile_s"))
+    out["accumulation"] = r.get("accumulation", record.get("accumulation", "?"))
     return out
 
 
@@ -271,31 +275,36 @@ def table_markdown(record: dict[str, Any]) -> str:
         f"{m['width']}, {m['heads']} heads, context {m['context']}, batch {cfg['batch']}, seeds "
         f"{cfg['seeds']}, at most {cfg['steps']} steps; device "
         f"{dev.get('platform', '?')} ({dev.get('kind', '?')}); emulated backward accumulation "
-        f"**{record.get('accumulation', '?')}**; git {str(prov.get('git_revision', '?'))[:12]}.",
+        f"**{record.get('accumulation', '?')}** (each recipe's: the 'accumulation' column); "
+        f"git {str(prov.get('git_revision', '?'))[:12]}.",
         "",
         f"Compared after {common_steps(record)} steps (the count every recipe reached; "
         f"'steps' = the recipe's own total, its checks use its final state).",
         "",
         "| recipe | steps | final train loss | held-out (own attn) | held-out (float32 attn) "
         "| diverged | grad norm median / p99 / max | leak check (past positions) "
-        "| operator probe O / dQ | shared-scale classes | step time / jnp f32 | bitwise rerun |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| operator probe O / dQ | shared-scale classes | accumulation | compile (trace / XLA) "
+        "| steps/s | step time / jnp f32 | bitwise rerun |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in names:
         x = s[n]
         if "skipped" in x:
-            lines.append(f"| {n} | skipped: {x['skipped']} |" + " |" * 10)
+            lines.append(f"| {n} | skipped: {x['skipped']} |" + " |" * 13)
             continue
         g = x["grad_norm"]
         ratio = "—" if x["ratio"] is None else f"{x['ratio']:.2f}x"
         det = {True: "yes", False: "NO", None: "—"}[x["deterministic"]]
+        tr, xc = x["compile_s"]
+        comp = "—" if tr is None or xc is None else f"{tr:.1f} / {xc:.1f} s"
+        sps = "—" if x["steps_per_s"] is None else f"{x['steps_per_s']:.2f}"
         steps = f"{x['steps']}{' (budget)' if x['truncated'] else ''}"
         lines.append(
             f"| {n} | {steps} | {_pm(x['final_loss'])} | {_pm(x['val_own'])} "
             f"| {_pm(x['val_float32'])} | {_div(x['diverged'])} "
             f"| {g['median']:.3g} / {g['p99']:.3g} / {g['max']:.3g} | {_leak_text(x)} "
-            f"| {_probe_text(x['operator_probe'])} | {_classes(x['leak_class'])} | {ratio} "
-            f"| {det} |")
+            f"| {_probe_text(x['operator_probe'])} | {_classes(x['leak_class'])} "
+            f"| {x['accumulation']} | {comp} | {sps} | {ratio} | {det} |")
     lines += ["", f"Final train loss: mean over seeds (± sample sd) of each seed's mean over "
               f"the last {cfg['smooth']} of the compared steps. Diverged: seeds whose loss "
               f"became non-finite or whose "
@@ -305,7 +314,9 @@ def table_markdown(record: dict[str, Any]) -> str:
               f"tokens; the earlier positions' losses and the gradient of their loss compared "
               f"(relative change; 'none' = equal). Operator probe: fp4sim.attention.leak."
               f"leak_probe (N 128, d 64, gain 5). Step time: median per step, all seeds, "
-              f"measured in turn in the same run.", ""]
+              f"measured in turn in the same run (steps/s: of all seeds at once). Bitwise "
+              f"rerun: the first chunk again from the initial state, checked for one recipe "
+              f"('—': not checked).", ""]
     lines.append("Claims (this run's numbers; a claim that does not reproduce at this scale is "
                  "a finding at this scale only):")
     lines.append("")
@@ -389,7 +400,8 @@ def plot_curves(record: dict[str, Any], path: str | Path) -> Path:
     fig.suptitle(
         f"Byte-level LM on Python's pydoc topics: {m['layers']} layers, width {m['width']}, "
         f"context {m['context']}, batch {cfg['batch']}, {len(cfg['seeds'])} seeds (shaded: "
-        f"min–max)\nemulated backward accumulation: {record.get('accumulation')}; device "
+        f"min–max)\nemulated attention: backward accumulation {record.get('accumulation')}, "
+        f"forward the emulator's; jnp attention: XLA dot; device "
         f"{dev.get('platform')} ({dev.get('kind')}); git {str(prov.get('git_revision'))[:12]}",
         fontsize=9.5)
     fig.tight_layout()

@@ -80,7 +80,7 @@ def test_reference_bad_shapes_named():
 
 
 # --- the emulated backward ----------------------------------------------------------------------
-from fp4sim.attention import causal  # noqa: E402
+from fp4sim.attention import operands  # noqa: E402
 from fp4sim.attention.autodiff import TRAINING_PRESETS, training_backward, training_forward  # noqa: E402
 from fp4sim.attention.backward import emulated_backward, softmax_grad  # noqa: E402
 
@@ -223,7 +223,7 @@ def test_emulated_backward_bad_arguments():
     with pytest.raises(ValueError, match="d_out.shape"):
         training_backward(saved, do[:, :8], recipe)
     with pytest.raises(TypeError, match="DeltaSource"):
-        emulated_backward(q, q, k, v, q, do, softmax_scale=1.0, d_out_scaling=causal.FLOAT32,
-                          p_scaling=causal.FLOAT32, ds_scaling=causal.FLOAT32, delta="float")
+        emulated_backward(q, q, k, v, q, do, softmax_scale=1.0, d_out_scaling=operands.FLOAT32,
+                          p_scaling=operands.FLOAT32, ds_scaling=operands.FLOAT32, delta="float")
     with pytest.raises(TypeError, match="TrainingRecipe"):
         training_forward(q, k, v, recipe.forward)

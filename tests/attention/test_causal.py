@@ -1,7 +1,7 @@
 """Causal-safe scaling options: the leak classification and document-aligned scale groups.
 
-The classification is derived from format properties; here it is checked against the seed's
-table (seed_algorithms.md §6.3) and against direct observation on the quantized operand alone:
+The classification is derived from format properties; here it is checked against the published
+table (FLAMIA) and against direct observation on the quantized operand alone:
 a future row that becomes its group's max must leave every earlier row bitwise identical for
 ``NONE``, change only elements in the element format's subnormal range for ``SUBNORMAL``.
 """
@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fp4sim.attention import causal
-from fp4sim.attention.causal import LeakClass, OperandScaling, leak_class
+from fp4sim.attention import causal, operands
+from fp4sim.attention.causal import LeakClass, leak_class
+from fp4sim.attention.operands import OperandScaling
 from fp4sim.formats.blocks import MXFP8_E4M3, NVFP4, GlobalScale, ScaleRule
 from fp4sim.formats.spec import E4M3
 
@@ -35,13 +36,13 @@ def test_v_options_classified_as_the_seed_table():
 
 
 @pytest.mark.parametrize("scaling, expected", [
-    (causal.NVFP4_HEAD_DIM, LeakClass.NONE),
-    (causal.NVFP4_HEAD_DIM_PER_TOKEN, LeakClass.NONE),
-    (causal.NVFP4_HEAD_DIM_PER_TENSOR, LeakClass.LARGE),
-    (causal.MXFP8_HEAD_DIM, LeakClass.NONE),
-    (causal.DS_PER_ROW, LeakClass.NONE),
-    (causal.DS_SQUARE_RCEIL, LeakClass.SUBNORMAL),
-    (causal.DS_SQUARE_FLOOR, LeakClass.LARGE),
+    (operands.NVFP4_HEAD_DIM, LeakClass.NONE),
+    (operands.NVFP4_HEAD_DIM_PER_TOKEN, LeakClass.NONE),
+    (operands.NVFP4_HEAD_DIM_PER_TENSOR, LeakClass.LARGE),
+    (operands.MXFP8_HEAD_DIM, LeakClass.NONE),
+    (operands.DS_PER_ROW, LeakClass.NONE),
+    (operands.DS_SQUARE_RCEIL, LeakClass.SUBNORMAL),
+    (operands.DS_SQUARE_FLOOR, LeakClass.LARGE),
     (OperandScaling(name="even", fmt=MXFP8_E4M3, axis=-2, rule=ScaleRule.EVEN), LeakClass.LARGE),
 ])
 def test_other_operands_classified(scaling, expected):
@@ -53,7 +54,7 @@ def _raise_future_row(scaling, seed=0, n=64, d=16, target=45, gain=64.0):
     x = rng.standard_normal((n, d)).astype(np.float32)
     x1 = x.copy()
     x1[target] *= np.float32(gain)
-    return x, causal.fake_quantize(x, scaling), causal.fake_quantize(x1, scaling), target
+    return x, operands.fake_quantize(x, scaling), operands.fake_quantize(x1, scaling), target
 
 
 @pytest.mark.parametrize("scaling", causal.V_OPTIONS, ids=lambda s: s.name)
@@ -76,8 +77,8 @@ def test_segmented_quantization_keeps_documents_apart():
     rng = np.random.default_rng(3)
     ids = np.repeat(np.arange(4), [10, 30, 4, 20])
     x = rng.standard_normal((64, 8)).astype(np.float32)
-    for scaling in (causal.MXFP8_TOKENS_FLOOR, causal.NVFP4_TOKENS, causal.FP8_PER_TENSOR_AMAX,
-                    causal.TOKEN_BLOCK_POW2):
+    for scaling in (operands.MXFP8_TOKENS_FLOOR, operands.NVFP4_TOKENS, operands.FP8_PER_TENSOR_AMAX,
+                    operands.TOKEN_BLOCK_POW2):
         base = causal.fake_quantize_segmented(x, scaling, ids)
         for doc in range(4):
             x1 = x.copy()
@@ -87,7 +88,7 @@ def test_segmented_quantization_keeps_documents_apart():
             assert np.array_equal(base[other], after[other]), (scaling.name, doc)
         # one document alone, placed at the same rows, quantizes the same
         alone = np.where((ids == 1)[:, None], x, 0).astype(np.float32)
-        np.testing.assert_array_equal(causal.fake_quantize(alone, scaling)[ids == 1],
+        np.testing.assert_array_equal(operands.fake_quantize(alone, scaling)[ids == 1],
                                       base[ids == 1])
 
 
@@ -99,9 +100,9 @@ def test_segmented_quantization_jit_matches_numpy():
     ids = np.repeat(np.arange(3), [7, 33, 24])
     x = rng.standard_normal((64, 8)).astype(np.float32)
     f = jax.jit(causal.fake_quantize_segmented, static_argnums=1)
-    got = f(jnp.asarray(x), causal.MXFP8_TOKENS_RCEIL, jnp.asarray(ids))
+    got = f(jnp.asarray(x), operands.MXFP8_TOKENS_RCEIL, jnp.asarray(ids))
     np.testing.assert_array_equal(np.asarray(got),
-                                  causal.fake_quantize_segmented(x, causal.MXFP8_TOKENS_RCEIL, ids))
+                                  causal.fake_quantize_segmented(x, operands.MXFP8_TOKENS_RCEIL, ids))
 
 
 def test_bad_scaling_arguments_named():

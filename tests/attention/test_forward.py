@@ -140,6 +140,33 @@ def test_nan_policy_rows():
     np.testing.assert_array_equal(_bits(r.out[0, :36]), _bits(clean.out[0, :36]))
 
 
+@pytest.mark.parametrize("rec", [R.HW_FP4_DIRECT_P, R.HW_FP4_DIRECT_P_MITCHELL],
+                         ids=["direct_p", "mitchell"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_one_nan_in_v_is_nan_in_its_whole_column(rec, causal):
+    """One NaN in V: its output column is NaN in every row, on NumPy and under jit alike (as in
+    the float64 reference), the other columns are those of V with a zero there (V's scale
+    blocks are per column), and LSE does not depend on V (issue 15, item 2)."""
+    q, k, v = _qkv((1, 96, 32), 160, seed=9)
+    v0 = v.copy()
+    v0[0, 77, 5] = 0.0
+    vn = v.copy()
+    vn[0, 77, 5] = np.nan
+    clean = attention_forward(q, k, v0, rec, causal=causal)
+    got = attention_forward(q, k, vn, rec, causal=causal)
+    jit = jax.jit(lambda a, b, c: attention_forward(a, b, c, rec, causal=causal))(q, k, vn)
+    ref = attention_reference(q.astype(np.float64), k.astype(np.float64),
+                              vn.astype(np.float64), causal=causal)
+    ref = ref[0] if isinstance(ref, tuple) else ref
+    assert np.isnan(ref[0, :, 5]).all()
+    for r in (got, jit):
+        out = np.asarray(r.out)
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+        others = np.arange(32) != 5
+        np.testing.assert_array_equal(_bits(out[..., others]), _bits(clean.out[..., others]))
+        np.testing.assert_array_equal(_bits(r.lse), _bits(clean.lse))
+
+
 def _u(fmt: str) -> float:
     """Max relative rounding error of an element format (half its relative spacing)."""
     # float32: 2^-24 per rounding, times the <= 256-term sums of this test

@@ -19,7 +19,7 @@ import pytest
 from ordered_oracle import assert_same_bits, flushed_chain
 
 import fp4sim.attention.forward as fwd
-from fp4sim.attention import causal as sc
+from fp4sim.attention import operands
 from fp4sim.attention._ordered import operand_stats, ordered_product, plain_sum_is_exact
 from fp4sim.attention.autodiff import TRAINING_PRESETS
 
@@ -109,7 +109,7 @@ def test_forward_with_the_plain_pv_equals_the_chain(case, monkeypatch):
     h, n, d = 2, 256, 32
     q, k, v = (rng.standard_normal((h, n, d)).astype(np.float32) for _ in range(3))
     if case != "float32_v":
-        v = np.asarray(sc.fake_quantize(v, recipe.v), np.float32)  # the route's E4M3 V
+        v = np.asarray(operands.fake_quantize(v, recipe.v), np.float32)  # the route's E4M3 V
     if case == "tiny_v_in_one_head":  # head 1: a product below 2^-103 (the chain for all)
         v[1, 7, 3] = np.float32(2.0**-100)
 

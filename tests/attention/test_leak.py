@@ -1,4 +1,4 @@
-"""The causal leak probe: the classes of seed_algorithms.md §6.3 as tests.
+"""The causal leak probe: the classes of FLAMIA's leak table as tests.
 
 Setup (the probe's defaults): N = 128 tokens, d = 64, target token 77 in the 32-token group
 64..95, input gain 5, NVFP4 Q/K per token, exact MXFP4 P with consistent normalization, E5M2
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fp4sim.attention import causal
+from fp4sim.attention import operands
 from fp4sim.attention.autodiff import LEAK_TABLE, TRAINING_PRESETS
 from fp4sim.attention.causal import LeakClass, leak_class
 from fp4sim.attention.leak import leak_metric, leak_probe
@@ -131,8 +131,8 @@ def test_property_exact_options_never_leak(seed, target, gain, name):
 
 
 @pytest.mark.parametrize("scaling, leaks", [
-    (causal.PER_TOKEN_POW2, False),  # the causal dQ scale: one exponent per query row
-    (causal.MXFP8_TOKENS_FLOOR, True),  # 32 query rows share a scale: dQ of earlier rows leaks
+    (operands.PER_TOKEN_POW2, False),  # the causal dQ scale: one exponent per query row
+    (operands.MXFP8_TOKENS_FLOOR, True),  # 32 query rows share a scale: dQ of earlier rows leaks
 ])
 def test_dq_output_scale_must_be_causal(scaling, leaks):
     recipe = LEAK_TABLE["V per-token pow2 (exact option)"]

@@ -1,5 +1,5 @@
 """The statistics bounds that gate the backward's fast ordered products, taken from the
-quantizers (:func:`fp4sim.attention.causal.fake_quantize_stats`,
+quantizers (:func:`fp4sim.attention.operands.fake_quantize_stats`,
 :func:`fp4sim.attention._ordered.quantized_stats`) instead of a pass over the elements.
 
 1. The bounds hold: ``lo ≤ min_abs``, ``hi ≥ max_abs``, ``lsb ≤ min_lsb`` against statistics
@@ -24,17 +24,17 @@ import numpy as np
 import pytest
 from ordered_oracle import assert_same_bits, flushed_chain, ftz
 
-from fp4sim.attention import causal as sc
+from fp4sim.attention import operands
 from fp4sim.attention._ordered import plain_sum_is_exact
 from fp4sim.attention.autodiff import P_MXFP8_KEYS, TRAINING_PRESETS
 from fp4sim.attention.backward import emulated_backward
 
-DERIVED = [P_MXFP8_KEYS, sc.DS_SQUARE_RCEIL, sc.DS_SQUARE_FLOOR, sc.TOKEN_BLOCK_POW2,
-           sc.MXFP8_TOKENS_FLOOR, sc.MXFP8_TOKENS_RCEIL, sc.MXFP4_TOKENS_RCEIL, sc.PER_TOKEN_POW2,
-           sc.MXFP8_HEAD_DIM, sc.E5M2_CAST, sc.E4M3_CAST]
+DERIVED = [P_MXFP8_KEYS, operands.DS_SQUARE_RCEIL, operands.DS_SQUARE_FLOOR, operands.TOKEN_BLOCK_POW2,
+           operands.MXFP8_TOKENS_FLOOR, operands.MXFP8_TOKENS_RCEIL, operands.MXFP4_TOKENS_RCEIL, operands.PER_TOKEN_POW2,
+           operands.MXFP8_HEAD_DIM, operands.E5M2_CAST, operands.E4M3_CAST]
 # formats without derived bounds (a scan of the result, whose jitted form sees float32
 # subnormals as zeros, as the products' loops do there): the NumPy bounds must hold as well
-SCANNED = [sc.NVFP4_TOKENS, sc.FP8_PER_TENSOR_AMAX, sc.FLOAT32]
+SCANNED = [operands.NVFP4_TOKENS, operands.FP8_PER_TENSOR_AMAX, operands.FLOAT32]
 SCALINGS = DERIVED + SCANNED
 
 
@@ -78,11 +78,11 @@ INPUTS = _inputs()
 
 @pytest.mark.parametrize("scaling", SCALINGS, ids=[s.name for s in SCALINGS])
 def test_bounds_hold(scaling):
-    jitted = jax.jit(lambda x: sc.fake_quantize_stats(x, scaling))
+    jitted = jax.jit(lambda x: operands.fake_quantize_stats(x, scaling))
     for name, x in INPUTS.items():
         with np.errstate(all="ignore"):
-            y, st = sc.fake_quantize_stats(x, scaling)
-            want_y = sc.fake_quantize(x, scaling)
+            y, st = operands.fake_quantize_stats(x, scaling)
+            want_y = operands.fake_quantize(x, scaling)
         assert_same_bits(y, np.asarray(want_y, np.float32))
         yj, stj = jitted(x)
         assert_same_bits(yj, np.asarray(want_y, np.float32))
@@ -105,11 +105,11 @@ def test_bounds_admit_the_fast_path_on_attention_operands():
     s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p = (p / p.sum(-1, keepdims=True)).astype(np.float32)
-    _, p_st = sc.fake_quantize_stats(p, P_MXFP8_KEYS)
-    _, do_st = sc.fake_quantize_stats(rng.standard_normal((n, 64)).astype(np.float32),
-                                      sc.E5M2_CAST)
+    _, p_st = operands.fake_quantize_stats(p, P_MXFP8_KEYS)
+    _, do_st = operands.fake_quantize_stats(rng.standard_normal((n, 64)).astype(np.float32),
+                                      operands.E5M2_CAST)
     ds = (p * rng.standard_normal((n, n))).astype(np.float32)
-    _, ds_st = sc.fake_quantize_stats(ds, sc.DS_SQUARE_RCEIL)
+    _, ds_st = operands.fake_quantize_stats(ds, operands.DS_SQUARE_RCEIL)
     assert bool(plain_sum_is_exact(p_st, do_st, n))
     assert bool(plain_sum_is_exact(ds_st, do_st, n))
     assert float(p_st.min_abs) > 0 and float(ds_st.min_lsb) == 2.0**20
@@ -127,7 +127,7 @@ def _backward_case(kind):
     elif kind == "tiny_products":  # products near the 2^-103 boundary of the predicate
         p = (p * np.float32(2.0**-60)).astype(np.float32)
         do = (do * np.float32(2.0**-44)).astype(np.float32)
-    q_hat, k_hat, v_hat = (sc.fake_quantize(x, sc.PER_TOKEN_POW2) for x in (q, k, v))
+    q_hat, k_hat, v_hat = (operands.fake_quantize(x, operands.PER_TOKEN_POW2) for x in (q, k, v))
     kw = dict(softmax_scale=float(1 / np.sqrt(d)), d_out_scaling=recipe.d_out,
               p_scaling=recipe.p_backward, ds_scaling=recipe.ds)
     return (p, q_hat, k_hat, v_hat, out, do), kw

@@ -55,7 +55,7 @@ def test_fully_masked_row_gives_zero_output_and_gradients():
 
 
 # --- the emulated training path on packed documents ----------------------------------------------
-from fp4sim.attention import causal  # noqa: E402
+from fp4sim.attention import operands  # noqa: E402
 from fp4sim.attention.autodiff import TRAINING_PRESETS, training_backward, training_forward  # noqa: E402
 
 LENGTHS = [20, 44, 9, 55]  # boundaries inside 32-token groups and 32x32 dS tiles
@@ -74,12 +74,12 @@ def _run(recipe, q, k, v, do, ids):
 
 
 STRADDLING = {  # V / dS scalings whose groups span tokens
-    "V MXFP8 tokens floor, dS 32x32 floor": dict(v=causal.MXFP8_TOKENS_FLOOR,
-                                                  ds=causal.DS_SQUARE_FLOOR),
-    "V per-tensor FP8, dS 32x32 RCEIL": dict(v=causal.FP8_PER_TENSOR_AMAX,
-                                             ds=causal.DS_SQUARE_RCEIL),
-    "V NVFP4 tokens, dO per-tensor pow2": dict(v=causal.NVFP4_TOKENS,
-                                               d_out=causal.PER_TENSOR_POW2),
+    "V MXFP8 tokens floor, dS 32x32 floor": dict(v=operands.MXFP8_TOKENS_FLOOR,
+                                                  ds=operands.DS_SQUARE_FLOOR),
+    "V per-tensor FP8, dS 32x32 RCEIL": dict(v=operands.FP8_PER_TENSOR_AMAX,
+                                             ds=operands.DS_SQUARE_RCEIL),
+    "V NVFP4 tokens, dO per-tensor pow2": dict(v=operands.NVFP4_TOKENS,
+                                               d_out=operands.PER_TENSOR_POW2),
 }
 
 
@@ -148,10 +148,10 @@ def test_partial_blocks_are_zero_padded_and_stay_consistent():
         assert rep.ok, rep
     # zero padding = quantizing whole blocks with zeros appended, then cropping
     x = rng.standard_normal((40, 8)).astype(np.float32)
-    for scaling in (causal.MXFP8_TOKENS_FLOOR, causal.TOKEN_BLOCK_POW2):
+    for scaling in (operands.MXFP8_TOKENS_FLOOR, operands.TOKEN_BLOCK_POW2):
         whole = np.pad(x, ((0, 24), (0, 0)))  # 40 tokens -> two 32-token groups
-        np.testing.assert_array_equal(causal.fake_quantize(x, scaling),
-                                      causal.fake_quantize(whole, scaling)[:40])
+        np.testing.assert_array_equal(operands.fake_quantize(x, scaling),
+                                      operands.fake_quantize(whole, scaling)[:40])
     whole = np.pad(x, ((0, 24), (0, 24)))  # 40 x 8 -> 2 x 1 tiles of 32 x 32
-    np.testing.assert_array_equal(causal.fake_quantize(x, causal.DS_SQUARE_RCEIL),
-                                  causal.fake_quantize(whole, causal.DS_SQUARE_RCEIL)[:40, :8])
+    np.testing.assert_array_equal(operands.fake_quantize(x, operands.DS_SQUARE_RCEIL),
+                                  operands.fake_quantize(whole, operands.DS_SQUARE_RCEIL)[:40, :8])

@@ -54,7 +54,7 @@ def one_block(vals, fmt, rule=None):
     return int(q.scales[0]), dequantize(q)[: len(vals)]
 
 
-# --- worked examples (seed_algorithms.md §1.3, §8 items 6-7; formats_anchors.md §3 table) ----
+# --- worked examples (OCP MX v1.0 floor rule, cuDNN round-up rule; torchao's scale bytes) ---------
 def test_amax_500_e4m3_floor_clamps_rceil_bumps():
     code, y = one_block([500.0], MXFP8, ScaleRule.FLOOR)
     assert code == 127 and y[0] == 448.0  # OCP floor: 2^0, 500 clamps to 448
@@ -73,7 +73,7 @@ def test_amax_7_e2m1_floor_clamps_rceil_gives_8():
 
 
 @pytest.mark.parametrize("fmt,amax,expect", [
-    # formats_anchors.md §3, torchao measured scale bytes: FLOOR, CEIL, EVEN, RCEIL
+    # torchao's measured scale bytes: FLOOR, CEIL, EVEN, RCEIL
     (MXFP4, 3.5, (126, 127, 127, 127)), (MXFP4, 5.0, (127, 128, 127, 127)),
     (MXFP4, 6.1, (127, 128, 127, 128)), (MXFP4, 7.0, (127, 128, 128, 128)),
     (MXFP8, 449.0, (127, 128, 127, 128)), (MXFP8, 500.0, (127, 128, 128, 128)),
@@ -98,8 +98,8 @@ def test_nvfp4_amax_2_9_clips_without_global_and_is_exact_with_it():
     assert int(q.scales[0]) == 0x7E and dequantize(q)[0] == np.float32(2.9)
 
 
-def test_seed001_block_quantize_demo_semantics():
-    # seed 001's demo: scale = 2^ceil(log2(max_abs/448)), E4M3 of clamp(x/scale), restore q*scale.
+def test_pow2_block_quantize_demo_semantics():
+    # the PyTorch low-precision FA4 write-up's demo: scale = 2^ceil(log2(max_abs/448)), E4M3 of clamp(x/scale), restore q*scale.
     rng = np.random.default_rng(7)
     x = (rng.standard_normal((4, 128)) * 3.0).astype(np.float32)
     blocks = x.reshape(4, 4, 32).astype(np.float64)
@@ -429,3 +429,80 @@ def test_nvfp4_scale_rounding_up():
     # E4M3 scale rounded up (cuDNN's "quantize_round_up"): 2.9/6 -> 0.5, no clipping of the max
     code, y = one_block([2.9], NVFP4_SINGLE, ScaleRule.RCEIL)
     assert code == 0x30 and y[0] == 3.0  # 2.9/0.5 = 5.8 -> E2M1 6 -> 6 * 0.5
+
+
+# --- the AMPLITUDE rule (Direct-P's V: value β·q/6) -----------------------------------------
+def _flush32(a):
+    """float64 -> float32 (RNE), then |x| < 2^-126 -> +0 (the rule's flushed float32 steps)."""
+    a = np.asarray(a, np.float64).astype(np.float32)
+    return np.where(np.abs(a) < np.float32(2.0 ** -126), np.float32(0.0), a)
+
+
+def _amplitude_oracle(x):
+    """Codes, scale codes and values of MXFP4_AMPLITUDE along axis -2 from the definition, in
+    float64 and ml_dtypes (x finite, float32-normal or zero)."""
+    xb = x.astype(np.float64).reshape(x.shape[:-2] + (x.shape[-2] // 32, 32, x.shape[-1]))
+    amax = np.abs(xb).max(axis=-2, keepdims=True)
+    m, ex = np.frexp(amax)  # amax = m·2^ex, m in [0.5, 1)
+    e = np.where(m == 0.5, ex - 1, ex)  # ceil(log2 amax)
+    e = np.where(amax == 0, -127, np.clip(e, -127, 127))
+    y = _flush32(_flush32(xb / 2.0 ** e).astype(np.float64) * 6.0)
+    q = y.astype(ml_dtypes.float4_e2m1fn)
+    codes = q.view(np.uint8).reshape(x.shape) & 0xF
+    vals = (q.astype(np.float64) * 2.0 ** e / 6.0).astype(np.float32).reshape(x.shape)
+    return codes, (e + 127).astype(np.uint8)[..., 0, :], vals
+
+
+def test_amplitude_rule_matches_its_definition_numpy_and_jit():
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((3, 128, 16)) *
+         2.0 ** rng.integers(-100, 100, size=(3, 1, 16))).astype(np.float32)
+    # exact E2M1 ties of 6·x/β (0.25, 0.75, ... 5 over 6 times a power of two) and zero blocks
+    ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32) / np.float32(6.0)
+    pick = rng.random(x.shape) < 0.3
+    x = np.where(pick, rng.choice(ties, x.shape) * np.sign(x), x).astype(np.float32)
+    x[0, :32, 0] = 0.0
+    x = np.where(np.abs(x) < 2.0 ** -126, 0.0, x).astype(np.float32)
+    codes, scales, vals = _amplitude_oracle(x)
+    assert B.MXFP4_AMPLITUDE.divisor == 6.0 and MXFP4.divisor == 1.0
+    def f(a):
+        return quantize(a, B.MXFP4_AMPLITUDE, axis=-2)
+
+    for arr in (x, jnp.asarray(x)):
+        qa = f(arr) if isinstance(arr, np.ndarray) else jax.jit(f)(arr)
+        np.testing.assert_array_equal(np.asarray(qa.codes), codes)
+        np.testing.assert_array_equal(np.asarray(qa.scales), scales)
+        np.testing.assert_array_equal(bits(np.asarray(dequantize(qa))), bits(vals))
+    # the same grid is not OCP MX with the CEIL rule: that one scales by 2^(e - 2)
+    assert not np.array_equal(np.asarray(quantize(x, MXFP4, axis=-2, rule=ScaleRule.CEIL).codes),
+                              codes)
+
+
+def test_amplitude_rule_nonfinite_blocks_and_range():
+    x = np.ones((64, 4), np.float32)
+    x[3, 0] = np.nan
+    x[40, 1] = np.inf
+    x[:32, 2] = np.float32(3.0e38)  # ceil(log2 amax) = 128 clamps to 127: payloads saturate
+    for arr, f in ((x, quantize), (jnp.asarray(x), jax.jit(quantize, static_argnums=1,
+                                                           static_argnames="axis"))):
+        qa = f(arr, B.MXFP4_AMPLITUDE, axis=-2)
+        s = np.asarray(qa.scales)
+        assert s[0, 0] == 0xFF and s[1, 1] == 0xFE and s[0, 2] == 254 and s[1, 0] == 127
+        d = np.asarray(dequantize(qa))
+        assert np.isnan(d[:32, 0]).all() and not np.isnan(d[32:, 0]).any()
+        assert d[40, 1] == np.float32(2.0 ** 127)  # 2^127·6/6: no overflow on the way
+        np.testing.assert_array_equal(d[:32, 2], np.float32(2.0 ** 127))
+
+
+def test_amplitude_rule_bad_formats_and_mma():
+    with pytest.raises(ValueError, match="AMPLITUDE"):
+        NVFP4_SINGLE.replace(rule=ScaleRule.AMPLITUDE)
+    with pytest.raises(ValueError, match="AMPLITUDE"):
+        MXFP4.replace(scale=None, rule=ScaleRule.AMPLITUDE)
+    with pytest.raises(ValueError, match="global_scale=NONE"):
+        MXFP4.replace(rule=ScaleRule.AMPLITUDE, global_scale=GlobalScale.PER_TENSOR)
+    from fp4sim.formats.matmul import scaled_matmul
+
+    a = quantize(np.ones((4, 64), np.float32), B.MXFP4_AMPLITUDE)
+    with pytest.raises(ValueError, match="divided by 6"):
+        scaled_matmul(a, a)

@@ -264,11 +264,11 @@ def test_every_tie_and_its_neighbours(fmt, rounding, negative):
         assert got.tolist() == want, f"{fmt} {rounding} between {lo} and {hi}: x={x} got={got} want={want}"
 
 
-def test_e2m1_golden_ties_from_the_seeds():
-    # seed_algorithms.md §1.2: RNE ties of E2M1
+def test_e2m1_golden_ties():
+    # RNE ties of E2M1 (PTX cvt.rn.satfinite.e2m1x2.f32)
     x = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
     np.testing.assert_array_equal(decode(encode(x, E2M1), E2M1), [0, 1, 1, 2, 2, 4, 4])
-    # formats_anchors.md §2: microxcaling's default "nearest" is ties away from zero
+    # microxcaling's default "nearest" is ties away from zero
     x = np.array([0.25, 0.75, 1.25, 2.5, 5.0, -2.5, -0.0], np.float32)
     away = decode(encode(x, E2M1, Policy(rounding=Rounding.NEAREST_AWAY)), E2M1)
     np.testing.assert_array_equal(away, [0.5, 1, 1.5, 3, 6, -3, -0.0])

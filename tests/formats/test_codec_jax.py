@@ -1,6 +1,6 @@
 """Element codecs under jax: jitted (and vmapped) results are bit-identical to NumPy's.
 
-XLA on CPU flushes float32 subnormals in arithmetic (formats_anchors.md §10.6); the inputs here
+XLA on CPU flushes float32 subnormals in arithmetic (measured: XLA's CPU backend); the inputs here
 include float32 subnormals and the UE8M0 code 0x00 (= 2^-127, a float32 subnormal), so any
 float arithmetic in the codec's path would show up as a difference from NumPy.
 """

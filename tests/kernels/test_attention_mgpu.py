@@ -271,7 +271,7 @@ def test_gpu_exact_debug_bitwise(causal):
         cfg = am.FP8AttentionConfig(causal=causal, conversion=am.PConversion.EXACT,
                                     debug_step=step, out_type=am.OutType.FLOAT32)
         out = am.attention_fp8_quantized(ops, softmax_scale=scale, config=cfg)
-        # The FP8 tensor core's accumulation is not correctly rounded (pallas_mgpu.md §1.5):
+        # The FP8 tensor core's accumulation is not correctly rounded (fp4sim.kernels.wgmma_probe):
         # sums of products, but not codes, are compared with its measured error (<= 1e-3 rel).
         ref = am.reference_forward(_np(ops), softmax_scale=scale, config=cfg)
         reached = ~np.isnan(ref["f"][step])

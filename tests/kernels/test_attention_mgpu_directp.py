@@ -129,7 +129,7 @@ def test_gpu_matches_emulator_bitwise(causal):
     scale = 0.05
     out = dp.attention_directp(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
                                softmax_scale=scale, config=cfg)
-    # On the H200 f16 wgmma sums are correctly rounded in >= 98 % of outputs (pallas_mgpu §1.5).
+    # On the H200 f16 wgmma sums are correctly rounded in >= 98 % of outputs (fp4sim.kernels.wgmma_probe).
     _check(out, _emulate(q, k, v, cfg, scale), cfg, o_rtol=2.0**-10)
 
 
