@@ -19,6 +19,7 @@ mkdir -p "$OUT"
 PY=$(bash scripts/find_python.sh 2>/dev/null || command -v python3)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PYTHONUNBUFFERED=1  # a part cut by its timeout keeps what it printed
 start=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - start )) s] $*" | tee -a "$OUT/timeline.txt"; }
 left() { local l=$(( 235 - ($(date +%s) - start) )); [ "$l" -lt 5 ] && l=5; echo "$l"; }
@@ -28,16 +29,16 @@ stamp "env"
   git log -1 --oneline 2>&1; } > "$OUT/env.txt"
 
 stamp "bench training S2048"
-timeout -k 3 95 "$PY" -m fp4sim bench training --seq 2048 --head-dim 128 --heads 8 --also none \
+timeout -k 3 110 "$PY" -m fp4sim bench training --seq 2048 --head-dim 128 --heads 8 --also none \
   --check-heads 1 --json "$OUT/training_s2048.json" > "$OUT/training_s2048.log" 2>&1
 echo "rc=$?" >> "$OUT/training_s2048.log"
 stamp "bench training S512"
-timeout -k 3 50 "$PY" -m fp4sim bench training --seq 512 --head-dim 64 --heads 8 --also none \
+timeout -k 3 45 "$PY" -m fp4sim bench training --seq 512 --head-dim 64 --heads 8 --also none \
   --check-heads 0 --json "$OUT/training_s512.json" > "$OUT/training_s512.log" 2>&1
 echo "rc=$?" >> "$OUT/training_s512.log"
 
 stamp "bench attention"
-timeout -k 3 40 "$PY" -m fp4sim bench attention --device gpu --repeats 5 \
+timeout -k 3 35 "$PY" -m fp4sim bench attention --device gpu --repeats 5 \
   --json "$OUT/attention.json" > "$OUT/attention.log" 2>&1
 rc=$?
 echo "rc=$rc" >> "$OUT/attention.log"

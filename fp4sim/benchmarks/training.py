@@ -149,32 +149,20 @@ def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int,
         return key, fn.lower(*xs).compile(), time.perf_counter() - t0
 
     # every side traced and compiled at once (XLA compiles in parallel threads; the wall time
-    # of a cold run is then about that of the slowest compile)
+    # of a cold run is then about that of the slowest compile); the CPU check's compile, the
+    # longest, is submitted first and waited for only after the timings are printed
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs))
+    futures = {key: pool.submit(compile_one, (key, jobs[key]))
+               for key in sorted(jobs, key=lambda key: key != "cpu_check")}
     compiled, compile_s, results = {}, {}, {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        for key, fn, sec in pool.map(compile_one, jobs.items()):
-            compiled[key], compile_s[key] = fn, sec
+    for key in sides:
+        _, compiled[key], compile_s[key] = futures[key].result()
     for key in sides:
         results[key] = jax.block_until_ready(compiled[key](*args_j))
     times = time_interleaved({key: (lambda fn=compiled[key]: jax.block_until_ready(fn(*args_j)))
                               for key in sides}, repeats)
-
-    exact = attention_grad_reference(q, k, v, do, softmax_scale=scale, causal=True)
-
-    def rel_l2(a, b):
-        a = np.asarray(a, np.float64)
-        return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-    identical = None
-    if n_check:
-        identical = {}
-        for i in range(n_check):
-            got = jax.block_until_ready(compiled["cpu_check"](*cpu_args[i]))
-            identical[f"head{i}"] = {
-                n_: int(np.count_nonzero(np.asarray(a).view(np.uint32)
-                                         != np.asarray(b)[i:i + 1].view(np.uint32)))
-                for n_, a, b in zip(("dq", "dk", "dv"), got, results["emulated_fwd_bwd"])}
     base = times["jnp_f32_fwd_bwd"]
+    target = _target(platform, n, d)
     result = {
         "suite": "training", "device": platform, "recipe": recipe.name,
         "shape": {"heads": h, "seq": n, "head_dim": d, "causal": True},
@@ -182,14 +170,9 @@ def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int,
         "ratio_fwd_bwd": times["emulated_fwd_bwd"] / base,
         "ratio_fwd_bwd_backend_acc": times["emulated_fwd_bwd_backend_acc"] / base,
         "ratio_fwd": times["emulated_fwd"] / times["jnp_f32_fwd"],
-        "cpu_check_mismatches": identical,
-        "rel_l2_vs_float64": {
-            side: {n_: rel_l2(a, b) for n_, a, b in zip(("dq", "dk", "dv"), results[side], exact)}
-            for side in ("emulated_fwd_bwd", "emulated_fwd_bwd_backend_acc", "jnp_f32_fwd_bwd")},
+        "target_fwd_bwd": target,
     }
-    target = _target(platform, n, d)
-    result["target_fwd_bwd"] = target
-    print(f"bench training ({result['device']}): heads={h} seq={n} head_dim={d} causal, "
+    print(f"bench training ({platform}): heads={h} seq={n} head_dim={d} causal, "
           f"recipe {recipe.name}, median of {repeats}")
     for key in sides:
         print(f"  {key:30s} {times[key] * 1e3:9.3f} ms   (compile {compile_s[key]:.1f} s, "
@@ -198,11 +181,35 @@ def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int,
           + (f" (target <= {target:g}x)" if target else ""))
     print(f"  ratio fwd+bwd, backend accumulation / jnp    "
           f"{result['ratio_fwd_bwd_backend_acc']:7.2f} x")
-    print(f"  ratio forward only, emulated / jnp f32       {result['ratio_fwd']:7.2f} x")
-    if identical is not None:
+    print(f"  ratio forward only, emulated / jnp f32       {result['ratio_fwd']:7.2f} x",
+          flush=True)
+
+    identical = None
+    if n_check:
+        _, compiled["cpu_check"], compile_s["cpu_check"] = futures["cpu_check"].result()
+        identical = {}
+        for i in range(n_check):
+            got = jax.block_until_ready(compiled["cpu_check"](*cpu_args[i]))
+            identical[f"head{i}"] = {
+                n_: int(np.count_nonzero(np.asarray(a).view(np.uint32)
+                                         != np.asarray(b)[i:i + 1].view(np.uint32)))
+                for n_, a, b in zip(("dq", "dk", "dv"), got, results["emulated_fwd_bwd"])}
         bad = sum(sum(v.values()) for v in identical.values())
         print(f"  emulated gradients vs the CPU backend, heads 0..{n_check - 1}: "
-              f"{'bit-identical' if bad == 0 else f'{bad} elements differ'} {identical}")
+              f"{'bit-identical' if bad == 0 else f'{bad} elements differ'} {identical} "
+              f"(CPU compile {compile_s['cpu_check']:.1f} s)", flush=True)
+    pool.shutdown()
+    result["cpu_check_mismatches"] = identical
+
+    exact = attention_grad_reference(q, k, v, do, softmax_scale=scale, causal=True)
+
+    def rel_l2(a, b):
+        a = np.asarray(a, np.float64)
+        return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+    result["rel_l2_vs_float64"] = {
+        side: {n_: rel_l2(a, b) for n_, a, b in zip(("dq", "dk", "dv"), results[side], exact)}
+        for side in ("emulated_fwd_bwd", "emulated_fwd_bwd_backend_acc", "jnp_f32_fwd_bwd")}
     for side, errs in result["rel_l2_vs_float64"].items():
         print(f"  rel-L2 vs float64 {side:30s} dq {errs['dq']:.3e}  dk {errs['dk']:.3e}  "
               f"dv {errs['dv']:.3e}")
