@@ -8,7 +8,7 @@ This module owns the GPU implementation of the two sequential accumulations of
 * the *plain chain* ``acc + a_k·b_k`` (a fused multiply-add allowed) with one final flush, which
   gives the same bits wherever :func:`fp4sim.attention._ordered.plain_sum_is_exact` holds.
 
-Under ``jax.jit`` on XLA these are ``fori_loop``\\ s of whole-array steps: on a GPU each of the
+Under ``jax.jit`` on XLA these are ``fori_loop`` loops of whole-array steps: on a GPU each of the
 thousands of steps is a kernel launch (the H200 ran the FP8 training route's backward at 218x
 plain attention). Here one Pallas kernel (Triton backend, ``pl.pallas_call`` without Mosaic)
 computes a block of outputs per program, and each lane walks its output element's reduction in
