@@ -33,12 +33,12 @@ timeout -k 3 110 "$PY" -m fp4sim bench training --seq 2048 --head-dim 128 --head
   --check-heads 1 --json "$OUT/training_s2048.json" > "$OUT/training_s2048.log" 2>&1
 echo "rc=$?" >> "$OUT/training_s2048.log"
 stamp "bench training S512"
-timeout -k 3 45 "$PY" -m fp4sim bench training --seq 512 --head-dim 64 --heads 8 --also none \
+timeout -k 3 40 "$PY" -m fp4sim bench training --seq 512 --head-dim 64 --heads 8 --also none \
   --check-heads 0 --json "$OUT/training_s512.json" > "$OUT/training_s512.log" 2>&1
 echo "rc=$?" >> "$OUT/training_s512.log"
 
 stamp "bench attention"
-timeout -k 3 35 "$PY" -m fp4sim bench attention --device gpu --repeats 5 \
+timeout -k 3 45 "$PY" -m fp4sim bench attention --device gpu --repeats 5 \
   --json "$OUT/attention.json" > "$OUT/attention.log" 2>&1
 rc=$?
 echo "rc=$rc" >> "$OUT/attention.log"
