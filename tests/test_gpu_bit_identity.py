@@ -128,9 +128,11 @@ def test_ordered_kernel_gpu_equals_numpy_chain():
 
 @pytest.mark.parametrize(("preset", "causal"), [("hw_fp4_direct_p", False), ("hw_fp4_direct_p", True),
                                                 ("hw_fp4_direct_p_mitchell", False)])
-def test_direct_p_forward_kernels_gpu_equal_cpu(preset, causal):
+def test_direct_p_forward_kernels_gpu_equal_cpu(preset, causal, monkeypatch):
     """O and LSE without intermediates: on the GPU the Direct-P family runs on the kernels of
-    fp4sim.attention.direct_p_gpu (padded keys: 1000 is not a multiple of the 128-key tile)."""
+    fp4sim.attention.direct_p_gpu (opt-in: FP4SIM_GPU_KERNELS=all; padded keys: 1000 is not a
+    multiple of the 128-key tile)."""
+    monkeypatch.setenv("FP4SIM_GPU_KERNELS", "all")
     recipe = PRESETS[preset]
     rng = np.random.default_rng(5)
     q = rng.standard_normal((2, 512, 128)).astype(np.float32)

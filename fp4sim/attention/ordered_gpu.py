@@ -30,11 +30,11 @@ matrix product.
 Dispatch (:func:`on_gpu`): ``jax.lax.platform_dependent`` picks the kernel when the computation
 is lowered for ``cuda`` and the existing jnp/NumPy path elsewhere, so a CPU-placed computation
 in the same process keeps the CPU path. The environment variable ``FP4SIM_GPU_KERNELS`` (read
-at trace time) selects: ``1`` (default) the kernel on the GPU only, ``0`` never,
-``interpret`` the kernels everywhere, in Pallas interpret mode off the GPU (for the bitwise
-tests on the CPU), or a comma-separated subset of :data:`FAMILIES` (e.g. ``ordered,scores``:
-the other kernels off). Shapes the kernel does not tile (output rows or columns not a multiple of 16)
-keep the jnp path.
+at trace time) selects: ``1`` (default) the kernels of :data:`DEFAULT_FAMILIES` on the GPU
+only, ``all`` every family, ``0`` none, ``interpret`` every kernel everywhere, in Pallas
+interpret mode off the GPU (for the bitwise tests on the CPU), or a comma-separated subset of
+:data:`FAMILIES` (e.g. ``ordered,scores``: the other kernels off). Shapes the kernel does
+not tile (output rows or columns not a multiple of 16) keep the jnp path.
 
 Operands are the emulator's quantized, flushed-or-correctly-rounded float32 values. The GPU
 multiplies subnormal operands exactly as NumPy does (no DAZ in the kernel); XLA CPU treats them
@@ -55,7 +55,7 @@ import numpy as np
 from fp4sim._xp import is_jax
 from fp4sim.formats import f32
 
-__all__ = ["ENV", "FAMILIES", "mode", "on_gpu", "ordered_product_kernel", "tile_shape", "backward_product",
+__all__ = ["ENV", "FAMILIES", "DEFAULT_FAMILIES", "mode", "on_gpu", "ordered_product_kernel", "tile_shape", "backward_product",
            "grouped_product", "backward_supported", "grouped_supported",
            "backward_dispatch", "grouped_dispatch", "exact_scores", "exact_scores_dispatch"]
 
@@ -64,21 +64,29 @@ FAMILIES = ("ordered", "scores", "direct_p", "rows")
 """What ``FP4SIM_GPU_KERNELS`` can name: the ordered sums (backward products, forward PV
 groups), the exact NVFP4 scores, the Direct-P forward kernels
 (:mod:`fp4sim.attention.direct_p_gpu`), the forward's larger GPU row chunks."""
+DEFAULT_FAMILIES = ("ordered", "scores", "rows")
+"""The families of ``FP4SIM_GPU_KERNELS=1`` (the default): those checked bit for bit on the
+H200; ``direct_p`` (not yet run there) is opt-in: ``FP4SIM_GPU_KERNELS=all``."""
 _MIN_BLOCK = 16
 _MAX_BLOCK = 64
 _TARGET_PROGRAMS = 264  # two per H200 SM: below this the blocks are halved
 
 
 def mode() -> str:
-    """``FP4SIM_GPU_KERNELS`` (module docstring): ``"0"``, ``"1"`` (default), ``"interpret"``,
-    or a comma-separated subset of :data:`FAMILIES` (those on the GPU, the others off)."""
+    """``FP4SIM_GPU_KERNELS`` (module docstring): ``"0"``, ``"interpret"``, or the families on
+    the GPU as a sorted comma-separated list (``1``, the default: :data:`DEFAULT_FAMILIES`;
+    ``all``: every one of :data:`FAMILIES`; or a comma-separated subset)."""
     value = os.environ.get(ENV, "1").strip().lower()
-    if value in ("0", "1", "interpret"):
+    if value in ("0", "interpret"):
         return value
+    if value == "1":
+        return ",".join(sorted(DEFAULT_FAMILIES))
+    if value == "all":
+        return ",".join(sorted(FAMILIES))
     names = {n.strip() for n in value.split(",") if n.strip()}
     if not names or not names <= set(FAMILIES):
-        raise ValueError(f"{ENV}={value!r}; allowed: '0', '1', 'interpret' or a comma-separated "
-                         f"subset of {list(FAMILIES)}")
+        raise ValueError(f"{ENV}={value!r}; allowed: '0', '1', 'all', 'interpret' or a "
+                         f"comma-separated subset of {list(FAMILIES)}")
     return ",".join(sorted(names))
 
 
@@ -91,7 +99,7 @@ def on_gpu(gpu_fn: Callable, default_fn: Callable, *args: Any, family: str) -> A
     if family not in FAMILIES:
         raise ValueError(f"family={family!r}; allowed: {list(FAMILIES)}")
     m = mode()
-    if m == "0" or (m not in ("1", "interpret") and family not in m.split(",")) or \
+    if m == "0" or (m != "interpret" and family not in m.split(",")) or \
             not any(is_jax(a) for a in args):
         return default_fn(*args)
     from jax import lax

@@ -4,8 +4,9 @@ With ``FP4SIM_GPU_KERNELS=interpret`` the jitted forward of the Direct-P family 
 AffineP or MitchellP into MXFP4 P, MXFP4 V, consistent normalization) runs its rows on the two
 kernels in Pallas interpret mode; O and LSE must equal the NumPy emulator's bits, with masked
 and padded keys (−inf scores), causal masks, several GPU row chunks, an Inf key (saturated) and
-a NaN query row. The kernels are also lowered for cuda (Triton MLIR) at the benchmark's shape.
-The GPU run is tests/test_gpu_bit_identity.py.
+a NaN query row. The kernels are also lowered for cuda (Triton MLIR) at the benchmark's shape,
+with ``FP4SIM_GPU_KERNELS=all`` (on the GPU they are opt-in). The GPU run is
+tests/test_gpu_bit_identity.py.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def test_fused_only_for_the_direct_p_family(monkeypatch):
     assert not calls
 
 
-def test_direct_p_kernels_lower_for_cuda():
+def test_direct_p_kernels_lower_for_cuda(monkeypatch):
+    monkeypatch.setenv(og.ENV, "all")  # the Direct-P kernels are opt-in
     rec = PRESETS["hw_fp4_direct_p"]
     text = cuda_text(lambda q, k, v: attention_forward(q, k, v, rec)[:2],
                       (1, 4096, 128), (1, 4096, 128), (1, 4096, 128))

@@ -144,6 +144,11 @@ def test_mode_and_dispatch(monkeypatch):
     # NumPy inputs never dispatch
     assert og.on_gpu(gpu, lambda a, b: "numpy", np.ones(2), np.ones(2),
                      family="ordered") == "numpy"
+    # the default leaves the Direct-P kernels off; "all" turns them on
+    monkeypatch.setenv(og.ENV, "1")
+    assert og.mode() == "ordered,rows,scores"
+    monkeypatch.setenv(og.ENV, "all")
+    assert og.mode() == "direct_p,ordered,rows,scores"
     # a subset of the families: the others take the default
     monkeypatch.setenv(og.ENV, "scores, rows")
     assert og.mode() == "rows,scores"
