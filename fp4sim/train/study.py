@@ -79,7 +79,7 @@ SCHEMA = "fp4sim.train.study/2"
 CACHE_NAME = "jax_cache"
 REFERENCE = "jnp_float32"
 """The recipe every study trains: the timing reference and the float32 evaluation mode."""
-COMPILE_SHARE = 0.6
+COMPILE_SHARE = 0.7
 """Under a time budget, compilations must finish within this share of it (from the start):
 a recipe still compiling then is skipped, so that the others keep time to train (the
 ``jnp_float32`` reference is always waited for)."""
