@@ -98,7 +98,7 @@ def _jit_encode(fmt, policy):
     return _checkified(lambda x, rb: fp4sim.encode(x, fmt, policy, random_bits=rb))
 
 
-@settings(max_examples=50, **SETTINGS)
+@settings(max_examples=40, **SETTINGS)
 @given(data=st.data(), fmt=st.sampled_from(fp4sim.ALL_FORMATS),
        shape=st.sampled_from([(0,), (1,), (64,), (3, 32)]), seed=st.integers(0, 2**16),
        n_special=st.integers(0, 12), scale_exp=st.integers(-140, 120))
@@ -145,7 +145,7 @@ def _jit_quantize(fmt, geometry, axis, kw):
     return _checkified(f)
 
 
-@settings(max_examples=40, **SETTINGS)
+@settings(max_examples=32, **SETTINGS)
 @given(fmt=block_formats(),
        geo=st.sampled_from([(fp4sim.Geometry.BLOCK, -1), (fp4sim.Geometry.BLOCK, -1),
                             (fp4sim.Geometry.PER_ROW, -1), (fp4sim.Geometry.SQUARE, -1),
