@@ -63,7 +63,7 @@ import numpy as np
 from fp4sim import _xp
 from fp4sim._checks import as_float_array, check_same_shape
 from fp4sim._xp import Array
-from fp4sim.attention import operands
+from fp4sim.attention import operands, ordered_gpu
 from fp4sim.attention._ordered import operand_stats, plain_or_chain, plain_sum_is_exact
 from fp4sim.attention.recipe import (  # defined with every recipe; re-exported here
     BackwardAccumulation,
@@ -325,11 +325,12 @@ def _sequential_jax(transposed: bool = False):
     :func:`plain_sum_is_exact` holds, else the flushed chain, by one ``lax.cond`` whose
     predicate stays unbatched under ``vmap`` (:func:`fp4sim.attention._ordered.plain_or_chain`)."""
 
-    def plain(a: Any, b: Any, *needed: Any) -> Any:
-        return _loop(a, b, True, needed[0] if needed else None, transposed)
+    def plain(a: Any, b: Any, *needed: Any) -> Any:  # on a GPU: the ordered_gpu kernel
+        return ordered_gpu.backward_dispatch(_loop, a, b, True, needed[0] if needed else None,
+                                             transposed)
 
     def chain(a: Any, b: Any, *needed: Any) -> Any:
-        return _loop(a, b, False, None, transposed)
+        return ordered_gpu.backward_dispatch(_loop, a, b, False, None, transposed)
 
     return plain_or_chain(plain, chain)
 

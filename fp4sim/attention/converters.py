@@ -72,6 +72,7 @@ from fp4sim.formats.codec import bf16_round, bf16_values, decode, encode
 from fp4sim.formats.spec import E2M1, E4M3, UE4M3, NanPolicy, Policy
 
 __all__ = ["PTile", "convert_tile", "direct_p_payload", "direct_p_coordinate", "bf16_round",
+           "block_max_exponent",
            "mitchell_exp2",
            "LOG2_6", "LOG2_448", "LOG2_2688"]
 
@@ -117,6 +118,14 @@ def _ceil_exp(xp: ModuleType, m: Array, lo: int = -127, hi: int = 127) -> Array:
     meaningless; 0 keeps them finite)."""
     c = xp.ceil(xp.where(xp.isnan(m), np.float32(0.0), xp.clip(m, np.float32(lo), np.float32(hi))))
     return c.astype(np.int32)
+
+
+def block_max_exponent(tb: Array) -> Array:
+    """Direct-P's ``k_B = ceil(max_{j in B} t_j)`` (``BlockExponent.BLOCK_MAX_CEIL``) of the
+    blocks ``tb`` (..., blocks, block keys): int32, clamped to [−127, 127], −inf gives −127 and
+    NaN 0 (also used by the GPU kernel of :mod:`fp4sim.attention.direct_p_gpu`)."""
+    xp = namespace(tb)
+    return _ceil_exp(xp, _block_max(xp, tb))
 
 
 def _group_sum(xp: ModuleType, vals_b: Array, weight: Array | None = None,
@@ -205,7 +214,7 @@ def _convert_tile(recipe: AttentionRecipe, t: Array, need_mismatched: bool) -> P
     if fmt is PFormat.MXFP4:
         tb = _blocks(xp, t, fmt.block)
         if recipe.block_exponent is BlockExponent.BLOCK_MAX_CEIL:
-            k = _ceil_exp(xp, _block_max(xp, tb))
+            k = block_max_exponent(tb)
         else:
             k = xp.zeros(tb.shape[:-1], dtype=np.int32)
         x = _unblock(xp, direct_p_coordinate(tb, k[..., None]))
