@@ -227,3 +227,14 @@ def test_git_revision_falls_back_to_the_environment(monkeypatch):
     p = prov.provenance(["fp4sim", "reproduce"])
     assert p["flags"]["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false" and p["argv"] == ["fp4sim", "reproduce"]
     assert "`--xla_cpu_enable_fast_math=false`" in prov.provenance_markdown(p)
+
+
+def test_every_published_recipe_links_its_source():
+    import fp4sim
+
+    for name in [*fp4sim.PRESETS, *fp4sim.TRAINING_PRESETS]:
+        link = report.preset_source(name)
+        if name in ("exact_f32", "float32"):  # fp4sim's own baselines
+            assert link == "—"
+        else:
+            assert link.startswith("[") and "](https://" in link, (name, link)

@@ -88,3 +88,16 @@ def test_the_scan_catches_each_pattern(bad):
                                   "the seeds differ", "rng = np.random.default_rng(seed)"])
 def test_random_seeds_are_not_jargon(fine):
     assert not any(re.search(p, fine) for p, _ in FORBIDDEN), fine
+
+
+# every method or library the README names is linked (inline or by reference) at least once
+README_METHODS = ("Direct-P", "Mitchell-P", "FLAMIA", "SageAttention3", "HAO", "torchao", "TransformerEngine",
+                  "cuDNN", "MMA-Sim", "FlashAttention-3", "FlashAttention-4", "Attn-QAT", "microxcaling",
+                  "ml_dtypes", "OCP")
+
+
+def test_every_method_in_the_readme_links_its_source():
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"\[([^\]]+)\](?:\(https?://[^)]+\)|\[[a-z0-9]+\])", text)
+    missing = [m for m in README_METHODS if m in text and not any(m in label for label in links)]
+    assert not missing, f"README names without a link: {missing}"

@@ -31,6 +31,7 @@ import decimal
 
 import numpy as np
 
+from fp4sim._checks import as_f32
 from fp4sim._xp import Array, bitcast, namespace
 from fp4sim.attention.recipe import Exp2Kind, Exp2Model
 from fp4sim.formats import f32
@@ -66,7 +67,7 @@ _INV120 = np.float32(1 / 120)
 def exp2_rn(x: Array) -> Array:
     """Correctly rounded float32 ``2^x`` with flush-to-zero of results below 2^-126."""
     xp = namespace(x)
-    x = f32.ftz(xp.asarray(x, dtype=np.float32))
+    x = f32.ftz(as_f32("x", x, xp))
     finite = xp.isfinite(x)
     xs = xp.where(finite, xp.clip(x, np.float32(-127.0), np.float32(128.0)), np.float32(0.0))
     n = xp.round(xs)  # half to even: exact integer
@@ -110,7 +111,7 @@ def exp2_fa4(x: Array) -> Array:
     """FA4's polynomial ``ex2`` emulation, bit-exact (see the module docstring), flushed.
     Valid for x <= 127 (larger x wraps, as on the GPU); NaN gives NaN, −Inf gives +0."""
     xp = namespace(x)
-    x = f32.ftz(xp.asarray(x, dtype=np.float32))
+    x = f32.ftz(as_f32("x", x, xp))
     xc = xp.maximum(xp.where(xp.isnan(x), np.float32(0.0), x), np.float32(-127.0))
     xc = xp.minimum(xc, np.float32(127.0))
     n = xp.floor(xc)
@@ -158,7 +159,7 @@ def log2_f32(x: Array) -> Array:
     ``2/ln2·atanh((m−1)/(m+1))`` to the 11th power. 0 gives −Inf, negative or NaN gives NaN,
     +Inf gives +Inf. Used for the LSE."""
     xp = namespace(x)
-    x = f32.ftz(xp.asarray(x, dtype=np.float32))
+    x = f32.ftz(as_f32("x", x, xp))
     bits = bitcast(x, np.uint32)
     e = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32) - 127
     mant = bitcast((bits & np.uint32(0x7FFFFF)) | np.uint32(0x3F800000), np.float32)

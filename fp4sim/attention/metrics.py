@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim._checks import as_float_array
 from fp4sim.attention.converters import direct_p_payload
 from fp4sim.attention.recipe import Exp2Model
 
@@ -66,8 +67,8 @@ class ErrorSummary(NamedTuple):
 
 def error_summary(approx: Any, reference: Any) -> ErrorSummary:
     """Error of ``approx`` against ``reference`` (same shape), in float64."""
-    a = np.asarray(approx, dtype=np.float64)
-    r = np.asarray(reference, dtype=np.float64)
+    a = np.asarray(as_float_array("approx", approx), dtype=np.float64)
+    r = np.asarray(as_float_array("reference", reference), dtype=np.float64)
     if a.shape != r.shape:
         raise ValueError(f"approx has shape {a.shape} but reference has shape {r.shape}")
     if a.size == 0:

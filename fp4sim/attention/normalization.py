@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim._checks import as_f32, check_real
 from fp4sim._xp import Array, namespace
 from fp4sim.attention.recipe import Normalization
 from fp4sim.formats import f32
@@ -87,6 +88,7 @@ def block_denominator(payload_sum: Array, exps: Array, div: float,
     if not isinstance(order, NormalizerOrder):
         raise TypeError(f"order={order!r} must be a NormalizerOrder member; allowed: "
                         f"{[m.name for m in NormalizerOrder]}")
+    div = check_real("div", div, positive=True)
     xp = namespace(payload_sum, exps)
     d = np.float32(div)
     if order is NormalizerOrder.PAYLOAD_SUM_FIRST:
@@ -111,6 +113,9 @@ def represented_output(numerator: Array, denominator: Array, div: float) -> Arra
     """``fl(fl(numerator / div) / denominator)`` (``div`` = 36, 6 or 1), flushed; a zero
     denominator gives 0 (fully masked rows)."""
     xp = namespace(numerator, denominator)
+    div = check_real("div", div, positive=True)
+    numerator, denominator = as_f32("numerator", numerator, xp), as_f32("denominator",
+                                                                        denominator, xp)
     a = numerator if div == 1 else f32.div_ftz(numerator, np.float32(div))
     safe = xp.where(denominator > 0, denominator, np.float32(1.0))
     return xp.where(denominator > 0, f32.div_ftz(a, safe), np.float32(0.0))

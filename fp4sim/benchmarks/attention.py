@@ -123,8 +123,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'preset':28s} {'cosine':>10s} {'rel L2':>10s}")
         for name, e in result["errors"].items():
             print(f"{name:28s} {e['cosine']:10.6f} {e['rel_l2']:10.4e}")
-    print(f"{'side':28s} {'median s':>10s} {'emulator / side':>16s}")
+    print(f"{'side':28s} {'median ms':>10s} {'emulator / side':>16s}")
     for side, sec in t.items():
-        print(f"{side:28s} {sec:10.4f} {t['emulator'] / sec:16.2f}")
+        print(f"{side:28s} {sec * 1e3:10.3f} {t['emulator'] / sec:16.2f}")
     save()
     return 0

@@ -120,7 +120,12 @@ class BackwardConfig:
     chunks of dQ/dK/dV are added by the tensor core into the running sums (rescaled to each
     chunk's power-of-two scale, exact) instead of fresh accumulators added in registers: fewer
     registers and one wgmma wait per chunk; hardware only (no interpret-mode rule), other
-    accumulation bits. ``ablation``: a :class:`BackwardAblation` (timing studies only).
+    accumulation bits and less accuracy: the FP8 wgmma truncates the running sum it is handed
+    to 13 bits below the largest term once per chunk (``HOPPER_FP8_MODEL``), a bias of up to
+    2^-13 per 32 tokens. ``dkv_warpgroups``: compute warpgroups per dK/dV CTA, each with its own
+    key tile, sharing one TMA stream of Q, dO and their chunks (2 halves that traffic; the
+    same results); ``dq_warpgroups`` likewise for the dQ kernel (query tiles sharing one TMA
+    stream of K, Kᵀ, V). ``ablation``: a :class:`BackwardAblation` (timing studies only).
     """
 
     block_kv: int = 64
@@ -130,6 +135,8 @@ class BackwardConfig:
     causal: bool = False
     debug_step: int | None = None
     tc_accumulate: bool = False
+    dkv_warpgroups: int = 1
+    dq_warpgroups: int = 1
     ablation: BackwardAblation = BackwardAblation.NONE
 
     def __post_init__(self) -> None:
@@ -137,12 +144,17 @@ class BackwardConfig:
             raise TypeError(f"BackwardConfig.ablation={self.ablation!r} must be a "
                             f"BackwardAblation; allowed: {[m.name for m in BackwardAblation]}")
         _check_int("block_kv", self.block_kv, (64,))
+        _check_int("dkv_warpgroups", self.dkv_warpgroups, (1, 2))
+        _check_int("dq_warpgroups", self.dq_warpgroups, (1, 2))
         _check_int("block_q", self.block_q, (32, 64, 96, 128))
         _check_int("dq_block_q", self.dq_block_q, (64,))
         _check_int("dq_block_kv", self.dq_block_kv, (32, 64, 96, 128))
         for name in ("causal", "tc_accumulate"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"BackwardConfig.{name}={getattr(self, name)!r} must be a bool")
+        if self.debug_step is not None and self.dkv_warpgroups != 1:
+            raise ValueError(f"BackwardConfig.debug_step={self.debug_step} needs dkv_warpgroups=1 "
+                             f"(the debug tiles of two warpgroups exceed the SMEM)")
         if self.debug_step is not None:
             if isinstance(self.debug_step, bool) or not isinstance(self.debug_step, int) \
                     or self.debug_step < 0:
@@ -160,6 +172,9 @@ SHIPPED_BACKWARD_CONFIGS: tuple[BackwardConfig, ...] = (
     BackwardConfig(causal=True, debug_step=0),
     BackwardConfig(tc_accumulate=True),
     BackwardConfig(causal=True, tc_accumulate=True),
+    BackwardConfig(causal=True, dkv_warpgroups=2),
+    BackwardConfig(causal=True, tc_accumulate=True, dkv_warpgroups=2),
+    BackwardConfig(causal=True, dkv_warpgroups=2, dq_warpgroups=2),
 )
 """The configurations the package ships (cross-lowered for sm_90a in the CPU tests)."""
 
@@ -416,8 +431,9 @@ def _check_residuals(res: BackwardResiduals, d_out: Any, cfg: BackwardConfig) ->
         raise ValueError(f"d_out shape {tuple(d_out.shape)} must be {(b, t, hq, d)} (O's shape)")
     if not jnp.issubdtype(d_out.dtype, jnp.floating):
         raise TypeError(f"d_out has dtype {d_out.dtype}; allowed: a floating dtype")
-    for name, n, blk in (("q tokens", t, max(cfg.block_q, cfg.dq_block_q)),
-                         ("kv tokens", s, max(cfg.block_kv, cfg.dq_block_kv))):
+    for name, n, blk in (("q tokens", t, max(cfg.block_q, cfg.dq_warpgroups * cfg.dq_block_q)),
+                         ("kv tokens", s, max(cfg.dkv_warpgroups * cfg.block_kv,
+                                              cfg.dq_block_kv))):
         if n % blk:
             raise ValueError(f"{name}={n} must be a multiple of {blk} (the config's tiles)")
     if cfg.causal and s != t:
@@ -425,8 +441,8 @@ def _check_residuals(res: BackwardResiduals, d_out: Any, cfg: BackwardConfig) ->
     if cfg.debug_step is not None:
         n_steps = (hq // hkv) * (t // cfg.block_q)
         if cfg.causal:
-            n_steps = (hq // hkv) * (t - (s - cfg.block_kv) // cfg.block_q * cfg.block_q) \
-                // cfg.block_q
+            last = (s - cfg.dkv_warpgroups * cfg.block_kv) // cfg.block_q  # last CTA's first
+            n_steps = (hq // hkv) * (t // cfg.block_q - last)
         if cfg.debug_step >= n_steps:
             raise ValueError(f"debug_step={cfg.debug_step} out of range: the last key tile's loop "
                              f"has {n_steps} steps")
@@ -504,6 +520,17 @@ def _unchunk(x: Any) -> Any:
 
 
 # --- the dK/dV kernel ---------------------------------------------------------------------------
+def _when(cond: Any, fn: Any) -> None:
+    """``pl.when`` for traced conditions, plain Python for static ones."""
+    from jax.experimental import pallas as pl
+
+    if isinstance(cond, (bool, np.bool_)):
+        if cond:
+            fn()
+    else:
+        pl.when(cond)(fn)
+
+
 def _q_range(kv_tile: Any, bkv: int, bq: int, n_q: int, causal: bool):
     """First query tile and number of query tiles the key tile ``kv_tile`` meets."""
     import jax.numpy as jnp
@@ -531,6 +558,7 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
     group = hq // hkv
     n_q = t_len // bq
     n_kt = s_len // bkv
+    n_wg = cfg.dkv_warpgroups
     f32, f8, f8b = jnp.float32, jnp.float8_e4m3fn, jnp.float8_e5m2
     wg = plgpu.Layout.WGMMA
     row_l, col_l = wg.reduce(1), wg.reduce(0)
@@ -549,11 +577,22 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
                dbg_t_ref, dbg_c_ref, scoped):
         bi = lax.axis_index("batch")
         kvh = lax.axis_index("heads")
-        kt = lax.axis_index("kv_seq")
-        (k_smem, v_smem, kc_smem, q_smem, qt_smem, do_smem, dot_smem, r_smem, pt_smem, dst_smem,
-         o_smem, dbg_t_smem), bars, kv_bar = scoped
+        w = lax.axis_index("wg") if n_wg > 1 else 0  # this warpgroup's key tile in the CTA
+        cta = lax.axis_index("kv_seq")
+        kt = cta * n_wg + w
+        (k_all, v_all, kc_all, q_smem, qt_smem, do_smem, dot_smem, r_smem, pt_all, dst_all,
+         o_all, dbg_all), bars, kv_bar, cons = scoped
+        if n_wg > 1:  # per-warpgroup buffers (one warpgroup: allocated without the axis)
+            k_smem, v_smem, kc_smem = k_all.at[w], v_all.at[w], kc_all.at[w]
+            pt_smem, dst_smem, o_smem = pt_all.at[w], dst_all.at[w], o_all.at[w]
+            dbg_t_smem = dbg_all.at[w] if debug else None
+        else:
+            k_smem, v_smem, kc_smem, pt_smem, dst_smem, o_smem, dbg_t_smem = (
+                k_all, v_all, kc_all, pt_all, dst_all, o_all, dbg_all)
         k0 = kt * bkv
-        first, n_per_head = _q_range(kt, bkv, bq, n_q, cfg.causal)
+        # every warpgroup of the CTA runs the loop of its first key tile (the later tiles'
+        # extra causal steps are fully masked: p = 0)
+        first, n_per_head = _q_range(cta * n_wg, bkv, bq, n_q, cfg.causal)
         n_steps = n_per_head * group
 
         def locate(step):
@@ -570,13 +609,18 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
             for src, dst, bar in zip(srcs, dsts, bars):
                 plgpu.copy_gmem_to_smem(src, dst.at[slot], bar.at[slot])
 
-        plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(k0, bkv), kvh], k_smem, kv_bar.at[0])
-        plgpu.copy_gmem_to_smem(v_ref.at[bi, pl.ds(k0, bkv), kvh], v_smem, kv_bar.at[1])
-        plgpu.copy_gmem_to_smem(cols_ref.at[bi, kvh, :, pl.ds(k0, bkv)], kc_smem, kv_bar.at[2])
-        for i in range(min(slots, group * n_q)):  # static bound: no slice past the end
-            pl.when(i < n_steps)(functools.partial(issue, i, i))
+        plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(k0, bkv), kvh], k_smem, kv_bar.at[3 * w])
+        plgpu.copy_gmem_to_smem(v_ref.at[bi, pl.ds(k0, bkv), kvh], v_smem, kv_bar.at[3 * w + 1])
+        plgpu.copy_gmem_to_smem(cols_ref.at[bi, kvh, :, pl.ds(k0, bkv)], kc_smem,
+                                kv_bar.at[3 * w + 2])
+
+        def prologue():  # warpgroup 0 feeds the shared ring
+            for i in range(min(slots, group * n_q)):  # static bound: no slice past the end
+                pl.when(i < n_steps)(functools.partial(issue, i, i))
+
+        _when(w == 0, prologue)
         for i in range(3):
-            plgpu.barrier_wait(kv_bar.at[i])
+            plgpu.barrier_wait(kv_bar.at[3 * w + i])
         kscale = plgpu.load(kc_smem.at[0], layout=row_l)
         vscale = plgpu.load(kc_smem.at[1], layout=row_l)
         rows = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=wg)
@@ -653,12 +697,19 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
                     dk_acc = dk_acc + pl.run_scoped(dk_c, plgpu.ACC((bkv, d), f32)) \
                         * bc_row(sds[j], d)
             nxt = step + slots
+            if n_wg > 1:  # every warpgroup is done with the slot before warpgroup 0 refills it
+                plgpu.barrier_arrive(cons.at[slot])
 
-            @pl.when(nxt < n_steps)
-            def _():  # the slot's generic-proxy reads are ordered before the TMA refill
-                plgpu.commit_smem()
-                issue(nxt, slot)
+            def refill():
+                if n_wg > 1:
+                    plgpu.barrier_wait(cons.at[slot])  # observed every step, refill or not
 
+                @pl.when(nxt < n_steps)
+                def _():  # the slot's generic-proxy reads are ordered before the TMA refill
+                    plgpu.commit_smem()
+                    issue(nxt, slot)
+
+            _when(w == 0, refill)
             return dk_acc, dv_acc
 
         zero = plgpu.layout_cast(jnp.full((bkv, d), 0.0, f32), wg)
@@ -671,35 +722,39 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
         dk_ref, dv_ref = outs[0], outs[1]
         dbg = outs[2:] if debug else (None, None)
         tr = smem_transforms
+        lead = (n_wg,) if n_wg > 1 else ()
         scratch = [
-            plgpu.SMEM((bkv, d), f8, transforms=tr(f8, d)),
-            plgpu.SMEM((bkv, d), f8, transforms=tr(f8, d)),
-            plgpu.SMEM((2, bkv), f32),
+            plgpu.SMEM(lead + (bkv, d), f8, transforms=tr(f8, d)),
+            plgpu.SMEM(lead + (bkv, d), f8, transforms=tr(f8, d)),
+            plgpu.SMEM(lead + (2, bkv), f32),
             plgpu.SMEM((slots, bq, d), f8, transforms=tr(f8, d)),
             plgpu.SMEM((slots, nch, d, CHUNK), f8, transforms=tr(f8, CHUNK)),
             plgpu.SMEM((slots, bq, d), f8b, transforms=tr(f8b, d)),
             plgpu.SMEM((slots, nch, d, CHUNK), f8b, transforms=tr(f8b, CHUNK)),
             plgpu.SMEM((slots, 4, bq), f32),
-            plgpu.SMEM((nch, bkv, CHUNK), f8, transforms=tr(f8, CHUNK)),
-            plgpu.SMEM((nch, bkv, CHUNK), f8, transforms=tr(f8, CHUNK)),
-            plgpu.SMEM((bkv, _OUT_COLS), f32, transforms=tr(f32, _OUT_COLS)),
-            plgpu.SMEM((4, bkv, bq), f32) if debug else None,
+            plgpu.SMEM(lead + (nch, bkv, CHUNK), f8, transforms=tr(f8, CHUNK)),
+            plgpu.SMEM(lead + (nch, bkv, CHUNK), f8, transforms=tr(f8, CHUNK)),
+            plgpu.SMEM(lead + (bkv, _OUT_COLS), f32, transforms=tr(f32, _OUT_COLS)),
+            plgpu.SMEM(lead + (4, bkv, bq), f32) if debug else None,
         ]
         pl.run_scoped(
             lambda *args: kernel(q_ref, qt_ref, k_ref, v_ref, do_ref, dot_ref, rows_ref,
                                  cols_ref, dk_ref, dv_ref, *dbg, args),
             scratch,
             tuple(plgpu.Barrier(num_barriers=slots) for _ in range(5)),
-            plgpu.Barrier(num_barriers=3),
+            plgpu.Barrier(num_barriers=3 * n_wg),
+            plgpu.Barrier(num_arrivals=n_wg, num_barriers=slots) if n_wg > 1 else None,
+            **({"collective_axes": "wg"} if n_wg > 1 else {}),
         )
 
     out_types = [jax.ShapeDtypeStruct((b_sz, s_len, hkv, d), f32)] * 2
     if debug:
         out_types += [jax.ShapeDtypeStruct((b_sz * hkv * n_kt, 4, bkv, bq), f32),
                       jax.ShapeDtypeStruct((b_sz * hkv * n_kt * 2, nch, bkv, CHUNK), f8)]
-    call = plgpu.kernel(entry, out_type=out_types, grid=(hkv, n_kt, b_sz),
+    threads = {"num_threads": n_wg, "thread_name": "wg"} if n_wg > 1 else {}
+    call = plgpu.kernel(entry, out_type=out_types, grid=(hkv, n_kt // n_wg, b_sz),
                         grid_names=("heads", "kv_seq", "batch"),
-                        compiler_params=plgpu.CompilerParams(approx_math=True))
+                        compiler_params=plgpu.CompilerParams(approx_math=True), **threads)
 
     def run(*args):
         outs = call(*args)
@@ -707,7 +762,7 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
             return outs[0], outs[1]
         # the debug step's query tile and head (the kernel's locate(), on the XLA side)
         kt = jnp.arange(n_kt, dtype=jnp.int32)
-        first = (kt * bkv) // bq if cfg.causal else jnp.zeros_like(kt)
+        first = ((kt // n_wg) * n_wg * bkv) // bq if cfg.causal else jnp.zeros_like(kt)
         n_per = n_q - first
         qi = first + cfg.debug_step % n_per  # (n_kt,)
         head = jnp.arange(hkv, dtype=jnp.int32)[:, None] * group + \
@@ -737,6 +792,7 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
     nch = bkv // CHUNK
     group = hq // hkv
     n_kv = s_len // bkv
+    n_wg = cfg.dq_warpgroups
     f32, f8, f8b = jnp.float32, jnp.float8_e4m3fn, jnp.float8_e5m2
     wg = plgpu.Layout.WGMMA
     row_l, col_l = wg.reduce(1), wg.reduce(0)
@@ -753,14 +809,23 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
     def kernel(q_ref, k_ref, kt_ref, v_ref, do_ref, rows_ref, cols_ref, dq_ref, scoped):
         bi = lax.axis_index("batch")
         head = lax.axis_index("heads")
-        qt = lax.axis_index("q_seq")
+        cta = lax.axis_index("q_seq")
         if cfg.causal:  # the longest loops (last query tiles) launch first
-            qt = (t_len // bq - 1) - qt
-        (q_smem, do_smem, r_smem, k_smem, kt_smem, v_smem, c_smem, ds_smem, o_smem), bars, \
-            q_bar = scoped
+            cta = (t_len // (n_wg * bq) - 1) - cta
+        w = lax.axis_index("wg") if n_wg > 1 else 0  # this warpgroup's query tile in the CTA
+        (q_all, do_all, r_all, k_smem, kt_smem, v_smem, c_smem, ds_all, o_all), bars, \
+            q_bar, cons = scoped
+        if n_wg > 1:
+            q_smem, do_smem, r_smem = q_all.at[w], do_all.at[w], r_all.at[w]
+            ds_smem, o_smem = ds_all.at[w], o_all.at[w]
+        else:
+            q_smem, do_smem, r_smem, ds_smem, o_smem = q_all, do_all, r_all, ds_all, o_all
         kvh = lax.div(head, jnp.int32(group))
-        q0 = qt * bq
-        n_steps = lax.div(q0 + bq + (bkv - 1), jnp.int32(bkv)) if cfg.causal else n_kv
+        q0 = (cta * n_wg + w) * bq
+        # every warpgroup runs the loop of the CTA's last query tile (the earlier tiles' extra
+        # causal steps are fully masked: p = 0)
+        q_end = (cta + 1) * (n_wg * bq)
+        n_steps = lax.div(q_end + (bkv - 1), jnp.int32(bkv)) if cfg.causal else n_kv
 
         def issue(step, slot):
             s0 = step * bkv
@@ -769,13 +834,18 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
             for src, dst, bar in zip(srcs, (k_smem, kt_smem, v_smem, c_smem), bars):
                 plgpu.copy_gmem_to_smem(src, dst.at[slot], bar.at[slot])
 
-        plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(q0, bq), head], q_smem, q_bar.at[0])
-        plgpu.copy_gmem_to_smem(do_ref.at[bi, pl.ds(q0, bq), head], do_smem, q_bar.at[1])
-        plgpu.copy_gmem_to_smem(rows_ref.at[bi, head, :, pl.ds(q0, bq)], r_smem, q_bar.at[2])
-        for i in range(min(slots, n_kv)):  # static bound: no slice past the end
-            pl.when(i < n_steps)(functools.partial(issue, i, i))
+        plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(q0, bq), head], q_smem, q_bar.at[3 * w])
+        plgpu.copy_gmem_to_smem(do_ref.at[bi, pl.ds(q0, bq), head], do_smem, q_bar.at[3 * w + 1])
+        plgpu.copy_gmem_to_smem(rows_ref.at[bi, head, :, pl.ds(q0, bq)], r_smem,
+                                q_bar.at[3 * w + 2])
+
+        def prologue():  # warpgroup 0 feeds the shared ring
+            for i in range(min(slots, n_kv)):  # static bound: no slice past the end
+                pl.when(i < n_steps)(functools.partial(issue, i, i))
+
+        _when(w == 0, prologue)
         for i in range(3):
-            plgpu.barrier_wait(q_bar.at[i])
+            plgpu.barrier_wait(q_bar.at[3 * w + i])
         cq = plgpu.load(r_smem.at[0], layout=row_l)
         lse = plgpu.load(r_smem.at[1], layout=row_l)
         dlt = plgpu.load(r_smem.at[2], layout=row_l)
@@ -822,12 +892,19 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
                     dq_acc = dq_acc + pl.run_scoped(dq_c, plgpu.ACC((bq, d), f32)) \
                         * bc_row(sds[j], d)
             nxt = step + slots
+            if n_wg > 1:  # every warpgroup is done with the slot before warpgroup 0 refills it
+                plgpu.barrier_arrive(cons.at[slot])
 
-            @pl.when(nxt < n_steps)
-            def _():  # the slot's generic-proxy reads are ordered before the TMA refill
-                plgpu.commit_smem()
-                issue(nxt, slot)
+            def refill():
+                if n_wg > 1:
+                    plgpu.barrier_wait(cons.at[slot])  # observed every step, refill or not
 
+                @pl.when(nxt < n_steps)
+                def _():  # the slot's generic-proxy reads are ordered before the TMA refill
+                    plgpu.commit_smem()
+                    issue(nxt, slot)
+
+            _when(w == 0, refill)
             return dq_acc
 
         zero = plgpu.layout_cast(jnp.full((bq, d), 0.0, f32), wg)
@@ -837,28 +914,33 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
 
     def entry(q_ref, k_ref, kt_ref, v_ref, do_ref, rows_ref, cols_ref, dq_ref):
         tr = smem_transforms
+        lead = (n_wg,) if n_wg > 1 else ()
         scratch = [
-            plgpu.SMEM((bq, d), f8, transforms=tr(f8, d)),
-            plgpu.SMEM((bq, d), f8b, transforms=tr(f8b, d)),
-            plgpu.SMEM((4, bq), f32),
+            plgpu.SMEM(lead + (bq, d), f8, transforms=tr(f8, d)),
+            plgpu.SMEM(lead + (bq, d), f8b, transforms=tr(f8b, d)),
+            plgpu.SMEM(lead + (4, bq), f32),
             plgpu.SMEM((slots, bkv, d), f8, transforms=tr(f8, d)),
             plgpu.SMEM((slots, nch, d, CHUNK), f8, transforms=tr(f8, CHUNK)),
             plgpu.SMEM((slots, bkv, d), f8, transforms=tr(f8, d)),
             plgpu.SMEM((slots, 2, bkv), f32),
-            plgpu.SMEM((nch, bq, CHUNK), f8, transforms=tr(f8, CHUNK)),
-            plgpu.SMEM((bq, _OUT_COLS), f32, transforms=tr(f32, _OUT_COLS)),
+            plgpu.SMEM(lead + (nch, bq, CHUNK), f8, transforms=tr(f8, CHUNK)),
+            plgpu.SMEM(lead + (bq, _OUT_COLS), f32, transforms=tr(f32, _OUT_COLS)),
         ]
         pl.run_scoped(
             lambda *args: kernel(q_ref, k_ref, kt_ref, v_ref, do_ref, rows_ref, cols_ref,
                                  dq_ref, args),
             scratch,
             tuple(plgpu.Barrier(num_barriers=slots) for _ in range(4)),
-            plgpu.Barrier(num_barriers=3),
+            plgpu.Barrier(num_barriers=3 * n_wg),
+            plgpu.Barrier(num_arrivals=n_wg, num_barriers=slots) if n_wg > 1 else None,
+            **({"collective_axes": "wg"} if n_wg > 1 else {}),
         )
 
+    threads = {"num_threads": n_wg, "thread_name": "wg"} if n_wg > 1 else {}
     return plgpu.kernel(entry, out_type=jax.ShapeDtypeStruct((b_sz, t_len, hq, d), f32),
-                        grid=(hq, t_len // bq, b_sz), grid_names=("heads", "q_seq", "batch"),
-                        compiler_params=plgpu.CompilerParams(approx_math=True))
+                        grid=(hq, t_len // (n_wg * bq), b_sz),
+                        grid_names=("heads", "q_seq", "batch"),
+                        compiler_params=plgpu.CompilerParams(approx_math=True), **threads)
 
 
 # --- float64 reference of the kernels' numerics (the test oracle) -------------------------------

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["Verdict", "KernelCheck", "CheckResult", "CHECKS", "supported", "run_checks",
-           "quantize_check"]
+           "quantize_check", "attention_fp8_check", "attention_directp_check"]
 
 
 class Verdict(enum.Enum):
@@ -148,7 +148,14 @@ def _wgmma_check() -> tuple[bool, str, int]:
     return bad == 0, f"{bad} of {n} outputs differ from HOPPER_FP8_MODEL", n
 
 
-def _attention_fp8_check() -> tuple[bool, str, int]:
+def attention_fp8_check(b: int = 2, t: int = 512, hq: int = 4, hkv: int = 2, d: int = 128,
+                        steps: tuple[int, ...] = (0, 3)) -> Callable:
+    """The check of the FP8 attention kernel (exact P conversion, debug tiles ``steps``)."""
+    return lambda: _attention_fp8(b, t, hq, hkv, d, steps)
+
+
+def _attention_fp8(b: int, t: int, hq: int, hkv: int, d: int,
+                   steps: tuple[int, ...]) -> tuple[bool, str, int]:
     import jax.numpy as jnp
     import ml_dtypes
 
@@ -156,7 +163,6 @@ def _attention_fp8_check() -> tuple[bool, str, int]:
 
     f8 = ml_dtypes.float8_e4m3fn
     rng = np.random.default_rng(11)
-    b, t, hq, hkv, d = 2, 512, 4, 2, 128
     qc = rng.integers(-3, 4, (b, t, hq, d)).astype(np.float32).astype(f8)
     kc = rng.integers(-3, 4, (b, t, hkv, d)).astype(np.float32).astype(f8)
     vt = (rng.standard_normal((b, hkv, d, t)) * 60).astype(np.float32).astype(f8)
@@ -168,7 +174,7 @@ def _attention_fp8_check() -> tuple[bool, str, int]:
     nops = am.FP8Operands(*(np.asarray(x) for x in ops))
     bad, n, worst = 0, 0, 0.0
     for causal in (False, True):
-        for step in (0, 3):
+        for step in steps:
             cfg = am.FP8AttentionConfig(causal=causal, conversion=am.PConversion.EXACT,
                                         debug_step=step, out_type=am.OutType.FLOAT32)
             out = am.attention_fp8_quantized(ops, softmax_scale=2.0, config=cfg)
@@ -186,14 +192,19 @@ def _attention_fp8_check() -> tuple[bool, str, int]:
                                         f"{worst:.2e} of max|O| (bound 2e-3)"), n
 
 
-def _attention_directp_check() -> tuple[bool, str, int]:
+def attention_directp_check(t: int = 1024, h: int = 2, d: int = 128) -> Callable:
+    """The check of the Direct-P FP4 attention kernel on Gaussian (1, t, h, d) inputs."""
+    return lambda: _attention_directp(t, h, d)
+
+
+def _attention_directp(t: int, h: int, d: int) -> tuple[bool, str, int]:
     import jax.numpy as jnp
 
     from fp4sim.attention import forward as fw
     from fp4sim.kernels import attention_directp_mgpu as dp
 
     rng = np.random.default_rng(3)
-    q, k, v = (rng.standard_normal((1, 1024, 2, 128)).astype(np.float32) for _ in range(3))
+    q, k, v = (rng.standard_normal((1, t, h, d)).astype(np.float32) for _ in range(3))
     cfg = dp.DirectPConfig()
     o, _ = dp.attention_directp(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), config=cfg)
     res = fw.attention_forward(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3),
@@ -235,11 +246,11 @@ CHECKS: tuple[KernelCheck, ...] = (
                 run=_wgmma_check),
     KernelCheck(name="attention_fp8.exact_debug", kernel="attention_mgpu.attention_fp8_quantized",
                 contract="P codes/row sums/maxima bitwise; O within 2e-3 of max|O|",
-                min_arch=_HOPPER, majors=(9,), run=_attention_fp8_check),
+                min_arch=_HOPPER, majors=(9,), run=attention_fp8_check()),
     KernelCheck(name="attention_directp.float_inputs",
                 kernel="attention_directp_mgpu.attention_directp",
                 contract="rel-L2 to the emulator <= 2e-2", min_arch=_HOPPER, majors=(9,),
-                run=_attention_directp_check),
+                run=attention_directp_check()),
     *(KernelCheck(name=f"blackwell_matmul.{f.lower()}",
                   kernel="blackwell_matmul_mgpu.blackwell_scaled_matmul",
                   contract="bitwise vs scaled_matmul(accumulation=TCGEN05)", min_arch=_BLACKWELL,

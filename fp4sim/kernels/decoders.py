@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from fp4sim._xp import bitcast, namespace
+from fp4sim._xp import bitcast_in_kernel as bitcast
+from fp4sim._xp import namespace
 
 __all__ = [
     "e2m1_to_f16",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["Source", "SOURCES", "cite", "EXPECTED"]
+__all__ = ["Source", "SOURCES", "cite", "EXPECTED", "PRESET_SOURCES", "preset_source"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -120,3 +120,19 @@ EXPECTED: dict[str, Any] = {
     "e2m1_rne_examples": ((0.25, 0.0), (0.75, 1.0), (1.25, 1.0), (1.75, 2.0), (2.5, 2.0), (3.5, 4.0),
                           (5.0, 4.0), (6.19, 6.0), (100.0, 6.0)),
 }
+
+
+PRESET_SOURCES: dict[str, str] = {
+    "hw_fp4": "HW-FP4 FA4", "direct_p": "HW-FP4 FA4", "hao": "HAO flash-attention-fp4",
+    "sage3": "SageAttention3", "cudnn": "cuDNN", "flamia": "FLAMIA", "attn_qat": "Attn-QAT",
+}
+"""The source (a :data:`SOURCES` key) of each named recipe, by the prefix of its name."""
+
+
+def preset_source(name: str) -> str:
+    """The Markdown link to the paper or repository a recipe named ``name`` follows ("—" for
+    fp4sim's own baselines, e.g. ``exact_f32``)."""
+    for prefix, short in PRESET_SOURCES.items():
+        if name.startswith(prefix):
+            return cite(short)
+    return "—"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fp4sim.report.claims import EXPECTED, cite
+from fp4sim.report.claims import EXPECTED, cite, preset_source
 from fp4sim.report.experiments import (
     CONVERTER_LABELS,
     experiment_bit_identity,
@@ -249,7 +249,7 @@ def section_route_errors(sizes: Sizes) -> Section:
     rows = []
     for name in r["presets"]:
         e = r["by_len"][name][big]
-        rows.append((f"`{name}`", f"{e['cosine']:.4f}", f"{e['rel_l2']:.4f}",
+        rows.append((f"`{name}`", preset_source(name), f"{e['cosine']:.4f}", f"{e['rel_l2']:.4f}",
                      EXPECTED["route_errors"].get(name, "—")))
     len_rows = tuple((f"`{n}`", *[f"{r['by_len'][n][s]['rel_l2']:.4f}" for s in sizes.seq_lens])
                      for n in r["presets"])
@@ -264,7 +264,7 @@ def section_route_errors(sizes: Sizes) -> Section:
               "errors by `error_summary`.",
         tables=(
             Table(title=f"Output error at S = {big} (key tile 128)",
-                  columns=("route (preset)", "cosine", "relative L2", "published"), rows=tuple(rows),
+                  columns=("route (preset)", "source", "cosine", "relative L2", "published"), rows=tuple(rows),
                   source=f"{cite('HW-FP4 FA4')}: Direct-P rel-L2 0.3366, cosine ≈ 0.944 (shape and "
                          f"reference not stated); {cite('HAO flash-attention-fp4')} README: cosine 0.990 "
                          "(NVFP4 QK), 0.9985 (MXFP8 QK + FP8 PV), 0.9817 (NVFP4 QK + NVFP4 PV), 0.990 "

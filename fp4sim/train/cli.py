@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk", type=int, default=None,
                         help="steps per dispatch (one lax.scan, one host synchronization)")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate")
+    parser.add_argument("--loss-scale", type=float, default=None,
+                        help="power-of-two loss scale (default 4096; 1 = none: the emulated "
+                             "backward's unscaled E5M2 dO then underflows)")
     parser.add_argument("--out", default="train-out", help="output folder (default train-out)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--workers", type=int, default=None,
@@ -64,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile-share", type=float, default=None,
                         help="share of the time budget the compilations may take before the "
                              "unfinished ones are skipped (default 0.6; 0: wait for all)")
+    parser.add_argument("--no-trace-processes", action="store_true",
+                        help="trace the emulated recipes in this process, one at a time "
+                             "(default: in parallel worker processes, compiled here)")
     parser.add_argument("--no-cache", action="store_true",
                         help="no persistent compilation cache (default: OUT/jax_cache)")
     parser.add_argument("--determinism-recipe", default=None, metavar="NAME",
@@ -87,6 +93,8 @@ def _config(args: argparse.Namespace):
         cfg = cfg.replace(model=dataclasses.replace(cfg.model, **model))
     if args.lr is not None:
         cfg = cfg.replace(optim=dataclasses.replace(cfg.optim, lr=args.lr))
+    if args.loss_scale is not None:
+        cfg = cfg.replace(optim=dataclasses.replace(cfg.optim, loss_scale=args.loss_scale))
     changes: dict = {"accumulation": BackwardAccumulation[args.accumulation.upper()]}
     if args.device is not None:
         changes["device"] = Device(args.device)
@@ -161,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
         record = run_study(cfg, names, args.out, progress=not args.no_progress, t0=t0,
                            cache=not args.no_cache, workers=args.workers,
                            determinism_recipe=args.determinism_recipe,
-                           compile_share=args.compile_share)
+                           compile_share=args.compile_share,
+                           trace_processes=not args.no_trace_processes)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -189,8 +198,10 @@ def _summary(record: dict) -> str:
              f"{comp.get('workers')} threads (persistent cache entries "
              f"{comp.get('cache_entries_before')} -> {comp.get('cache_entries_after')})"]
     for n, s in comp.get("per_recipe", {}).items():
-        lines.append(f"  {n:45s} trace+lower {s.get('trace_lower_s', float('nan')):6.1f} s  "
-                     f"XLA {s.get('xla_compile_s', float('nan')):6.1f} s")
+        how = "traced (worker)" if "export_s" in s and "export_error" not in s else "trace+lower"
+        lines.append(f"  {n:45s} {how} {s.get('trace_lower_s', float('nan')):6.1f} s  "
+                     f"XLA {s.get('xla_compile_s', float('nan')):6.1f} s  done at "
+                     f"{s.get('done_at_s', float('nan')):6.1f} s")
     lines.append("training (all seeds per step):")
     for n, v in t.get("step_s", {}).items():
         ratio = t.get("ratio_to_jnp_float32", {}).get(n)

@@ -39,6 +39,8 @@ beside it by the study), not here: the past positions' loss gives the future row
 from __future__ import annotations
 
 import dataclasses
+import pickle
+from collections.abc import Callable
 from typing import Any
 
 from fp4sim.train import data as _data
@@ -46,7 +48,8 @@ from fp4sim.train import model as _model
 from fp4sim.train.config import OptimConfig, StudyConfig
 from fp4sim.train.recipes import StudyRecipe, attention_fn
 
-__all__ = ["make_optimizer", "Trainer", "Chunk", "init_state", "perturb_future",
+__all__ = ["make_optimizer", "Trainer", "Chunk", "init_state", "state_shapes",
+           "chunk_arguments", "compile_exported", "perturb_future",
            "perturbed_batch", "leak_check", "evaluate"]
 
 
@@ -109,12 +112,15 @@ class Trainer:
         cfg = self.cfg
         tx = make_optimizer(cfg.optim)
 
+        scale = float(cfg.optim.loss_scale)  # a power of two: exact in float32
+
         def loss_fn(p: Any) -> tuple[Any, tuple[Any, Any]]:
             losses = _model.position_losses(p, x, y, self._attn, cfg.model)  # (s, B, T)
             per_seed = jnp.sum(losses * w, axis=(1, 2)) / jnp.sum(w)
-            return jnp.sum(per_seed), (per_seed, losses)
+            return jnp.sum(per_seed) * scale, (per_seed, losses)
 
         (_, (loss, losses)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        grads = jax.tree_util.tree_map(lambda g: g * (1.0 / scale), grads)
 
         def update(g: Any, o: Any, p: Any) -> tuple[Any, Any, Any]:
             u, o2 = tx.update(g, o, p)
@@ -175,16 +181,30 @@ class Trainer:
         """The traced and lowered chunk (:meth:`compile` without XLA's compilation) for a
         training token array of ``n_tokens`` entries."""
         import jax
-        import jax.numpy as jnp
 
-        cfg = self.cfg
-        shape = (len(cfg.seeds), cfg.batch, cfg.model.context)
-        x = jax.ShapeDtypeStruct(shape, jnp.int32)
         with jax.default_device(device):
-            return jax.jit(self._chunk).lower(
-                state_like, jax.ShapeDtypeStruct((n_tokens,), jnp.int32),
-                jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.bool_), x, x,
-                jax.ShapeDtypeStruct(shape[1:], jnp.float32))
+            return jax.jit(self._chunk).lower(*chunk_arguments(self.cfg, state_like, n_tokens))
+
+    def export(self, platform: str, n_tokens: int) -> bytes:
+        """The chunk traced and lowered for ``platform`` (a jax lowering platform: ``cuda``,
+        ``cpu``) by :mod:`jax.export` and pickled, on flat arguments and results (the
+        optimizer state's pytree nodes need no serialization). Runs in any process, without
+        the target device: the study traces its recipes in parallel worker processes (tracing
+        holds the GIL) and compiles the results with :func:`compile_exported`."""
+        import jax
+
+        args = chunk_arguments(self.cfg, state_shapes(self.cfg), n_tokens)
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+
+        def flat(*xs: Any) -> list[Any]:
+            return jax.tree_util.tree_leaves(self._chunk(*jax.tree_util.tree_unflatten(treedef,
+                                                                                       xs)))
+
+        exported = jax.export.export(jax.jit(flat), platforms=[platform])(*leaves)
+        # pickled, not Exported.serialize() (that needs the flatbuffers package, absent on the
+        # GPU machine); the VJP hook is a local function and is not needed (nothing here
+        # differentiates the exported chunk)
+        return pickle.dumps(dataclasses.replace(exported, _get_vjp=None))
 
     def compile(self, device: Any, state_like: Any, n_tokens: int) -> Chunk:
         """The compiled :class:`Chunk` for ``device`` (thread-safe: a study compiles every
@@ -232,10 +252,52 @@ class Chunk:
                 "losses": out["losses"], "grads": out["grads"]}
 
 
-def init_state(cfg: StudyConfig, device: Any) -> Any:
-    """The initial training state of every seed (stacked along a leading seed axis): seed
-    ``s`` initializes from ``fold_in(PRNGKey(s), 0)``; its data key is ``fold_in(PRNGKey(s), 1)``.
-    The same for every recipe."""
+def chunk_arguments(cfg: StudyConfig, state_like: Any, n_tokens: int) -> tuple[Any, ...]:
+    """Shapes of :meth:`Trainer._chunk`'s arguments (state, tokens, n, probe, px, py, pw)."""
+    import jax
+    import jax.numpy as jnp
+
+    shape = (len(cfg.seeds), cfg.batch, cfg.model.context)
+    x = jax.ShapeDtypeStruct(shape, jnp.int32)
+    return (state_like, jax.ShapeDtypeStruct((n_tokens,), jnp.int32),
+            jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.bool_), x, x,
+            jax.ShapeDtypeStruct(shape[1:], jnp.float32))
+
+
+def compile_exported(blob: bytes, cfg: StudyConfig, device: Any, state_like: Any,
+                     n_tokens: int) -> Chunk:
+    """A :class:`Chunk` from :meth:`Trainer.export`'s bytes: the serialized module called on
+    the flattened arguments, its flat results put back into ``(state, out)``, compiled by XLA
+    for ``device`` (the same module as :meth:`Trainer.compile` compiles)."""
+    import jax
+
+    exported = pickle.loads(blob)  # noqa: S301 - bytes this study's own worker wrote
+    args = chunk_arguments(cfg, state_like, n_tokens)
+    treedef = jax.tree_util.tree_structure(args)
+    state_def = jax.tree_util.tree_structure(state_like)
+    template = (jax.tree_util.tree_unflatten(state_def, [0] * state_def.num_leaves),
+                {"loss": 0, "grad_norm": 0, "losses": 0,
+                 "grads": jax.tree_util.tree_map(lambda _: 0, state_like["params"])})
+    out_def = jax.tree_util.tree_structure(template)
+
+    def call(*xs: Any) -> Any:
+        if jax.tree_util.tree_structure(xs) != treedef:
+            raise TypeError("the chunk's arguments do not have the exported structure")
+        return jax.tree_util.tree_unflatten(out_def, exported.call(*jax.tree_util.tree_leaves(xs)))
+
+    with jax.default_device(device):
+        return Chunk(jax.jit(call).lower(*args).compile(), cfg)
+
+
+def state_shapes(cfg: StudyConfig) -> Any:
+    """Shapes of :func:`init_state`'s result (traced, nothing computed)."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.eval_shape(_init_fn(cfg), jnp.asarray(cfg.seeds, jnp.int32))
+
+
+def _init_fn(cfg: StudyConfig) -> Callable[[Any], Any]:
     import jax
     import jax.numpy as jnp
 
@@ -247,8 +309,18 @@ def init_state(cfg: StudyConfig, device: Any) -> Any:
         return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32),
                 "key": jax.random.fold_in(base, 1)}
 
+    return jax.vmap(one)
+
+
+def init_state(cfg: StudyConfig, device: Any) -> Any:
+    """The initial training state of every seed (stacked along a leading seed axis): seed
+    ``s`` initializes from ``fold_in(PRNGKey(s), 0)``; its data key is ``fold_in(PRNGKey(s), 1)``.
+    The same for every recipe."""
+    import jax
+    import jax.numpy as jnp
+
     with jax.default_device(device):
-        return jax.jit(jax.vmap(one))(jnp.asarray(cfg.seeds, jnp.int32))
+        return jax.jit(_init_fn(cfg))(jnp.asarray(cfg.seeds, jnp.int32))
 
 
 def perturbed_batch(cfg: StudyConfig, x: Any) -> Any:

@@ -49,6 +49,7 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -152,6 +153,9 @@ def provenance(device: Any, argv: Sequence[str] | None = None) -> dict[str, Any]
                    "count": len(jax.devices(device.platform)),
                    "platform_version": platform_version},
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "fp4sim_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FP4SIM_")},
+        "gpu_kernels_module": importlib.util.find_spec("fp4sim.attention.ordered_gpu")
+        is not None,
         "jax_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("JAX_")},
         "jax_config": {"jax_enable_x64": bool(jax.config.jax_enable_x64),
                        "jax_default_matmul_precision":
@@ -245,17 +249,44 @@ def _cache_entries(cache_dir: Path | None) -> int | None:
     return sum(1 for p in cache_dir.rglob("*") if p.is_file())
 
 
+def _worker_init() -> None:
+    """A tracing worker process: it lowers for the study's device (Pallas kernels of the
+    emulator need the device to lower) but computes nothing there, so jax must not
+    preallocate the device's memory."""
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+
+
+def _export_job(name: str, cfg: StudyConfig, platform: str, n_tokens: int
+                ) -> tuple[str, bytes | None, float, str | None]:
+    """In a worker process: recipe ``name``'s chunk traced, lowered for ``platform`` and
+    pickled (:meth:`fp4sim.train.loop.Trainer.export`)."""
+    t0 = time.perf_counter()
+    try:
+        recipe = study_recipe(name).with_accumulation(cfg.accumulation)
+        blob = _loop.Trainer(recipe=recipe, cfg=cfg).export(platform, n_tokens)
+        return name, blob, time.perf_counter() - t0, None
+    except Exception as e:  # noqa: BLE001 - the study then traces it in-process
+        return name, None, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
+
+
 def _compile_all(cfg: StudyConfig, device: Any, names: Sequence[str], state_like: Any,
                  n_tokens: int, workers: int, compile_deadline: float,
-                 say: Callable[[str], None]
+                 say: Callable[[str], None], processes: bool
                  ) -> tuple[dict[str, _loop.Chunk], dict[str, dict[str, float]],
                             dict[str, str]]:
-    """Phase 1: every recipe's chunk, traced one at a time (priority order) and compiled by
-    XLA in parallel threads, until ``compile_deadline`` (``time.monotonic()``; a recipe not
-    compiled by then is skipped; the reference is always waited for). Returns (compiled chunks, seconds per recipe, errors)."""
+    """Phase 1: every recipe's chunk traced and compiled by XLA in parallel threads, until
+    ``compile_deadline`` (``time.monotonic()``; a recipe not compiled by then is skipped; the
+    reference is always waited for). Tracing holds the GIL: with ``processes`` the emulated
+    recipes are traced in parallel worker processes (:func:`_export_job`, lowered for the
+    study's device, nothing computed there) and only compiled here; a recipe whose export fails, and
+    every recipe without ``processes``, is traced here, one at a time in priority order.
+    Returns (compiled chunks, seconds per recipe, errors)."""
+    import multiprocessing
+
     tracing = threading.Lock()
     t_start = time.perf_counter()
     t_mono = time.monotonic()
+    platform = {"gpu": "cuda"}.get(device.platform, device.platform)
 
     def job(name: str) -> tuple[str, Any, dict[str, float], str | None]:
         t0 = time.perf_counter()
@@ -276,11 +307,36 @@ def _compile_all(cfg: StudyConfig, device: Any, names: Sequence[str], state_like
             secs["done_at_s"] = time.perf_counter() - t_start
             return name, None, secs, f"{type(e).__name__}: {e}"
 
+    def from_export(name: str, blob: bytes, export_s: float) -> Any:
+        t1 = time.perf_counter()
+        secs: dict[str, float] = {"export_s": export_s, "exported_at_s": t1 - t_start}
+        try:
+            # unpickling and lowering the exported module: short, under the GIL
+            chunk = _loop.compile_exported(blob, cfg, device, state_like, n_tokens)
+            t3 = time.perf_counter()
+            secs.update({"trace_lower_s": export_s, "xla_compile_s": t3 - t1,
+                         "done_at_s": t3 - t_start})
+            return name, chunk, secs, None
+        except Exception as e:  # noqa: BLE001 - then traced here
+            secs["export_error"] = 1.0
+            say(f"exported {name} did not compile here ({type(e).__name__}: {str(e)[:200]}); "
+                f"tracing it in-process")
+            return job(name)
+
     chunks: dict[str, _loop.Chunk] = {}
     seconds: dict[str, dict[str, float]] = {}
     errors: dict[str, str] = {}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
-    pending = {pool.submit(job, n) for n in names}
+    exported = [n for n in names if processes and study_recipe(n).training is not None]
+    procs = None
+    if exported:
+        procs = concurrent.futures.ProcessPoolExecutor(
+            max_workers=max(1, min(len(exported), os.cpu_count() or 1)),
+            mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
+    pending = {pool.submit(job, n) for n in names if n not in exported}
+    exporting = {procs.submit(_export_job, n, cfg, platform, n_tokens) for n in exported} \
+        if procs else set()
+    pending |= exporting
     while pending:
         left = compile_deadline - time.monotonic()
         ref_done = REFERENCE in seconds  # the reference is always waited for
@@ -290,11 +346,21 @@ def _compile_all(cfg: StudyConfig, device: Any, names: Sequence[str], state_like
             pending, timeout=None if left == math.inf or not ref_done else max(left, 0.0),
             return_when=concurrent.futures.FIRST_COMPLETED)
         for fut in done:
+            if fut in exporting:
+                name, blob, export_s, error = fut.result()
+                if blob is None:
+                    say(f"export of {name} failed ({str(error)[:200]}); tracing it in-process")
+                    pending.add(pool.submit(job, name))
+                else:
+                    pending.add(pool.submit(from_export, name, blob, export_s))
+                continue
             name, chunk, secs, error = fut.result()
             seconds[name] = {k: round(v, 3) for k, v in secs.items()}
             if error is None:
                 chunks[name] = chunk
-                say(f"compiled {name}: trace+lower {secs['trace_lower_s']:.1f} s, XLA "
+                how = "traced in a worker process" if "export_s" in secs and \
+                    "export_error" not in secs else "trace+lower"
+                say(f"compiled {name}: {how} {secs['trace_lower_s']:.1f} s, XLA "
                     f"{secs['xla_compile_s']:.1f} s (done at {secs['done_at_s']:.1f} s)")
             else:
                 errors[name] = error
@@ -302,6 +368,8 @@ def _compile_all(cfg: StudyConfig, device: Any, names: Sequence[str], state_like
     # past the compile deadline: queued compilations are cancelled, running ones abandoned
     # (their threads finish in the background; the CLI exits without waiting for them)
     pool.shutdown(wait=False, cancel_futures=True)
+    if procs is not None:
+        procs.shutdown(wait=False, cancel_futures=True)
     for n in names:
         if n not in chunks and n not in errors:
             errors[n] = (f"its compilation had not finished at the compile deadline "
@@ -359,7 +427,7 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
               progress: bool = True, argv: Sequence[str] | None = None,
               t0: float | None = None, figure: bool = True, cache: bool = True,
               workers: int | None = None, determinism_recipe: str | None = None,
-              compile_share: float | None = None,
+              compile_share: float | None = None, trace_processes: bool = True,
               say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the study (module docstring) and return its record (also written to
     ``out_dir/train_study.json``, with ``train_loss.png`` and ``train_table.md`` when
@@ -368,7 +436,9 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
     compilation threads (default and at most ``os.cpu_count()``); ``determinism_recipe``: the
     recipe whose first chunk is rerun bit for bit (default: the first emulated one);
     ``compile_share``: the share of the budget the compilations may take (default
-    :data:`COMPILE_SHARE`; 0 = wait for every compilation whatever the budget); ``say``: where progress lines go (default: stderr)."""
+    :data:`COMPILE_SHARE`; 0 = wait for every compilation whatever the budget);
+    ``trace_processes``: trace the emulated recipes in parallel worker processes (else one
+    at a time in this one); ``say``: where progress lines go (default: stderr)."""
     import jax
 
     t0 = time.monotonic() if t0 is None else t0
@@ -394,13 +464,14 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
         return _run_study(cfg, recipe_names, Path(out_dir), progress=progress, argv=argv, t0=t0,
                           figure=figure, device=device, cache=cache, workers=workers,
                           determinism_recipe=determinism_recipe, compile_share=compile_share,
-                          say=say)
+                          trace_processes=trace_processes, say=say)
 
 
 def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: Path, *,
                progress: bool, argv: Sequence[str] | None, t0: float, figure: bool,
                device: Any, cache: bool, workers: int | None, determinism_recipe: str | None,
-               compile_share: float, say: Callable[[str], None]) -> dict[str, Any]:
+               compile_share: float, trace_processes: bool, say: Callable[[str], None]
+               ) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
@@ -453,12 +524,13 @@ def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: Path, *,
     compile_deadline = math.inf if budget is None or not compile_share else \
         t0 + compile_share * budget
     chunks, seconds, errors = _compile_all(cfg, device, names, state_like, len(train_np),
-                                           n_workers, compile_deadline, say)
+                                           n_workers, compile_deadline, say, trace_processes)
     compile_wall = time.perf_counter() - t_compile
     record["timing"]["compile"] = {
         "per_recipe": seconds, "wall_s": round(compile_wall, 3), "workers": n_workers,
         "cache_dir": str(cache_dir) if cache_dir else None, "cache_entries_before": cache_before,
         "cache_entries_after": _cache_entries(cache_dir),
+        "trace_processes": trace_processes,
         "deadline_s": None if compile_deadline == math.inf else round(compile_share * budget, 3),
         "unfinished": sorted(n for n in names if n not in chunks and n not in seconds)}
     say(f"compilation done in {compile_wall:.1f} s ({len(chunks)} of {len(names)} recipes)")

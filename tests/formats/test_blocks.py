@@ -368,8 +368,10 @@ def test_bad_input_names_the_argument():
     x = np.ones((4, 64), np.float32)
     with pytest.raises(ValueError, match="axis -1 of length 48"):
         quantize(np.ones((4, 48), np.float32), MXFP8.replace(block_size=32))
-    with pytest.raises(TypeError, match="x has dtype float64"):
-        quantize(np.ones((4, 64)), MXFP8)
+    with pytest.raises(TypeError, match="x has dtype int64"):
+        quantize(np.ones((4, 64), np.int64), MXFP8)
+    with pytest.raises(TypeError, match="pack='no' must be a bool"):
+        quantize(x, MXFP8, pack="no")
     with pytest.raises(ValueError, match="axis=2"):
         quantize(x, MXFP8, axis=2)
     with pytest.raises(TypeError, match="fmt="):

@@ -220,3 +220,24 @@ def test_errors():
     q = quantize(np.ones((4, 48), np.float32), MXFP8.replace(block_size=16))
     with pytest.raises(ValueError, match="no tcgen05.mma kind"):
         scaled_matmul(q, q, accumulation=Accumulation.TCGEN05)
+
+
+@pytest.mark.parametrize("fmt", [MXFP8, NVFP4])
+def test_scaled_matmul_tcgen05_kn_and_batch(fmt):
+    """B stored (K, N) (scales blocked along K = axis -2) gives the bits of B stored (N, K);
+    a leading batch axis gives each matrix's own product."""
+    from fp4sim.formats.matmul import BLayout
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 16, 64)).astype(np.float32)
+    y = rng.standard_normal((2, 8, 64)).astype(np.float32)
+    fmt1 = fmt.replace(global_scale=NVFP4_SINGLE.global_scale) if fmt is NVFP4 else fmt
+    a, b = quantize(x, fmt1), quantize(y, fmt1)
+    bkn = quantize(np.swapaxes(y, -1, -2), fmt1, axis=-2)
+    got = scaled_matmul(a, b, accumulation=Accumulation.TCGEN05)
+    kn = scaled_matmul(a, bkn, accumulation=Accumulation.TCGEN05, b_layout=BLayout.KN)
+    assert np.array_equal(got.view(np.uint32), kn.view(np.uint32))
+    for i in range(2):
+        one = scaled_matmul(quantize(x[i], fmt1), quantize(y[i], fmt1),
+                            accumulation=Accumulation.TCGEN05)
+        assert np.array_equal(got[i].view(np.uint32), one.view(np.uint32))
