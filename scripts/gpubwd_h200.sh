@@ -2,8 +2,8 @@
 # GPU attention backward (issue 18) on the H200, the final short run. Total wall time <= 58 s:
 #   1. the backward bench section at B2 S4096 H16 D128, non-causal and causal: ours (default
 #      config) and cuDNN bf16's backward side by side                          (timeout 40 s)
-#   2. the same section, non-causal: the two-warpgroup variants (with and without the
-#      tensor-core chunk accumulation) and ours again for the ratio             (timeout 18 s)
+#   2. the same section, non-causal: the two-warpgroup variant, then (if time is left) the
+#      same with the tensor-core chunk accumulation                           (timeout 18 s)
 # Both run the section module directly (python -m fp4sim.benchmarks.gpu_backward: the
 # `backward` section of `python -m fp4sim bench gpu` without the ceilings, which take ~30 s).
 # Each part is under `timeout`; a failure is logged and the next part still runs.
