@@ -638,11 +638,11 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
             plgpu.barrier_wait(kv_bar.at[3 * w + i])
         kscale = plgpu.load(kc_smem.at[0], layout=row_l)
         vscale = plgpu.load(kc_smem.at[1], layout=row_l)
-        rows = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=wg)
-        cols = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 1, layout=wg)
-
         def step_fn(step, carry):
             dk_acc, dv_acc = carry
+            # index tiles made per step (cheap, from the lane ids): not live across the loop
+            rows = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=wg)
+            cols = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 1, layout=wg)
             slot = lax.rem(step, jnp.int32(slots))
             head, qi = locate(step)
             for bar in bars:
@@ -864,10 +864,10 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
         cq = plgpu.load(r_smem.at[0], layout=row_l)
         lse = plgpu.load(r_smem.at[1], layout=row_l)
         dlt = plgpu.load(r_smem.at[2], layout=row_l)
-        rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=wg)
-        cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=wg)
-
         def step_fn(step, dq_acc):
+            # index tiles made per step (cheap, from the lane ids): not live across the loop
+            rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=wg)
+            cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=wg)
             slot = lax.rem(step, jnp.int32(slots))
             for bar in bars:
                 plgpu.barrier_wait(bar.at[slot])
