@@ -19,6 +19,7 @@ SUITES: dict[str, str] = {
     "attention": "jitted forward emulator vs a float32 jnp attention of the same shape",
     "training": "emulated forward+backward vs float32 jnp attention under jax.grad",
     "gpu": "H200: build, check bitwise against the emulator and time every Pallas kernel",
+    "mmasim": "jitted tcgen05 model vs MMA-Sim (side environment) on one 256^3 problem, this CPU",
 }
 
 

@@ -22,12 +22,21 @@ are applied exactly (powers of two by exponent arithmetic). How the sum is accum
                once to float32) are added one by one in increasing K. NumPy and jitted JAX give
                the same bits (each term is exact or correctly rounded with integer arithmetic, so
                FMA contraction cannot change it).
-``HOPPER_FP8`` Hopper's FP8 ``wgmma`` accumulator (pallas_mgpu.md §1.5: FP8 wgmma is *not*
+``HOPPER_FP8`` Hopper's FP8 ``wgmma`` accumulator (measured on an H200 by :mod:`fp4sim.kernels.wgmma_probe`, as microsoft/MMA-Sim models it: FP8 wgmma is *not*
                float32-exact). Per scale block along K (which must be whole 32-element wgmma
                steps; the whole K for operands whose scales do not vary along K) the products go
                through :func:`wgmma_fp8_dot` with a :class:`WgmmaFp8Model`, and the block results
                are scaled and added in float32 (the usual "promote per block" scheme, since
                Hopper has no block-scaled MMA).
+``TCGEN05``    Blackwell's ``tcgen05.mma`` (:mod:`fp4sim.formats.mma`): the instruction kind follows
+               from the operands (:func:`tcgen05_kind`): no block scale ``kind::f8f6f4``; UE8M0
+               per 32 ``kind::mxf8f6f4.block_scale`` (``kind::mxf4.block_scale`` for E2M1 x E2M1);
+               UE4M3 or UE8M0 per 16 with E2M1 ``kind::mxf4nvf4.block_scale``. The block scales
+               are applied inside the instruction chain (the hardware's fused multi-term adder,
+               :data:`~fp4sim.formats.mma.MMA_MODELS`); FP32 global factors (NVFP4's second
+               level) multiply the result in float32, as a kernel's epilogue does. The scale
+               blocks must run along K with the kind's block size, K a multiple of the
+               instruction's K (32, or 64 for the FP4 kinds).
 
 ``WgmmaFp8Model(group, frac_bits, acc_in_group, align, out_frac_bits, emin)``: products are
 consumed ``group`` at a time; the terms of a group (and the running accumulator when
@@ -49,11 +58,13 @@ from typing import Any
 import numpy as np
 
 from fp4sim._xp import bitcast, namespace
-from fp4sim.formats.blocks import QuantizedArray, block_extents, expand_scales
+from fp4sim.formats.blocks import BlockFormat, QuantizedArray, block_extents, expand_scales
 from fp4sim.formats.f32 import bitlen, compose, ldexp_f32, mul_f32, split
+from fp4sim.formats.mma import MMA_MODELS, MmaKind, mma_dot
+from fp4sim.formats.spec import E2M1, UE4M3, UE8M0, FloatFormat
 
 __all__ = ["Accumulation", "Align", "BLayout", "WgmmaFp8Model", "HOPPER_FP8_MODEL",
-           "scaled_matmul", "wgmma_fp8_dot"]
+           "scaled_matmul", "wgmma_fp8_dot", "tcgen05_kind"]
 
 
 class Accumulation(enum.Enum):
@@ -62,6 +73,7 @@ class Accumulation(enum.Enum):
     EXACT = "exact"
     FLOAT32 = "float32"
     HOPPER_FP8 = "hopper_fp8"
+    TCGEN05 = "tcgen05"
 
 
 class Align(enum.Enum):
@@ -236,7 +248,9 @@ def scaled_matmul(a: QuantizedArray, b: QuantizedArray, *,
         return xp.einsum(sub, da, db).astype(np.float32)
 
     acc = None
-    if accumulation is Accumulation.FLOAT32:
+    if accumulation is Accumulation.TCGEN05:
+        acc = _tcgen05(xp, a, b, av, bv, ka, kb_ext, b_layout is BLayout.KN)
+    elif accumulation is Accumulation.FLOAT32:
         terms = _scale_terms(xp, av[..., :, None, :] * bv[..., None, :, :], sa, sb)
         for k in range(K):  # the float32 accumulator, in increasing K
             acc = terms[..., k] if acc is None else acc + terms[..., k]
@@ -258,15 +272,72 @@ def scaled_matmul(a: QuantizedArray, b: QuantizedArray, *,
     return out
 
 
+def tcgen05_kind(a: BlockFormat, b: BlockFormat) -> tuple[MmaKind, FloatFormat | None, int | None]:
+    """(instruction kind, scale format, scale block) of a Blackwell ``tcgen05.mma`` for operands
+    of block formats ``a`` and ``b``; ``ValueError`` for a pair no kind takes."""
+    for name, f in (("a", a), ("b", b)):
+        if not isinstance(f, BlockFormat):
+            raise TypeError(f"{name}={f!r} must be a BlockFormat")
+    if (a.scale, a.block_size if a.scale else None) != (b.scale, b.block_size if b.scale else None):
+        raise ValueError(f"operands {a.name} and {b.name} have different block scales "
+                         f"({a.scale}/{a.block_size}, {b.scale}/{b.block_size}); a block-scaled "
+                         f"tcgen05.mma takes one scale format and block size for both")
+    fp4 = a.elem is E2M1 and b.elem is E2M1
+    if a.scale is None:
+        kind, scale, block = MmaKind.F8F6F4, None, None
+    elif a.scale is UE8M0 and a.block_size == 32:
+        kind, scale, block = (MmaKind.MXF4 if fp4 else MmaKind.MXF8F6F4), UE8M0, 32
+    elif a.scale in (UE8M0, UE4M3) and a.block_size == 16 and fp4:
+        kind, scale, block = MmaKind.MXF4NVF4, a.scale, 16
+    else:
+        raise ValueError(f"no tcgen05.mma kind takes {a.name} x {b.name} ({a.elem}/{b.elem} "
+                         f"elements, {a.scale} per {a.block_size}); allowed: no block scale, "
+                         f"UE8M0 per 32, or E2M1 with UE8M0/UE4M3 per 16")
+    model = MMA_MODELS[kind]
+    for name, f in (("a", a), ("b", b)):
+        if f.elem not in model.elements:
+            raise ValueError(f"{name}.elem={f.elem} is not an element format of {kind.name}; "
+                             f"allowed: {[e.name for e in model.elements]}")
+    return kind, scale, block
+
+
+def _tcgen05(xp: Any, a: QuantizedArray, b: QuantizedArray, av: Any, bv: Any, ka: int,
+             kb: int, kn: bool) -> Any:
+    """The product of the element values with the block scales applied inside a chain of
+    tcgen05 instructions (no global factors)."""
+    kind, sfmt, block = tcgen05_kind(a.format, b.format)
+    model = MMA_MODELS[kind]
+    K = av.shape[-1]
+    if K % model.k:
+        raise ValueError(f"accumulation=TCGEN05 ({kind.name}) needs K a multiple of {model.k}; "
+                         f"got K={K}")
+    scales = []
+    if sfmt is not None:
+        for name, q, k_ext, swap in (("a", a, ka, False), ("b", b, kb, kn)):
+            if k_ext != block:
+                raise ValueError(f"accumulation=TCGEN05 ({kind.name}) needs {name}'s scale "
+                                 f"blocks along K of {block} elements; {name} has {k_ext}")
+            v = expand_scales(q.scale_values(), q)
+            scales.append((xp.swapaxes(v, -1, -2) if swap else v)[..., ::block])
+    kw = {}
+    if scales:
+        kw = dict(a_scale=scales[0][..., :, None, :], b_scale=scales[1][..., None, :, :],
+                  scale_format=sfmt, block=block)
+    return mma_dot(av[..., :, None, :], bv[..., None, :, :], model=model,
+                   a_format=a.format.elem, b_format=b.format.elem, **kw)
+
+
 def _exponent(xp: Any, x: Any) -> Any:
     """floor(log2|x|) of float32 ``x`` as int32 (-1000 for zero), from the bits."""
     _, sig, exp = split(xp, bitcast(x, np.uint32))
     return xp.where(sig == 0, np.int32(-1000), exp + bitlen(xp, sig) - 1)
 
 
-def wgmma_fp8_dot(a: Any, b: Any, model: WgmmaFp8Model = HOPPER_FP8_MODEL) -> Any:
-    """Σ_k a[..., k]·b[..., k] under ``model`` for float32 inputs whose products are exact
-    (FP8/FP6/FP4 values), broadcasting ``a`` and ``b``; float32 result."""
+def wgmma_fp8_dot(a: Any, b: Any, model: WgmmaFp8Model = HOPPER_FP8_MODEL, *,
+                  c: Any = None) -> Any:
+    """``c`` + Σ_k a[..., k]·b[..., k] under ``model`` for float32 inputs whose products are exact
+    (FP8/FP6/FP4 values), broadcasting ``a`` and ``b``; ``c``: the initial accumulator (default
+    +0); float32 result."""
     xp = namespace(a, b)
     a = xp.asarray(a, dtype=np.float32)
     b = xp.asarray(b, dtype=np.float32)
@@ -280,6 +351,8 @@ def wgmma_fp8_dot(a: Any, b: Any, model: WgmmaFp8Model = HOPPER_FP8_MODEL) -> An
         tops = _exponent(xp, prods)
     K = prods.shape[-1]
     acc = xp.zeros(prods.shape[:-1], dtype=np.float32)
+    if c is not None:
+        acc = xp.broadcast_to(xp.asarray(c, dtype=np.float32), acc.shape)
     G = model.group
     for start in range(0, K, G):
         terms = prods[..., start:start + G]

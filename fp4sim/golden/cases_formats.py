@@ -177,13 +177,13 @@ def _register_block_cases() -> None:
 
             x = _block_inputs(_BLOCK_SEED)
             x[6, :16] = 0.0
-            x[6, 0] = np.float32(2.9)  # §1.3: the E4M3 block scale rounds down and the max saturates
+            x[6, 0] = np.float32(2.9)  # the E4M3 block scale rounds down and the max saturates
             return {"x": x, **_quantized_arrays(blocks.quantize(x, getattr(blocks, fmt_name)))}
 
         register(f"formats.{fmt_name.lower()}.default",
                  description=f"{fmt_name} quantize along the last axis (blocks of 16, UE4M3 scales"
                              f"{', FP32 per-tensor factor' if fmt_name == 'NVFP4' else ''}); row 6 holds "
-                             "the amax-2.9 block of seed_algorithms §1.3",
+                             "the amax-2.9 block (E4M3 scale rounding clips the max)",
                  block_format=fmt_name, seed=_BLOCK_SEED, shape=[8, 64])(make_nv)
 
     @register("formats.mxfp4.packed", description="MXFP4 (RCEIL) codes packed two per byte, the "
@@ -288,7 +288,8 @@ def _register_matmul_cases() -> None:
             out = {"a": a, "b": b,
                    "a_codes": np.asarray(qa.codes, np.uint8), "a_scales": np.asarray(qa.scales, np.uint8),
                    "b_codes": np.asarray(qb.codes, np.uint8), "b_scales": np.asarray(qb.scales, np.uint8)}
-            for acc in matmul.Accumulation:
+            A = matmul.Accumulation
+            for acc in (A.EXACT, A.FLOAT32, A.HOPPER_FP8):  # TCGEN05: the cases below
                 if acc is matmul.Accumulation.HOPPER_FP8 and fmt.elem.nbits != 8:
                     continue  # the wgmma FP8 accumulator model applies to 8-bit operands only
                 out[f"out_{acc.name.lower()}"] = np.asarray(matmul.scaled_matmul(qa, qb, accumulation=acc),
@@ -303,3 +304,36 @@ def _register_matmul_cases() -> None:
 
 _MATMUL_SEED = 17
 _register_matmul_cases()
+
+
+def _register_tcgen05_cases() -> None:
+    for fmt_name in ("MXFP8_E4M3", "MXFP4", "NVFP4", "FP8_E4M3_PER_TENSOR"):
+        def tcgen05_case(fmt_name=fmt_name) -> dict[str, np.ndarray]:
+            from fp4sim.formats import blocks, matmul
+
+            rng = np.random.default_rng(_MATMUL_SEED)
+            a = (rng.standard_normal((16, 128)) * 4).astype(np.float32)
+            b = rng.standard_normal((8, 128)).astype(np.float32)
+            fmt = getattr(blocks, fmt_name)
+            qa, qb = blocks.quantize(a, fmt), blocks.quantize(b, fmt)
+            out = {"a": a, "b": b, "a_codes": np.asarray(qa.codes, np.uint8),
+                   "b_codes": np.asarray(qb.codes, np.uint8)}
+            if qa.scales is not None:
+                out["a_scales"] = np.asarray(qa.scales, np.uint8)
+                out["b_scales"] = np.asarray(qb.scales, np.uint8)
+            if qa.global_scale is not None:
+                out["a_global"] = np.asarray(qa.global_scale, np.float32).reshape(-1)
+                out["b_global"] = np.asarray(qb.global_scale, np.float32).reshape(-1)
+            out["out_tcgen05"] = np.asarray(matmul.scaled_matmul(
+                qa, qb, accumulation=matmul.Accumulation.TCGEN05), dtype=np.float32)
+            return out
+
+        register(f"formats.matmul_tcgen05.{fmt_name.lower()}",
+                 description=f"scaled_matmul of {fmt_name}-quantized a (16x128) and b (8x128) "
+                             "under Accumulation.TCGEN05 (the tcgen05.mma kind the formats "
+                             "select, models checked against MMA-Sim)",
+                 block_format=fmt_name, seed=_MATMUL_SEED, a_shape=[16, 128],
+                 b_shape=[8, 128])(tcgen05_case)
+
+
+_register_tcgen05_cases()

@@ -19,7 +19,7 @@ are spelled once:
 
 Kernels that must differ between the interpreter and the hardware (the interpreter cannot take
 a wgmma A operand from registers, ``pl.run_state``, or scaled ``tcgen05_mma``; see
-``reference/pallas_mgpu.md`` §3.3) ask :func:`interpreting` at trace time. Because the interpret
+jax's Pallas Mosaic GPU documentation) ask :func:`interpreting` at trace time. Because the interpret
 setting is part of jax's jit cache key, a jitted function traced under :func:`interpret` is a
 different executable from the hardware one.
 
@@ -144,31 +144,46 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def cross_lower(fn: Callable[..., Any], *avals: Any, arch: Arch = Arch.SM90A) -> str:
+def cross_lower(fn: Callable[..., Any], *avals: Any, arch: Arch = Arch.SM90A,
+                on_module: Callable[[Any], None] | None = None) -> str:
     """Lower ``fn`` for CUDA on this (GPU-less) host targeting ``arch``; return StableHLO text.
 
     ``avals`` are ``jax.ShapeDtypeStruct`` (or arrays; only shape and dtype matter). Errors of
     the Mosaic GPU lowering (layouts, illegal casts, SMEM budget, MMA operand rules) propagate.
     On a host that has a GPU the patched architecture still wins, so sm_100a code can be checked
-    on the H200 too.
+    on the H200 too. ``on_module``, if given, is called with each kernel's Mosaic GPU MLIR
+    module (an ``ir.Module``, fully lowered by the Python passes, before serialisation), e.g. to
+    read the PTX instructions it carries (:mod:`fp4sim.kernels.ptx_check`).
     """
     if not isinstance(arch, Arch):
         raise TypeError(f"arch must be an fp4sim.kernels.harness.Arch, got {arch!r}")
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if on_module is not None and not callable(on_module):
+        raise TypeError(f"on_module must be callable or None, got {type(on_module).__name__}")
     import jax
+    import jax.experimental.mosaic.gpu.core as mgpu_core
     import jax.experimental.mosaic.gpu.utils as mgpu_utils
 
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
     with _INTERPRET_LOCK:  # the patch is process-global too
         old = mgpu_utils._infer_arch
+        old_serde = mgpu_core._run_serde_pass
         mgpu_utils._infer_arch = lambda: arch.capability
+        if on_module is not None:
+            def serde(module, *, serialize, ir_version):
+                if serialize:
+                    on_module(module)
+                return old_serde(module, serialize=serialize, ir_version=ir_version)
+
+            mgpu_core._run_serde_pass = serde
         try:
             # A fresh wrapper so no lowering cached for another arch is reused.
             wrapper = lambda *xs: fn(*xs)  # noqa: E731
             return jax.jit(wrapper).trace(*structs).lower(lowering_platforms=("cuda",)).as_text()
         finally:
             mgpu_utils._infer_arch = old
+            mgpu_core._run_serde_pass = old_serde
 
 
 def gpu_available() -> bool:

@@ -1,0 +1,92 @@
+"""``python -m fp4sim validate``: run every kernel this GPU supports against the emulator.
+
+Detects the GPU (:func:`fp4sim.kernels.harness.device_arch`), runs the checks of
+:mod:`fp4sim.kernels.checks` that its architecture supports (Hopper sm_90: the quantize
+kernels, the FP8 ``wgmma`` probe, the FP8 and Direct-P attention kernels; Blackwell sm_100: the
+quantize kernels and the block-scaled ``tcgen05`` matmul), each by its contract (bitwise where
+the contract is bitwise, within the stated bound elsewhere), prints a verdict table and writes
+the results as JSON (``--out``). Exit status: 0 when every check passed (or there is no GPU:
+it says so), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", metavar="F.json", help="also write the results as JSON here")
+    parser.add_argument("--only", action="append", metavar="CHECK",
+                        help="run only this check (repeatable; see --list)")
+    parser.add_argument("--list", action="store_true",
+                        help="list every check and the architectures that run it, then exit")
+
+
+def _write(path: str | None, info: dict[str, Any]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(info, indent=1) + "\n")
+        print(f"wrote {path}")
+
+
+def _arch_text(c: Any) -> str:
+    majors = "" if c.majors is None else f" (major {'/'.join(map(str, c.majors))})"
+    return f"sm_{c.min_arch[0]}{c.min_arch[1]}+{majors}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from fp4sim.kernels import checks
+    from fp4sim.kernels.harness import device_arch
+
+    if args.list:
+        for c in checks.CHECKS:
+            print(f"{c.name:34} {_arch_text(c):22} {c.contract}")
+        return 0
+    known = {c.name for c in checks.CHECKS}
+    unknown = sorted(set(args.only or ()) - known)
+    if unknown:
+        print(f"error: --only {unknown} unknown; allowed: {sorted(known)}")
+        return 2
+    import jax
+
+    arch = device_arch()
+    info: dict[str, Any] = {"jax": jax.__version__, "host": platform.node(), "gpu": None,
+                            "arch": None, "results": []}
+    if arch is None:
+        info["verdict"] = "no GPU"
+        print(f"fp4sim validate: no GPU: jax {jax.__version__} sees no NVIDIA GPU here "
+              f"(backend {jax.default_backend()}); nothing to validate. On a GPU these run:")
+        for c in checks.CHECKS:
+            print(f"  {c.name:34} {_arch_text(c)}")
+        _write(args.out, info)
+        return 0
+    dev = next(d for d in jax.devices() if d.platform == "gpu")
+    info.update(gpu=str(getattr(dev, "device_kind", dev)), arch=f"sm_{arch[0]}{arch[1]}")
+    todo = checks.supported(arch)
+    print(f"fp4sim validate: {info['gpu']} ({info['arch']}), jax {jax.__version__}: "
+          f"{len(todo)} checks for this architecture", flush=True)
+
+    def show(r: Any) -> None:
+        print(f"  {r.verdict.name:5} {r.name:34} {r.seconds:6.1f} s  {r.detail}", flush=True)
+
+    results = checks.run_checks(arch, args.only, progress=show)
+    skipped = [c.name for c in checks.CHECKS if not c.runs_on(arch)]
+    info["results"] = [r.to_json() for r in results]
+    info["not_for_this_arch"] = skipped
+    counts = {v.name: sum(r.verdict is v for r in results) for v in checks.Verdict}
+    info["verdict"] = "pass" if results and counts["PASS"] == len(results) else "fail"
+    print()
+    print(f"{'check':34} {'kernel':44} {'contract':52} verdict")
+    for r in results:
+        print(f"{r.name:34} {r.kernel:44} {r.contract:52} {r.verdict.name}")
+    for name in skipped:
+        print(f"{name:34} {'(not for ' + info['arch'] + ')':44} {'':52} -")
+    print(f"\n{counts['PASS']} passed, {counts['FAIL']} failed, {counts['ERROR']} errors "
+          f"on {info['gpu']} ({info['arch']})")
+    _write(args.out, info)
+    return 0 if info["verdict"] == "pass" else 1

@@ -1,0 +1,76 @@
+"""``python -m fp4sim validate`` and its registry (fp4sim.kernels.checks), on the CPU: the
+no-GPU behaviour, which checks each architecture runs, the verdicts, and one real check in GPU
+interpret mode."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fp4sim import __main__ as cli
+from fp4sim.kernels import checks, harness
+
+
+def _run(argv, capsys):
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.skipif(harness.gpu_available(), reason="checks what happens where there is no GPU")
+def test_no_gpu_says_so_and_exits_0(capsys, tmp_path):
+    out = tmp_path / "v.json"
+    code, text, _ = _run(["validate", "--out", str(out)], capsys)
+    assert code == 0 and "no GPU" in text
+    for c in checks.CHECKS:
+        assert c.name in text
+    info = json.loads(out.read_text())
+    assert info["verdict"] == "no GPU" and info["gpu"] is None and info["results"] == []
+
+
+def test_list_and_bad_only(capsys):
+    code, text, _ = _run(["validate", "--list"], capsys)
+    assert code == 0 and all(c.name in text for c in checks.CHECKS)
+    code, text, _ = _run(["validate", "--only", "nope"], capsys)
+    assert code == 2 and "unknown" in text
+
+
+def test_registry_per_architecture():
+    hopper = {c.name for c in checks.supported((9, 0))}
+    blackwell = {c.name for c in checks.supported((10, 0))}
+    assert {"wgmma_probe.fp8", "attention_fp8.exact_debug",
+            "attention_directp.float_inputs"} <= hopper
+    assert not any(n.startswith("blackwell_matmul") for n in hopper)
+    assert {"blackwell_matmul.mxfp8_e4m3", "blackwell_matmul.mxfp4",
+            "blackwell_matmul.nvfp4"} <= blackwell
+    assert "wgmma_probe.fp8" not in blackwell  # wgmma is sm_90a only
+    quant = {c.name for c in checks.CHECKS if c.name.startswith("quantize.")}
+    assert quant and quant <= hopper and quant <= blackwell
+    assert checks.supported((8, 0)) == []
+
+
+def test_verdicts(monkeypatch):
+    def boom():
+        raise RuntimeError("kernel failed to build")
+
+    fake = tuple(checks.KernelCheck(name=n, kernel="k", contract="c", min_arch=(9, 0),
+                                    majors=None, run=r)
+                 for n, r in (("ok", lambda: (True, "fine", 3)), ("bad", lambda: (False, "x", 3)),
+                              ("err", boom)))
+    monkeypatch.setattr(checks, "CHECKS", fake)
+    res = {r.name: r for r in checks.run_checks((9, 0))}
+    assert res["ok"].verdict is checks.Verdict.PASS and res["ok"].compared == 3
+    assert res["bad"].verdict is checks.Verdict.FAIL
+    assert res["err"].verdict is checks.Verdict.ERROR and "kernel failed" in res["err"].detail
+    assert [r.name for r in checks.run_checks((9, 0), ["bad"])] == ["bad"]
+    assert json.dumps(res["err"].to_json())
+
+
+def test_quantize_check_runs_in_interpret_mode():
+    ok, detail, n = harness.interpret(checks.quantize_check("MXFP8_E4M3", "float32", False, n=64))
+    assert ok, detail
+    assert n == 64 * 64 + 64 * 2
