@@ -1,4 +1,6 @@
-# fp4sim: every target bootstraps its own virtual environment from this repo's files.
+# fp4sim: every target bootstraps its own virtual environment from this repo's files, with the
+# GPU kernels' tested configuration (the `gpu` extra: jax 0.11.2); CI also runs the emulator
+# subset against jax 0.12.0.1 from the built wheel (scripts/test_wheel.sh, called by .ci/run).
 # Finds a Python 3.12 on PATH, else through pyenv; override with PYTHON=/path/to/python3.12.
 SHELL := /bin/bash
 VENV ?= .venv
@@ -12,7 +14,7 @@ $(STAMP): pyproject.toml scripts/find_python.sh
 	echo "fp4sim: building $(VENV) with $$py"; \
 	"$$py" -m venv $(VENV); \
 	$(PY) -m pip install -q --upgrade pip >/dev/null; \
-	$(PY) -m pip install -q -e ".[dev]"; \
+	$(PY) -m pip install -q -e ".[dev,gpu]"; \
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -16,11 +16,11 @@
 #
 # Direct-P FP4 attention never evaluates exp on the fast path: it maps the log2-domain score
 # straight to an E2M1 payload. How often does the shortcut pick the same code as the exact
-# converter (exp2, then round to nearest even)? The seeds claim 63.3 % for the affine classifier
-# and 98.7 % for Mitchell-P; this notebook measures both, on the seeds' uniform grid and on
+# converter (exp2, then round to nearest even)? Hardware-Aware FP4 FlashAttention-4 (arXiv:2609.04105) claims 63.3 % for
+# the affine classifier and FLAMIA 98.7 % for Mitchell-P; this notebook measures both, on the published uniform grid and on
 # attention-like scores.
 #
-# Notation (seed_algorithms.md §2.0): `t = c·(z − m) ≤ 0` log2-domain scores against the row max,
+# Notation (as in `fp4sim.attention.recipe`): `t = c·(z − m) ≤ 0` log2-domain scores against the row max,
 # key blocks of 32 with block exponent `k_B = ceil(max t)`, coordinate `x = t − k_B + log2 6`, so
 # `2^x` is the exact payload before rounding. Set `FP4SIM_SMALL=1` to run quickly (CI does).
 
@@ -33,7 +33,7 @@ import numpy as np
 import fp4sim
 
 SMALL = os.environ.get("FP4SIM_SMALL") == "1"
-N = 100_000 if SMALL else 8_000_000  # the seeds used 8,000,000 points
+N = 100_000 if SMALL else 8_000_000  # the published rates use 8,000,000 points
 
 converters = {
     "exact": fp4sim.ExactP(),

@@ -16,7 +16,7 @@
 #
 # When P is quantized, the softmax denominator can be built from the represented weights
 # (consistent, Direct-P) or from the unquantized ones (mismatched: HAO, SageAttention3, cuDNN's
-# reference). Seed 000's two-key example shows the difference; then we measure each published
+# reference). The two-key example shows the difference; then we measure each published
 # route's output error against exact attention. Set `FP4SIM_SMALL=1` to run quickly (CI does).
 
 # %%
@@ -29,7 +29,7 @@ import fp4sim
 SMALL = os.environ.get("FP4SIM_SMALL") == "1"
 
 # %% [markdown]
-# ## The two-key example (seed_algorithms.md §4.1)
+# ## The two-key example
 #
 # Weights w = [1, 0.4] in one block with α = 1: the exact converter gives payloads
 # RN_E2M1(6w) = [6, 2], so the represented weights are [1, 1/3].

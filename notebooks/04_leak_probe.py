@@ -16,7 +16,7 @@
 #
 # A causal mask hides future tokens from the matrix products, but not from the *quantization*:
 # any scale shared by tokens i < j lets token j change how token i's elements are rounded, so an
-# earlier output depends on a masked future input. The probe (seed_algorithms.md §6.2): perturb
+# earlier output depends on a masked future input. The probe (after FLAMIA, github.com/yandex-research/flamia-blackwell-attention): perturb
 # the input of a future token j* so that it becomes its scale group's maximum, check that a scale
 # really changed, rerun forward and backward, and measure the largest relative change of the
 # earlier rows of O and dQ. Exactly zero means the earlier rows are bitwise identical.
@@ -34,7 +34,7 @@ if SMALL:  # one configuration of each class
     names = [n for n in names if fp4sim.LEAK_TABLE[n] is not None][:: max(1, len(names) // 4)]
 
 # %% [markdown]
-# ## The table of §6.3
+# ## FLAMIA's leak table
 #
 # Each row is a training recipe that differs only in how V (or dS) is scaled; `leak_class` predicts
 # the class from the scaling's properties, the probe measures it.

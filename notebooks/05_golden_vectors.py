@@ -28,6 +28,7 @@
 # %%
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -102,3 +103,13 @@ else:
 # `python -m fp4sim golden check` wherever fp4sim is installed); regenerate it after an intended
 # change with `python -m fp4sim golden write --out fp4sim/golden/data` from a source checkout and
 # explain the change in the commit.
+
+# %% [markdown]
+# ## Clean up
+#
+# The scratch folder was only for this walk-through; remove it so the notebook leaves nothing
+# behind.
+
+# %%
+shutil.rmtree(scratch)
+print("removed", scratch)

@@ -12,7 +12,7 @@ checked against. It runs **outside** fp4sim's environment, in a side venv with t
 
 Every array is stored with a plain dtype (uint8 codes/scales, float32 values, '<U' labels), so
 the files load with ``np.load`` without pickle. Inputs are crafted to hit the disagreement cases
-of formats_anchors.md §10: E8M0 scale rules (amax 3.5/5/6.1/7 for E2M1, 449-511.9/957 for
+of the torchao measurements: E8M0 scale rules (amax 3.5/5/6.1/7 for E2M1, 449-511.9/957 for
 E4M3), exact ties, tiny/zero/subnormal blocks, f32-max blocks, NaN and ±Inf blocks, plus random
 normal and heavy-tailed rows. What each file holds is listed in PROVENANCE.md, which this
 script rewrites together with the files.
@@ -91,7 +91,7 @@ def mx_rows(elem_max: float, np_dtype, rng) -> tuple[np.ndarray, list[str]]:
         rows.append(r)
         labels.append(label)
 
-    # E8M0 scale-rule disagreements: amax relative to the element max (and the §3 table values)
+    # E8M0 scale-rule disagreements: amax relative to the element max (and the values of the scale-rule table)
     e_m = math.floor(math.log2(elem_max))
     for rel in (0.5, 0.5833333, 0.75, 0.8333333, 1.0, 1.0166667, 1.0020, 1.1160714, 1.140625,
                 1.1666667, 1.25, 1.5, 1.75, 1.875, 1.9375, 1.99):

@@ -121,3 +121,45 @@ def test_commands_write_into_the_working_directory_never_the_package(tmp_path, m
     assert (tmp_path / "figures" / "e2m1_grid.png").exists()
     assert cli.main(["golden", "check", "--no-progress", "--case", "formats.e2m1.all_codes"]) == 0
     assert sorted(p.name for p in package.rglob("*") if "__pycache__" not in p.parts) == before
+
+
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_top_level_help_and_version_import_neither_numpy_nor_jax(flag):
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['fp4sim', {flag!r}]\n"
+            "try:\n    runpy.run_module('fp4sim', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "heavy = sorted(m for m in ('numpy', 'jax', 'jaxlib', 'ml_dtypes', 'matplotlib') if m in sys.modules)\n"
+            "print('HEAVY', heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout, out.stdout
+
+
+def test_version():
+    import fp4sim
+
+    out = subprocess.run([sys.executable, "-m", "fp4sim", "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == f"fp4sim {fp4sim.__version__}"
+
+
+def _all_parsers():
+    import argparse
+
+    stack = [("python -m fp4sim", cli.build_parser("*"))]
+    while stack:
+        name, parser = stack.pop()
+        yield name, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                stack += [(f"{name} {sub}", p) for sub, p in action.choices.items()]
+
+
+def test_every_option_has_help():
+    import argparse
+
+    missing = [f"{name} {'/'.join(a.option_strings) or a.dest}"
+               for name, parser in _all_parsers() for a in parser._actions
+               if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+               and (not a.help or a.help == argparse.SUPPRESS)]
+    assert not missing, f"options without help: {missing}"

@@ -32,7 +32,7 @@ def test_writes_every_section_table_and_figure(quick_run):
         assert f"## {section.title}" in text
         for table in section.tables:
             assert f"**{table.title}**" in text
-            assert table.seed, f"table {table.title!r} does not say what the seed reported"
+            assert table.source, f"table {table.title!r} does not say what it is set beside"
         for fig in section.figures:
             png = out / "figures" / FIGURES[fig].filename
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
@@ -85,7 +85,7 @@ def test_code_match_numbers(quick_run):
     for name, conv in (("affine", fp4sim.AffineP()), ("mitchell_boundary", fp4sim.MitchellP()),
                        ("mitchell_s0", fp4sim.MitchellP(shift=0.0))):
         assert nums["grid"][name] == fp4sim.code_match_rate(conv, fp4sim.ExactP(), x)
-    # and they are the seeds' rates (seed_algorithms §8 item 3) to within the grid's resolution
+    # and they are the published grid rates to within the grid's resolution
     assert abs(nums["grid"]["affine"] - 0.632884) < 2e-4
     assert abs(nums["grid"]["mitchell_boundary"] - 0.98671) < 2e-4
 
@@ -119,7 +119,7 @@ def test_exp2_numbers(quick_run):
     x = np.linspace(-126.0, 0.0, report.QUICK.grid_points, endpoint=False).astype(np.float32)
     rel = np.asarray(fp4sim.exp2_fa4(x), np.float64) / np.exp2(x.astype(np.float64)) - 1
     assert nums["fa4_rel_min"] == rel.min() and nums["fa4_rel_max"] == rel.max()
-    assert nums["fa4_abs_max"] <= 9e-5  # seed_algorithms §8 item 10
+    assert nums["fa4_abs_max"] <= 9e-5  # FA4 polynomial bound
     assert nums["rn_mismatches"] == 0
 
 
@@ -199,3 +199,42 @@ def test_library_numbers(quick_run):
     ref, ocp = (blocks.quantize(x, presets.preset(n)) for n in ("TE_MXFP8", "OCP_MXFP8_E4M3"))
     assert rows[("OCP_MXFP8_E4M3", "TE_MXFP8")]["scales_differ"] == np.mean(ocp.scales != ref.scales) > 0
     assert rows[("TORCHAO_MXFP8_E4M3_RCEIL", "TE_MXFP8")]["values_differ"] == 0.0
+
+
+def test_provenance_in_the_report_and_the_json(quick_run):
+    import jax
+
+    import fp4sim
+
+    prov = quick_run[2]["provenance"]
+    assert prov["versions"]["jax"] == jax.__version__ and prov["versions"]["fp4sim"] == fp4sim.__version__
+    assert prov["git"]["revision"] and prov["jax"]["backend"] == jax.default_backend()
+    assert set(prov) >= {"git", "versions", "platform", "jax", "flags", "argv"}
+    text = quick_run[1]
+    assert "## Provenance" in text and f"| jax | {jax.__version__} |" in text
+    assert prov["git"]["revision"] in text
+
+
+def test_git_revision_falls_back_to_the_environment(monkeypatch):
+    from fp4sim.report import provenance as prov
+
+    monkeypatch.setattr(prov, "_git", lambda *a: None)
+    monkeypatch.setenv("FP4SIM_GIT_REVISION", "abc1234")
+    assert prov.git_revision() == {"revision": "abc1234", "dirty": None, "source": "environment"}
+    monkeypatch.delenv("FP4SIM_GIT_REVISION")
+    assert prov.git_revision()["revision"] == "unknown"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    p = prov.provenance(["fp4sim", "reproduce"])
+    assert p["flags"]["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false" and p["argv"] == ["fp4sim", "reproduce"]
+    assert "`--xla_cpu_enable_fast_math=false`" in prov.provenance_markdown(p)
+
+
+def test_every_published_recipe_links_its_source():
+    import fp4sim
+
+    for name in [*fp4sim.PRESETS, *fp4sim.TRAINING_PRESETS]:
+        link = report.preset_source(name)
+        if name in ("exact_f32", "float32"):  # fp4sim's own baselines
+            assert link == "—"
+        else:
+            assert link.startswith("[") and "](https://" in link, (name, link)

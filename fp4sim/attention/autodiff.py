@@ -29,7 +29,7 @@ This module owns:
   scores again: the same bits as :func:`rebuild_p` (tested for every forward preset), which
   :func:`training_backward` and the consistency checks still run.
 * Named recipes: :data:`TRAINING_PRESETS` (published routes and the float32 baseline) and
-  :data:`LEAK_TABLE` (the rows of seed_algorithms.md §6.3, in order).
+  :data:`LEAK_TABLE` (the configurations of FLAMIA (github.com/yandex-research/flamia-blackwell-attention)'s leak table, in order).
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim._checks import as_float_array, check_bool, check_static
 from fp4sim._checks import softmax_scale as check_softmax_scale
-from fp4sim._xp import Array, bitcast, materialize, namespace
+from fp4sim._xp import Array, NoDerivativeError, bitcast, materialize, namespace, no_derivative
 from fp4sim.attention import causal as sc
 from fp4sim.attention import operands as ops
 from fp4sim.attention.backward import (
@@ -214,10 +215,11 @@ def training_forward(q: Array, k: Array, v: Array, recipe: TrainingRecipe, *,
 
     Self-attention shapes: ``segment_ids`` (..., S) label packed documents (queries and keys
     share them). NumPy or jax inputs (float32)."""
-    if not isinstance(recipe, TrainingRecipe):
-        raise TypeError(f"recipe={recipe!r} must be a TrainingRecipe")
+    check_static("recipe", recipe, TrainingRecipe, "fp4sim.TRAINING_PRESETS['float32']")
+    causal = check_bool("causal", causal)
     xp = namespace(q, k, v, segment_ids)
-    q, k, v = (xp.asarray(x, dtype=np.float32) for x in (q, k, v))
+    q, k, v = (no_derivative(xp.asarray(as_float_array(n, x, xp), dtype=np.float32),
+                             "training_forward") for n, x in (("q", q), ("k", k), ("v", v)))
     scale = _softmax_scale(q.shape[-1], softmax_scale)
     fq = _quantizer(segment_ids, recipe.segment_aligned)
     if segment_ids is not None and recipe.segment_aligned and \
@@ -287,6 +289,9 @@ def rebuild_p(saved: SavedForward, recipe: AttentionRecipe, *,
               high_precision: bool = False) -> RebuiltP:
     """P̃ from the saved quantized Q/K and row statistics with ``recipe``'s converter and tiling
     (module docstring). Bit-identical to the forward's P when ``recipe`` is the forward's."""
+    check_static("saved", saved, SavedForward, "fp4sim.training_forward(q, k, v, recipe)[1]")
+    check_static("recipe", recipe, AttentionRecipe, "training_recipe.forward")
+    high_precision = check_bool("high_precision", high_precision)
     xp = namespace(saved.q_hat, saved.k_hat, saved.m)
     sq, d = saved.q_hat.shape[-2:]
     skv = saved.k_hat.shape[-2]
@@ -563,17 +568,27 @@ def emulated_attention(q: Array, k: Array, v: Array, recipe: TrainingRecipe, *,
     """O of ``recipe``'s training forward; ``jax.grad`` through it runs the emulated backward.
 
     jax arrays (under ``jit``/``vmap``/``grad``); ``recipe``, ``softmax_scale`` and ``causal``
-    must be static. ``segment_ids`` (..., S) integer, or None. NumPy inputs are converted."""
-    import jax.numpy as jnp
+    must be static. ``segment_ids`` (..., S) integer, or None. NumPy inputs are converted.
 
-    if not isinstance(recipe, TrainingRecipe):
-        raise TypeError(f"recipe={recipe!r} must be a TrainingRecipe")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal={causal!r} must be a bool")
+    Reverse mode only (``jax.grad``, ``jax.vjp``, ``jax.jacrev``): the emulated backward is a
+    vector-Jacobian product. Forward mode (``jax.jvp``, ``jax.jacfwd``, ``jax.hessian``) raises
+    :class:`fp4sim.NoDerivativeError` saying so (JAX's own custom_vjp message where
+    ``jax.jvp`` is applied to an already traced ``jax.jit`` function)."""
+    import jax.numpy as jnp
+    from jax.interpreters import ad
+
+    check_static("recipe", recipe, TrainingRecipe, "fp4sim.TRAINING_PRESETS['float32']")
+    check_bool("causal", causal)
+    q, k, v = (jnp.asarray(as_float_array(n, x, jnp), dtype=jnp.float32)
+               for n, x in (("q", q), ("k", k), ("v", v)))
+    if any(isinstance(x, ad.JVPTracer) for x in (q, k, v)):
+        raise NoDerivativeError(
+            "emulated_attention has a reverse-mode derivative only (the emulated backward, a "
+            "vector-Jacobian product): use jax.grad, jax.vjp or jax.jacrev; forward mode "
+            "(jax.jvp, jax.jacfwd, jax.hessian) is not defined for it")
     scale = _softmax_scale(q.shape[-1], softmax_scale)
     f = _vjp_function(recipe, scale, causal, segment_ids is not None)
     seg = None if segment_ids is None else jnp.asarray(segment_ids, dtype=jnp.int32)
-    q, k, v = (jnp.asarray(x, dtype=jnp.float32) for x in (q, k, v))
     if seg is None:
         seg = jnp.zeros(q.shape[:-1], jnp.int32)  # unused (segmented=False)
     return f(q, k, v, seg)

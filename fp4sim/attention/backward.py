@@ -38,11 +38,13 @@ This module owns the gradient of softmax attention ``O = softmax(c_e·Q Kᵀ + m
   (:func:`fp4sim.attention.operands.fake_quantize_stats`), not a pass over the elements; any
   sound bounds give the same bits (:func:`fp4sim.attention._ordered.quantized_stats`). ``D`` is a fixed
   pairwise-tree sum, ``dS`` is formed elementwise; every float32 step flushes results below
-  2^-126 (``.ftz`` arithmetic).
+  2^-126 (``.ftz`` arithmetic) and reads float32-subnormal operands as +0 (DAZ: XLA CPU
+  does so by itself; the emulator flushes the operands explicitly with integer operations, so
+  NumPy and ``jax.jit`` give the same bits also where P̃, dO or O are float32-subnormal).
 
 The identity ``D_i = Σ_j P̃_ij dP_ij = rowsum(dO_i ∘ O_i)`` holds only when ``O = P̃ V̂`` with the
 very ``P̃`` used in dS; the rows of dS then sum to ``D_i·(1 − Σ_j P̃_ij)``, which is zero only
-under consistent normalization (seed_algorithms.md §5.2: 0 vs 0.068027 in the two-key example).
+under consistent normalization (0 vs 0.068027 in the two-key example).
 :mod:`fp4sim.attention.consistency` checks these and the other invariants.
 
 Masks are those of :mod:`fp4sim.attention.reference`: ``causal`` aligned at the end (query i
@@ -59,8 +61,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fp4sim import _xp
+from fp4sim._checks import as_float_array, check_same_shape
 from fp4sim._xp import Array
-from fp4sim.attention import operands
+from fp4sim.attention import operands, ordered_gpu
 from fp4sim.attention._ordered import operand_stats, plain_or_chain, plain_sum_is_exact
 from fp4sim.attention.recipe import (  # defined with every recipe; re-exported here
     BackwardAccumulation,
@@ -97,6 +100,13 @@ def softmax_grad(p: Array, dp: Array, delta: Array) -> Array:
     ``p`` and ``dp`` are (..., N, M), ``delta`` is (..., N). With ``D = Σ_j P_ij dP_ij`` each row
     of dS sums to zero; with any other D it sums to ``D·(1 − Σ_j P_ij) + (Σ P dP − D)``.
     """
+    xp = _xp.namespace(p, dp, delta)
+    p, dp, delta = (as_float_array(n, a, xp) for n, a in (("p", p), ("dp", dp),
+                                                          ("delta", delta)))
+    check_same_shape(p=p, dp=dp)
+    if tuple(delta.shape) != tuple(p.shape[:-1]):
+        raise ValueError(f"delta has shape {tuple(delta.shape)}; it must be p's shape without "
+                         f"the key axis, {tuple(p.shape[:-1])}")
     return p * (dp - delta[..., None])
 
 
@@ -112,6 +122,7 @@ def attention_grad_reference(q: Array, k: Array, v: Array, d_out: Array, *,
     """
     from fp4sim.attention.reference import attention_reference
 
+    d_out = as_float_array("d_out", d_out)
     ref = attention_reference(q, k, v, causal=causal, q_segment_ids=q_segment_ids,
                               kv_segment_ids=kv_segment_ids, softmax_scale=softmax_scale)
     q, k, v, d_out = (np.asarray(x, dtype=np.float64) for x in (q, k, v, d_out))
@@ -138,8 +149,9 @@ def _matmul(a: Array, b: Array,
     ``transpose_a`` the product ``aᵀ @ b`` of a stored (..., K, I) (no transposed copy is made:
     on XLA CPU a transpose of a 2048² operand costs ~25 ms, more than its product loop).
 
-    ``SEQUENTIAL``: ``acc_0 = fl(a_0 b_0)``, ``acc_k = fl(acc_{k−1} + fl(a_k b_k))`` with every
-    result below 2^-126 flushed (:mod:`fp4sim.formats.f32`, which also keeps XLA from fusing
+    ``SEQUENTIAL``: operands below 2^-126 are read as +0 first (DAZ, what XLA CPU does; done
+    with integer operations so NumPy and jax agree), then ``acc_0 = fl(a_0 b_0)``,
+    ``acc_k = fl(acc_{k−1} + fl(a_k b_k))`` with every result below 2^-126 flushed (:mod:`fp4sim.formats.f32`, which also keeps XLA from fusing
     the multiply into the add). When :func:`plain_sum_is_exact` holds for the operands, the same
     bits come from the unflushed ``acc + a_k·b_k`` (a fused multiply-add allowed) and one final
     flush of the result (proof there), about 3x faster; otherwise the flushed chain runs. A
@@ -163,6 +175,10 @@ def _matmul(a: Array, b: Array,
         return xp.matmul(a, b, precision=jax.lax.Precision.HIGHEST)
     a_stats = operand_stats(a) if a_stats is None else a_stats
     b_stats = operand_stats(b) if b_stats is None else b_stats
+    # float32-subnormal operands are read as zero (DAZ) on every backend, by integer operations:
+    # XLA CPU does so on its own, NumPy would not (same bits on both; the stats of the
+    # unflushed operands remain valid bounds: flushing only removes small magnitudes)
+    a, b = f32.ftz(a), f32.ftz(b)
     if xp is np:
         a = _swap(a) if transpose_a else a  # a view
         if bool(plain_sum_is_exact(a_stats, b_stats, a.shape[-1])):
@@ -309,11 +325,12 @@ def _sequential_jax(transposed: bool = False):
     :func:`plain_sum_is_exact` holds, else the flushed chain, by one ``lax.cond`` whose
     predicate stays unbatched under ``vmap`` (:func:`fp4sim.attention._ordered.plain_or_chain`)."""
 
-    def plain(a: Any, b: Any, *needed: Any) -> Any:
-        return _loop(a, b, True, needed[0] if needed else None, transposed)
+    def plain(a: Any, b: Any, *needed: Any) -> Any:  # on a GPU: the ordered_gpu kernel
+        return ordered_gpu.backward_dispatch(_loop, a, b, True, needed[0] if needed else None,
+                                             transposed)
 
     def chain(a: Any, b: Any, *needed: Any) -> Any:
-        return _loop(a, b, False, None, transposed)
+        return ordered_gpu.backward_dispatch(_loop, a, b, False, None, transposed)
 
     return plain_or_chain(plain, chain)
 
@@ -409,8 +426,10 @@ def emulated_backward(p: Array, q_hat: Array, k_hat: Array, v_hat: Array, out: A
     dp = _xp.materialize(_matmul(d_out_q, _swap(v_hat), accumulation, a_stats=st.get("do"),
                              b_stats=st.get("v"), needed=needed))
     o_d = xp.asarray(out if out_delta is None else out_delta, dtype=np.float32)
-    dlt = f32.tree_sum_ftz(f32.mul_ftz(d_out_delta, o_d), axis=-1)
-    ds = _xp.materialize(f32.mul_ftz(p_ds, f32.ftz(dp - dlt[..., None])))
+    # operands of native float32 operations are read with float32 subnormals as +0 (DAZ, what
+    # XLA CPU does by itself), so NumPy and jax agree: f32.ftz on the inputs, too
+    dlt = f32.tree_sum_ftz(f32.mul_ftz(f32.ftz(d_out_delta), f32.ftz(o_d)), axis=-1)
+    ds = _xp.materialize(f32.mul_ftz(f32.ftz(p_ds), f32.ftz(dp - dlt[..., None])))
     ds_q, ds_st = _quantized(fq, ds, ds_scaling, seq)
     ds_q = _xp.materialize(ds_q)
     c = np.float32(softmax_scale)

@@ -41,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from fp4sim._xp import Array, is_jax, namespace
+from fp4sim._checks import as_f32, check_static
+from fp4sim._xp import Array, adopt, is_jax, namespace
 from fp4sim.attention.operands import (
     E4M3_CAST,
     FLOAT32,
@@ -117,6 +118,14 @@ def fake_quantize_segmented(x: Array, scaling: OperandScaling, segment_ids: Arra
     a group (the number of distinct documents of the busiest group on NumPy; under jax, where
     the ids may be traced, the group length, batched into one vmapped call).
     """
+    check_static("scaling", scaling, OperandScaling, "fp4sim.attention.operands.PER_TOKEN_POW2")
+    x = as_f32("x", x, namespace(x, segment_ids))
+    if x.ndim < 2:
+        raise ValueError(f"x has shape {tuple(x.shape)}; it must be (..., tokens, features)")
+    if segment_ids is not None:
+        segment_ids = namespace(x, segment_ids).asarray(adopt(segment_ids, "segment_ids"))
+        if np.dtype(segment_ids.dtype).kind not in "iu":
+            raise TypeError(f"segment_ids has dtype {segment_ids.dtype}; allowed: integers")
     n = x.shape[-2]
     group = token_group_length(scaling, n)
     if segment_ids is None or group == 1:

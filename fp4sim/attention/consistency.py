@@ -1,4 +1,4 @@
-"""Forward/backward consistency of a training recipe (seed_algorithms.md §5.2, §6.4).
+"""Forward/backward consistency of a training recipe (the conditions of FLAMIA and Attn-QAT, arXiv:2603.00040).
 
 This module owns the checks that a low-precision backward differentiates the forward that was
 actually run, and the named *deliberate mismatches* that break them, for experiments:
@@ -125,7 +125,7 @@ def _excess(dev: np.ndarray, bound: np.ndarray) -> float:
 def check_consistency(recipe: TrainingRecipe, q: Any, k: Any, v: Any, d_out: Any, *,
                       softmax_scale: float | None = None, causal: bool = True,
                       segment_ids: Any = None) -> ConsistencyReport:
-    """Run ``recipe``'s forward and backward on float32 NumPy inputs and check §5.2/§6.4."""
+    """Run ``recipe``'s forward and backward on float32 NumPy inputs and check the consistency conditions."""
     from fp4sim.attention.autodiff import forward_p, training_backward, training_forward
 
     if not isinstance(recipe, TrainingRecipe):

@@ -16,7 +16,7 @@ Output: a :class:`PTile` with
   *unquantized* weights in the same units as ``values · 2^exps · 2^factor_exp`` (only when asked),
 * ``k``: (..., rows, blocks) the block exponent actually used (Direct-P k_B, HAO b_g, RCEIL e_B).
 
-The converters (seed_algorithms.md §2), with the float32 evaluation order that defines them:
+The converters, with the float32 evaluation order that defines them:
 
 ``ExactP`` + MXFP4  (Direct-P family) ``k_B`` per :class:`BlockExponent`, ``x = fl(t + fl(log2 6 − k_B))``,
                     payload ``RN_E2M1_sat(exp2(x))``, scale code ``k_B + 127``, ``pdiv = 6``.
@@ -28,14 +28,14 @@ The converters (seed_algorithms.md §2), with the float32 evaluation order that 
 ``ExactP`` + NVFP4  ``p = exp2(t)``, ``sf = RN_UE4M3(fl(max p / 6))``, payload ``RN_E2M1(fl(p / sf))``
                     (payload 0 where sf = 0), values ``payload·sf``.
 ``ExactP`` + FP8 / BF16 / FLOAT32: ``RN(exp2(t))`` in E4M3 / BF16 / float32 (no scale).
-``LogGroupP``       HAO (§2.2): ``s = fl(t + off)``, ``off = log2 6`` (NVFP4, 16 keys) or ``log2 448``
+``LogGroupP``       HAO (github.com/hao-ai-lab/flash-attention-fp4): ``s = fl(t + off)``, ``off = log2 6`` (NVFP4, 16 keys) or ``log2 448``
                     (MXFP8, 32 keys); ``b = fl(max(max s, clamp) − off)``, ceil'ed for MXFP8;
                     ``P = exp2(fl(s − b))``; NVFP4 scale ``RN_UE4M3(exp2(b))``, MXFP8 scale code
                     ``b + 127``; mismatched sum ``Σ_g fl(exp2(b) · Σ_j P_j)``.
-``SageTwoLevelP``   (§2.3): ``P̂ = exp2(fl(t + log2 2688))``, ``A_g = exp2(fl(max_g t + log2 448))``,
+``SageTwoLevelP``   (SageAttention3, arXiv:2505.11594): ``P̂ = exp2(fl(t + log2 2688))``, ``A_g = exp2(fl(max_g t + log2 448))``,
                     payload ``RN_E2M1(fl(P̂ / A_g))``, scale ``RN_UE4M3(A_g)``; mismatched ``Σ P̂``.
-``FixedScaleP``     (§2.5): payload ``RN_E4M3(p · scale)``, ``factor_exp = −log2 scale``.
-``SchraudolphP``    (§2.9): code pattern ``floor(2^mb·fl(t + fl(scale_log2 − shift))) + bias·2^mb``.
+``FixedScaleP``     (cuDNN, github.com/NVIDIA/cudnn-frontend): payload ``RN_E4M3(p · scale)``, ``factor_exp = −log2 scale``.
+``SchraudolphP``    (Schraudolph 1999, as used by FLAMIA): code pattern ``floor(2^mb·fl(t + fl(scale_log2 − shift))) + bias·2^mb``.
 
 Sums over keys inside a converter (the mismatched denominators) use the fixed pairwise tree of
 :func:`fp4sim.formats.f32.tree_sum_ftz` over each scale group (or the whole tile), then add the
@@ -51,6 +51,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim._checks import as_f32, check_bool, check_static
 from fp4sim._xp import Array, bitcast, namespace
 from fp4sim.attention.exp2 import exp2_model, exp2_rn
 from fp4sim.attention.recipe import (
@@ -71,6 +72,7 @@ from fp4sim.formats.codec import bf16_round, bf16_values, decode, encode
 from fp4sim.formats.spec import E2M1, E4M3, UE4M3, NanPolicy, Policy
 
 __all__ = ["PTile", "convert_tile", "direct_p_payload", "direct_p_coordinate", "bf16_round",
+           "block_max_exponent",
            "mitchell_exp2",
            "LOG2_6", "LOG2_448", "LOG2_2688"]
 
@@ -118,6 +120,14 @@ def _ceil_exp(xp: ModuleType, m: Array, lo: int = -127, hi: int = 127) -> Array:
     return c.astype(np.int32)
 
 
+def block_max_exponent(tb: Array) -> Array:
+    """Direct-P's ``k_B = ceil(max_{j in B} t_j)`` (``BlockExponent.BLOCK_MAX_CEIL``) of the
+    blocks ``tb`` (..., blocks, block keys): int32, clamped to [−127, 127], −inf gives −127 and
+    NaN 0 (also used by the GPU kernel of :mod:`fp4sim.attention.direct_p_gpu`)."""
+    xp = namespace(tb)
+    return _ceil_exp(xp, _block_max(xp, tb))
+
+
 def _group_sum(xp: ModuleType, vals_b: Array, weight: Array | None = None,
                exps: Array | None = None) -> Array:
     """Σ_groups fl(weight_g · tree_sum_g(vals)) (or ``· 2^exps_g``), groups added in key order
@@ -137,7 +147,7 @@ def mitchell_exp2(y: Array) -> Array:
     """Mitchell's piecewise-linear 2^y: float32 bits ``floor(y·2^23) + 127·2^23``, i.e.
     ``2^floor(y)·(1 + frac(y))`` (y clamped to 127 above; 0 below −126 and for −Inf/NaN)."""
     xp = namespace(y)
-    y = xp.asarray(y, dtype=np.float32)
+    y = as_f32("y", y, xp)
     ok = y >= np.float32(-126.0)
     ys = xp.where(ok, xp.minimum(y, np.float32(127.0)), np.float32(0.0))
     i = xp.floor(ys * np.float32(2.0**23)).astype(np.int32) + np.int32(127 << 23)
@@ -147,8 +157,11 @@ def mitchell_exp2(y: Array) -> Array:
 def direct_p_coordinate(t: Array, k: Array) -> Array:
     """Direct-P coordinate ``x = fl(t + fl(log2 6 − k))`` (k broadcast against t)."""
     xp = namespace(t, k)
-    bias = xp.asarray(LOG2_6) - xp.asarray(k).astype(np.float32)
-    return xp.asarray(t, dtype=np.float32) + bias
+    k = xp.asarray(k)
+    if np.dtype(k.dtype).kind not in "iuf":
+        raise TypeError(f"k has dtype {k.dtype}; allowed: integer block exponents")
+    bias = xp.asarray(LOG2_6) - k.astype(np.float32)
+    return as_f32("t", t, xp) + bias
 
 
 def direct_p_payload(converter: Any, x: Array, *, exp2: Exp2Model = Exp2Model(),
@@ -156,7 +169,7 @@ def direct_p_payload(converter: Any, x: Array, *, exp2: Exp2Model = Exp2Model(),
     """E2M1 payload codes (uint8) of the Direct-P family (ExactP, AffineP, MitchellP) from the
     coordinate ``x`` (float32, any shape; −inf gives code 0)."""
     xp = namespace(x)
-    x = xp.asarray(x, dtype=np.float32)
+    x = as_f32("x", x, xp)
     if isinstance(converter, ExactP):
         value = exp2_model(x, exp2, fragment=fragment, tile=tile) if x.ndim else exp2_rn(x)
     elif isinstance(converter, AffineP):
@@ -175,6 +188,9 @@ def convert_tile(recipe: AttentionRecipe, t: Array, *, need_mismatched: bool = F
     """P of one key tile ``t`` (..., rows, keys) per ``recipe`` (converter, P format, block
     exponent rule, exp2 model, fragment and tile sizes). Pure; the backward calls it to rebuild
     P bit-identically from the same ``t``."""
+    check_static("recipe", recipe, AttentionRecipe, "fp4sim.PRESETS['hw_fp4_direct_p']")
+    check_bool("need_mismatched", need_mismatched)
+    t = as_f32("t", t, namespace(t))
     with np.errstate(over="ignore", invalid="ignore"):  # NaN rows follow the forward's policy
         return _convert_tile(recipe, t, need_mismatched)
 
@@ -198,7 +214,7 @@ def _convert_tile(recipe: AttentionRecipe, t: Array, need_mismatched: bool) -> P
     if fmt is PFormat.MXFP4:
         tb = _blocks(xp, t, fmt.block)
         if recipe.block_exponent is BlockExponent.BLOCK_MAX_CEIL:
-            k = _ceil_exp(xp, _block_max(xp, tb))
+            k = block_max_exponent(tb)
         else:
             k = xp.zeros(tb.shape[:-1], dtype=np.int32)
         x = _unblock(xp, direct_p_coordinate(tb, k[..., None]))

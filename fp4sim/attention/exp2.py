@@ -4,7 +4,7 @@ Both run on NumPy and under ``jax.jit`` with identical bits: they use only float
 whose results are exact or correctly rounded by construction (:mod:`fp4sim.formats.f32`),
 integer bit manipulation, and flush-to-zero of results below 2^-126.
 
-:func:`exp2_rn` — "exact" exp2 of fp4sim (seed_algorithms.md §11 item 7): the float32 nearest
+:func:`exp2_rn` — "exact" exp2 of fp4sim: the float32 nearest
 (ties to even) to the real 2^x, with results below 2^-126 flushed to +0 (the SIMT path is FTZ);
 x ≥ 128 gives +Inf, x = −Inf gives +0, NaN gives NaN. Method: ``x = n + r`` with
 ``n = rint(x)``, ``r = j/256 + s`` (exact), ``2^r = T_j·e^{s·ln 2}`` with the table
@@ -15,7 +15,7 @@ is below 2^-53 relative, so a result can only be misrounded when 2^x lies within
 of a midpoint between two float32 numbers; the tests compare against float64 ``exp2`` rounded
 to float32 on millions of inputs, including every float32 in chosen intervals.
 
-:func:`exp2_fa4` — FA4's software ex2 (Dao-AILab ``flash_attn/cute/utils.py``; §2.6):
+:func:`exp2_fa4` — FA4's software ex2 (github.com/Dao-AILab/flash-attention ``flash_attn/cute/utils.py``):
 ``xc = max(x, −127)``, ``n = floor(xc)``, ``f = fl(xc − n)``,
 ``p = fma(fma(fma(c3, f, c2), f, c1), f, c0)`` with the degree-3 coefficients ``POLY_EX2``, and
 the result bits ``(n << 23) + bits(p)`` (integer add into the exponent field). The FMAs are
@@ -31,6 +31,7 @@ import decimal
 
 import numpy as np
 
+from fp4sim._checks import as_f32
 from fp4sim._xp import Array, bitcast, namespace
 from fp4sim.attention.recipe import Exp2Kind, Exp2Model
 from fp4sim.formats import f32
@@ -66,7 +67,7 @@ _INV120 = np.float32(1 / 120)
 def exp2_rn(x: Array) -> Array:
     """Correctly rounded float32 ``2^x`` with flush-to-zero of results below 2^-126."""
     xp = namespace(x)
-    x = f32.ftz(xp.asarray(x, dtype=np.float32))
+    x = f32.ftz(as_f32("x", x, xp))
     finite = xp.isfinite(x)
     xs = xp.where(finite, xp.clip(x, np.float32(-127.0), np.float32(128.0)), np.float32(0.0))
     n = xp.round(xs)  # half to even: exact integer
@@ -110,7 +111,7 @@ def exp2_fa4(x: Array) -> Array:
     """FA4's polynomial ``ex2`` emulation, bit-exact (see the module docstring), flushed.
     Valid for x <= 127 (larger x wraps, as on the GPU); NaN gives NaN, −Inf gives +0."""
     xp = namespace(x)
-    x = f32.ftz(xp.asarray(x, dtype=np.float32))
+    x = f32.ftz(as_f32("x", x, xp))
     xc = xp.maximum(xp.where(xp.isnan(x), np.float32(0.0), x), np.float32(-127.0))
     xc = xp.minimum(xc, np.float32(127.0))
     n = xp.floor(xc)
@@ -158,7 +159,7 @@ def log2_f32(x: Array) -> Array:
     ``2/ln2·atanh((m−1)/(m+1))`` to the 11th power. 0 gives −Inf, negative or NaN gives NaN,
     +Inf gives +Inf. Used for the LSE."""
     xp = namespace(x)
-    x = f32.ftz(xp.asarray(x, dtype=np.float32))
+    x = f32.ftz(as_f32("x", x, xp))
     bits = bitcast(x, np.uint32)
     e = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32) - 127
     mant = bitcast((bits & np.uint32(0x7FFFFF)) | np.uint32(0x3F800000), np.float32)

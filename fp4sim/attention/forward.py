@@ -28,7 +28,7 @@ the accumulator columns where a 0·Inf (or 0·NaN) partial gives NaN, which one 
 keys' column sums of fl(0·v) reproduces; its anchors and P codes/scales are filled in. Under jax
 the row blocks are mapped in up to ``_BUCKETS`` groups, each with the tiles its last block needs.
 
-Per key tile of ``block_kv`` keys (seed_algorithms.md §2.0, §4.2):
+Per key tile of ``block_kv`` keys (the notation of :mod:`fp4sim.attention.recipe`):
 
 1. Scores ``z`` from the quantized operands (:func:`quantize_qk`): each scale block's partial
    dot product is formed first — by a matrix product when it is exact (FP4 payloads, optionally
@@ -43,10 +43,10 @@ Per key tile of ``block_kv`` keys (seed_algorithms.md §2.0, §4.2):
 4. PV: the power-of-two block scales ``2^k_P``, ``2^k_V`` (and ``factor_exp``) are applied to
    the operands (exact; values below 2^-126 flush); for each sub-block of keys sharing one P
    scale and one V scale the partial product is formed (exactly by a matrix product for
-   FP4 x FP4, else a float32 sum in key order); the partials of one ``pv_group`` (K64 of seed
-   000) are added together, then to the float32 accumulator ``A``.
+   FP4 x FP4, else a float32 sum in key order); the partials of one ``pv_group`` (K64 in Hardware-Aware
+   FP4 FlashAttention-4) are added together, then to the float32 accumulator ``A``.
 5. Denominator: ``CONSISTENT`` (and ``EXACT``) adds, per P block in key order,
-   ``fl(fl(Σq / pdiv)·2^k)`` (the FTZ-safe order of §4.3); ``MISMATCHED`` adds the converter's
+   ``fl(fl(Σq / pdiv)·2^k)`` (the FTZ-safe order of :mod:`fp4sim.attention.normalization`); ``MISMATCHED`` adds the converter's
    float32 sum of unquantized weights. ``L ← fl(fl(L·r) + L_tile)``.
 
 Finally ``O = fl(fl(A / (pdiv·v_div)) / L)`` (consistent; ``pdiv = 6`` for Direct-P P and
@@ -72,21 +72,26 @@ exactly, so ``convert_tile(recipe, t)`` rebuilds P bit for bit.
 
 from __future__ import annotations
 
+import functools
 import math
 from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim._checks import as_f32, as_float_array, check_bool, check_static
 from fp4sim._checks import softmax_scale as check_softmax_scale
-from fp4sim._xp import Array, materialize, namespace
-from fp4sim.attention import operands
+from fp4sim._xp import Array, adopt, canonical_nan, materialize, namespace, no_derivative
+from fp4sim.attention import direct_p_gpu, operands, ordered_gpu
 from fp4sim.attention._ordered import operand_stats, ordered_product
 from fp4sim.attention.converters import PTile, convert_tile
 from fp4sim.attention.exp2 import exp2_rn, log2_f32
 from fp4sim.attention.normalization import block_denominator, represented_output
 from fp4sim.attention.recipe import (
+    AffineP,
     AttentionRecipe,
+    BlockExponent,
+    MitchellP,
     Normalization,
     PFormat,
     QKFormat,
@@ -103,6 +108,8 @@ __all__ = ["Operand", "ForwardResult", "ForwardIntermediates", "quantize_qk", "q
 
 _LN2 = np.float32(math.log(2.0))
 _ROW_CHUNK = 128  # query rows per chunk under jax (rows are independent)
+_GPU_ROW_CHUNK = 1024  # the same where the computation is lowered for a GPU (fewer map steps)
+_GPU_ROW_CHUNK_FUSED = 4096  # ... for the Direct-P kernels (fewer rows: too few programs)
 _NP_ROW_CHUNK = 512  # query rows per block on NumPy (bounds the memory)
 _BUCKETS = 4  # causal under jax: row-block groups, each computed on the key tiles it sees
 
@@ -149,12 +156,10 @@ class ForwardResult(NamedTuple):
 
 # --- inputs ---------------------------------------------------------------------------------
 def _as_f32(xp: ModuleType, x: Array, name: str) -> Array:
-    x = xp.asarray(x)
+    x = xp.asarray(as_float_array(name, x, xp, allowed="float32, bfloat16, float16, float64 "
+                                                      "(rounded to float32)"))
     if x.dtype == np.float32:
         return x
-    if np.dtype(x.dtype).kind != "f" and "bfloat16" not in str(x.dtype):
-        raise TypeError(f"{name} has dtype {x.dtype}; allowed: float32, bfloat16, float16, "
-                        f"float64 (rounded to float32)")
     return x.astype(np.float32)
 
 
@@ -166,6 +171,7 @@ def score_scale(head_dim: int, softmax_scale: float | None) -> np.float32:
 def converter_unit(recipe: AttentionRecipe) -> float:
     """Constant ratio between the converter's MMA units and probabilities (declared by the
     converter: ``recipe.converter.unit(recipe.p_format)``)."""
+    check_static("recipe", recipe, AttentionRecipe, "fp4sim.EXACT_F32")
     return recipe.converter.unit(recipe.p_format)
 
 
@@ -173,6 +179,9 @@ def hadamard(x: Array) -> Array:
     """Orthonormal Walsh-Hadamard transform along the last axis (a power of two), float32:
     butterflies in a fixed order, then the scale 1/√D (exact when log2 D is even)."""
     xp = namespace(x)
+    x = as_f32("x", x, xp)
+    if x.ndim == 0:
+        raise ValueError("hadamard needs at least one axis (the head dim); got a scalar")
     d = x.shape[-1]
     n = d.bit_length() - 1
     if d < 1 or (1 << n) != d:
@@ -196,6 +205,8 @@ def _expand_last(xp: ModuleType, s: Array, block: int) -> Array:
 
 def quantize_qk(x: Array, recipe: AttentionRecipe) -> Operand:
     """Q or K (..., S, D) in ``recipe.qk`` (scale groups along the head dim, per token)."""
+    check_static("recipe", recipe, AttentionRecipe, "fp4sim.FLAMIA_NVFP4")
+    x = as_f32("x", x, namespace(x))
     with np.errstate(divide="ignore", invalid="ignore"):  # all-zero (padding) blocks
         return _quantize_qk(x, recipe)
 
@@ -239,6 +250,8 @@ def _quantize_qk(x: Array, recipe: AttentionRecipe) -> Operand:
 
 def quantize_v(v: Array, recipe: AttentionRecipe) -> Operand:
     """V (..., Skv, Dv) in ``recipe.v`` (scale groups along tokens)."""
+    check_static("recipe", recipe, AttentionRecipe, "fp4sim.FLAMIA_NVFP4")
+    v = as_f32("v", v, namespace(v))
     with np.errstate(divide="ignore", invalid="ignore"):  # all-zero (padding) blocks
         return _quantize_v(v, recipe)
 
@@ -304,7 +317,23 @@ def _key_blocks(k: Operand) -> Array | None:
 
 def scores(q: Operand, k: Operand) -> Array:
     """Raw float32 scores z (..., Sq, Sk) of quantized operands (module docstring, step 1)."""
+    check_static("q", q, Operand, "fp4sim.quantize_qk(q, recipe)")
+    check_static("k", k, Operand, "fp4sim.quantize_qk(k, recipe)")
     return _scores(q, k, _key_blocks(k))
+
+
+def _exact_block_sum(qv: Any, kv: Any, kbt: Any, blk: int) -> Any:
+    """Σ_b z_b in block order (plain float32 adds) of the exact block partials
+    ``z_b = qv_b·kv_bᵀ`` (exact operands without block exponents, :func:`_scores`); ``kv``
+    (the keys' values, for the GPU kernel) is not used here."""
+    xp = namespace(qv, kbt)
+    nb = qv.shape[-1] // blk
+    qb = xp.moveaxis(xp.reshape(qv, qv.shape[:-1] + (nb, blk)), -2, -3)
+    parts = materialize(_matmul(xp, qb, kbt))  # (..., nb, Sq, Sk), every entry exact
+    acc = parts[..., 0, :, :]
+    for b in range(1, nb):
+        acc = acc + parts[..., b, :, :]  # multiples of 2^-20: never subnormal
+    return acc
 
 
 def _scores(q: Operand, k: Operand, kbt: Any) -> Any:
@@ -312,6 +341,10 @@ def _scores(q: Operand, k: Operand, kbt: Any) -> Any:
     d = q.values.shape[-1]
     blk = q.block
     nb = d // blk
+    if q.exact and q.exps is None and kbt is not None:
+        # on a GPU one kernel (fp4sim.attention.ordered_gpu.exact_scores): the same bits
+        acc = ordered_gpu.exact_scores_dispatch(_exact_block_sum, q.values, k.values, kbt, blk)
+        return _score_factors(q, k, acc)
     if q.exact:
         # all block partials in one batched product; each entry is exact, so the backend's
         # summation order cannot matter; the barrier keeps the ordered block sum separate
@@ -332,6 +365,11 @@ def _scores(q: Operand, k: Operand, kbt: Any) -> Any:
             acc = acc + part  # multiples of 2^-20 (FP4 x UE4M3 squared): never subnormal
         else:
             acc = f32.add_ftz(acc, part)
+    return _score_factors(q, k, acc)
+
+
+def _score_factors(q: Operand, k: Operand, acc: Any) -> Any:
+    """The per-token factors of step 1 applied to the block sum ``acc``."""
     if q.post_exp is not None:
         acc = f32.ldexp_ftz(acc, q.post_exp[..., :, None] + k.post_exp[..., None, :])
     if q.post is not None:
@@ -342,6 +380,7 @@ def _scores(q: Operand, k: Operand, kbt: Any) -> Any:
 def log2_scores(z: Array, c: Array, valid: Array) -> Array:
     """``u = fl(z·c)`` with masked keys −inf."""
     xp = namespace(z)
+    z, c = as_f32("z", z, xp), as_f32("c", c, xp)
     return xp.where(valid, f32.mul_ftz(z, c), np.float32(-np.inf))
 
 
@@ -378,24 +417,45 @@ def _group_partials(xp: ModuleType, p: PTile, v_vals: Array, v_exps: Array | Non
     vr = xp.reshape(vvals, (*lead, nt, ns, sub, dv))
     # computed once: otherwise XLA re-fuses the scaling into every broadcast use of the loop
     pr, vr = materialize((pr, vr))
-    if exact:
-        parts = f32.ftz(_matmul(xp, pr, vr))  # every entry exact
-    else:
-        # each sub-block's ordered float32 sum: the plain loop where it is proven to give the
-        # flushed chain's bits (short significands, no tiny product, no overflow; e.g. E4M3 P
-        # times an E4M3 V), else the chain: one predicate per call (per row block under jax)
-        parts = ordered_product(_pv_plain, _pv_chain, pr, vr, operand_stats(pr),
-                                operand_stats(vr) if v_stats is None else v_stats)
     per_group = max(1, pv_group // sub)
-    ng = ns // per_group
-    if not exact:
-        # a barrier: fused with the group sums below, XLA CPU runs the chain ~7x slower
-        parts = materialize(parts)
-    parts = xp.reshape(parts, (*lead, nt, ng, per_group, sq, dv))
+    if exact:
+        return _group_sums(f32.ftz(_matmul(xp, pr, vr)), per_group)  # every entry exact
+    # each sub-block's ordered float32 sum: the plain loop where it is proven to give the
+    # flushed chain's bits (short significands, no tiny product, no overflow; e.g. E4M3 P
+    # times an E4M3 V), else the chain: one predicate per call (per row block under jax)
+    return ordered_product(*_pv_group_sums(per_group), pr, vr, operand_stats(pr),
+                           operand_stats(vr) if v_stats is None else v_stats)
+
+
+def _group_sums(parts: Any, per_group: int) -> Any:
+    """(..., nt, ns, Sq, Dv) sub-block partials -> (..., nt, ns/per_group, Sq, Dv): each
+    group's ``per_group`` consecutive partials added in order (flushed)."""
+    xp = namespace(parts)
+    *lead, nt, ns, sq, dv = parts.shape
+    parts = xp.reshape(parts, (*lead, nt, ns // per_group, per_group, sq, dv))
     g = parts[..., 0, :, :]
     for j in range(1, per_group):
         g = f32.add_ftz(g, parts[..., j, :, :])
     return g
+
+
+@functools.cache
+def _pv_group_sums(per_group: int) -> tuple:
+    """(plain, chain): the ordered PV sub-block sums (:func:`_pv_plain`, :func:`_pv_chain`)
+    and their group adds, on a GPU as one kernel (:mod:`fp4sim.attention.ordered_gpu`).
+    Stable objects per ``per_group`` (``ordered_product`` caches by identity)."""
+
+    def sums(partial: Any, plain: bool) -> Any:
+        def jnp_path(pr: Any, vr: Any) -> Any:
+            # a barrier: fused with the group sums, XLA CPU runs the chain ~7x slower
+            return _group_sums(materialize(partial(pr, vr)), per_group)
+
+        def fn(pr: Any, vr: Any) -> Any:
+            return ordered_gpu.grouped_dispatch(jnp_path, pr, vr, per_group, plain)
+
+        return fn
+
+    return sums(_pv_plain, True), sums(_pv_chain, False)
 
 
 def _pv_chain(pr: Any, vr: Any) -> Any:
@@ -484,10 +544,17 @@ class _Problem(NamedTuple):
         return self.k.values.shape[-2] // self.recipe.block_kv
 
 
-def _row_block(pb: _Problem, qo: Operand, qs: Array | None, row_ids: Array, ntu: int) -> tuple:
+def _row_block(pb: _Problem, qo: Operand, qs: Array | None, row_ids: Array, ntu: int,
+               fused: bool = True) -> tuple:
     """Everything for a set of query rows (module docstring, steps 1-5 and the final output),
     computed on the first ``ntu`` key tiles; the other tiles are masked for all these rows
-    (:func:`masked_tile`)."""
+    (:func:`masked_tile`). On a GPU the Direct-P family runs on the kernels of
+    :mod:`fp4sim.attention.direct_p_gpu` (:func:`_direct_p_rows`, the same bits)."""
+    if fused and _fused_direct_p(pb, qo, qs):
+        return ordered_gpu.on_gpu(
+            lambda _, interpret: _direct_p_rows(pb, qo, row_ids, ntu, interpret),
+            lambda _: _row_block(pb, qo, qs, row_ids, ntu, fused=False), qo.values,
+            family="direct_p")
     xp = namespace(qo.values)
     ko, kb, ks = _first_tiles(pb, ntu)
     u, nanf = _row_log2_scores(pb, qo, ko, kb, qs, ks, row_ids, ntu)
@@ -545,7 +612,14 @@ def _running_max(pb: _Problem, ut: Array) -> tuple[Array, Array, Array]:
     """Step 2's running max over the tiles of ``ut`` (..., rows, tiles, tile): the anchor
     ``m'`` each tile uses, the anchor before it, and the final one."""
     xp = namespace(ut)
-    mt = xp.max(xp.where(xp.isnan(ut) | (ut == np.inf), np.float32(-np.inf), ut), axis=-1)
+    return _anchors(pb, xp.max(xp.where(xp.isnan(ut) | (ut == np.inf), np.float32(-np.inf), ut),
+                               axis=-1))
+
+
+def _anchors(pb: _Problem, mt: Any) -> tuple[Any, Any, Any]:
+    """:func:`_running_max` from the tile maxima ``mt`` (..., rows, tiles) of the finite
+    scores."""
+    xp = namespace(mt)
     threshold = pb.recipe.rescale_threshold
     m = xp.full(mt.shape[:-1], -np.inf, dtype=np.float32)
     anchors, prevs = [], []
@@ -593,17 +667,88 @@ def _accumulate(pb: _Problem, p: PTile, r: Array, ntu: int) -> tuple[Array, Arra
         for j in range(g.shape[-3]):
             acc = f32.add_ftz(acc, g[..., i, j, :, :])
         den = f32.add_ftz(f32.mul_ftz(den, r[..., i]), lt[..., i])
-    if ntu < pb.n_tiles:
-        # the skipped tiles: r = 1 (or 0 with acc = 0), P = +0 and a zero denominator, so
-        # each would add fl(0·v) partials: +0, or NaN in a column where V (with its block
-        # scales) holds Inf/NaN; one add of their ordered column sums does exactly that
-        vs = vop.values[..., ku:, :]
-        if vop.exps is not None:
-            vs = f32.ldexp_ftz(vs, xp.repeat(vop.exps[..., ku // vop.block:, :], vop.block,
-                                             axis=-2))
-        zs = xp.sum(f32.mul_ftz(np.float32(0.0), vs), axis=-2)  # (..., Dv): +0 or NaN
-        acc = f32.add_ftz(acc, zs[..., None, :])
-    return acc, den
+    return _skipped_tiles(pb, acc, ntu), den
+
+
+def _skipped_tiles(pb: _Problem, acc: Any, ntu: int) -> Any:
+    """The accumulator after the tiles beyond the first ``ntu`` (masked for every row)."""
+    if ntu == pb.n_tiles:
+        return acc
+    # the skipped tiles: r = 1 (or 0 with acc = 0), P = +0 and a zero denominator, so
+    # each would add fl(0·v) partials: +0, or NaN in a column where V (with its block
+    # scales) holds Inf/NaN; one add of their ordered column sums does exactly that
+    xp = namespace(acc)
+    vop, ku = pb.v, ntu * pb.tile
+    vs = vop.values[..., ku:, :]
+    if vop.exps is not None:
+        vs = f32.ldexp_ftz(vs, xp.repeat(vop.exps[..., ku // vop.block:, :], vop.block,
+                                         axis=-2))
+    zs = xp.sum(f32.mul_ftz(np.float32(0.0), vs), axis=-2)  # (..., Dv): +0 or NaN
+    return f32.add_ftz(acc, zs[..., None, :])
+
+
+def _fused_direct_p(pb: _Problem, qo: Operand, qs: Any) -> bool:
+    """Whether these rows may run on the Direct-P kernels (:mod:`fp4sim.attention.direct_p_gpu`):
+    NVFP4 Q/K, a Direct-P family converter into MXFP4 P, MXFP4 V along tokens, consistent
+    normalization, no segment ids, no intermediates, and shapes the kernels tile."""
+    rec, sub = pb.recipe, direct_p_gpu.SUB
+    dv, d = pb.dv, qo.values.shape[-1]
+    return (not pb.intermediates and qs is None and pb.kseg is None
+            and rec.qk is QKFormat.NVFP4 and qo.exact and qo.exps is None
+            and qo.post_exp is None and qo.block == direct_p_gpu.QK_BLOCK
+            and rec.p_format is PFormat.MXFP4 and isinstance(rec.converter, (AffineP, MitchellP))
+            and rec.v is VFormat.MXFP4_TOKENS and pb.v.exps is not None and pb.v.block == sub
+            and rec.normalization is Normalization.CONSISTENT
+            and pb.tile % rec.pv_group == 0 and rec.pv_group % sub == 0
+            and direct_p_gpu.rows_block(qo.values.shape[-2]) > 0 and d % 16 == 0
+            and dv >= 16 and dv & (dv - 1) == 0)
+
+
+def _direct_p_rows(pb: _Problem, qo: Operand, row_ids: Any, ntu: int, interpret: bool) -> tuple:
+    """:func:`_row_block` for the Direct-P family on the GPU kernels: tile maxima (kernel), the
+    running max and r (here, the same code), the accumulator with the block payload sums and
+    exponents (kernel), the tile denominators and L, the skipped tiles, O and LSE (here)."""
+    import jax.numpy as jnp
+
+    rec, lead, tile = pb.recipe, pb.lead, pb.tile
+    ko, _, _ = _first_tiles(pb, ntu)
+    rows, d = qo.values.shape[-2:]
+    ku, nb = ntu * tile, math.prod(lead)
+
+    def flat(x: Any, tail: tuple) -> Any:
+        return None if x is None else jnp.reshape(jnp.broadcast_to(x, lead + tail), (nb,) + tail)
+
+    qv, kv = flat(qo.values, (rows, d)), flat(ko.values, (ku, d))
+    qp, kp = flat(qo.post, (rows,)), flat(ko.post, (ku,))
+    consts = dict(c=float(pb.c), skv=pb.skv, sq=pb.sq, causal=pb.causal, tile=tile, ntu=ntu,
+                  interpret=interpret)
+    mt, nan = direct_p_gpu.tile_maxima(qv, kv, qp, kp, row_ids, **consts)
+    anchors, prevs, m = _anchors(pb, jnp.swapaxes(mt, 1, 2))  # (nb, rows, ntu)
+    finite = anchors > -np.inf
+    safe = jnp.where(finite, anchors, np.float32(0.0))
+    r = jnp.where(prevs > -np.inf, exp2_rn(prevs - safe), np.float32(0.0))
+    vop = pb.v
+    vv = f32.ldexp_ftz(vop.values[..., :ku, :],
+                       jnp.repeat(vop.exps[..., :ku // vop.block, :], vop.block, axis=-2))
+    fexp = rec.converter.factor_exp(rec.p_format)
+    acc, sums, kb = direct_p_gpu.accumulate(
+        qv, kv, qp, kp, row_ids, flat(vv, (ku, pb.dv)), *(jnp.swapaxes(x, 1, 2) for x in
+                                                          (safe, finite, r)),
+        converter=rec.converter, ceil_rule=rec.block_exponent is BlockExponent.BLOCK_MAX_CEIL,
+        factor_exp=fexp, pv_group=rec.pv_group, **consts)
+    nsub = tile // direct_p_gpu.SUB
+    sums, kb = (jnp.reshape(jnp.swapaxes(x, 1, 2), (nb, rows, ntu, nsub)) for x in (sums, kb))
+    per = block_denominator(sums, kb + np.int32(fexp), rec.p_format.divisor)
+    lt = per[..., 0]
+    for b in range(1, nsub):
+        lt = f32.add_ftz(lt, per[..., b])
+    den = jnp.zeros((nb, rows), dtype=np.float32)
+    for i in range(ntu):
+        den = f32.add_ftz(f32.mul_ftz(den, r[..., i]), lt[..., i])
+    acc = _skipped_tiles(pb, jnp.reshape(acc, lead + (rows, pb.dv)), ntu)
+    out, lse = _finish(pb, acc, jnp.reshape(den, lead + (rows,)), jnp.reshape(m, lead + (rows,)),
+                       jnp.reshape(nan != 0, lead + (rows,)))
+    return materialize((out, lse))
 
 
 def _finish(pb: _Problem, acc: Array, den: Array, m: Array, nanf: Array) -> tuple[Array, Array]:
@@ -661,16 +806,20 @@ def attention_forward(q: Array, k: Array, v: Array, recipe: AttentionRecipe, *,
                       softmax_scale: float | None = None,
                       return_intermediates: bool = False) -> ForwardResult:
     """Emulated forward of ``recipe`` (see the module docstring). Returns O, LSE (natural log)
-    and, on request, the intermediates."""
-    if not isinstance(recipe, AttentionRecipe):
-        raise TypeError(f"recipe={recipe!r} must be an AttentionRecipe (see "
-                        f"fp4sim.attention.recipe.PRESETS)")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal={causal!r} must be a bool")
+    and, on request, the intermediates. PyTorch tensors (any float dtype, any device) and other
+    ``__dlpack__`` arrays are read as NumPy (:func:`fp4sim._xp.adopt`); the results are NumPy.
+    Not differentiable (it computes on bit patterns): ``jax.grad``/``jax.jvp`` raise
+    :class:`fp4sim.NoDerivativeError`; differentiate :func:`fp4sim.emulated_attention` with a
+    ``TrainingRecipe`` (the emulated backward)."""
+    q, k, v = adopt(q, "q"), adopt(k, "k"), adopt(v, "v")
+    q_segment_ids, kv_segment_ids = adopt(q_segment_ids, "q_segment_ids"), adopt(kv_segment_ids, "kv_segment_ids")
+    check_static("recipe", recipe, AttentionRecipe, "fp4sim.PRESETS['flamia_nvfp4']")
+    causal = check_bool("causal", causal)
+    return_intermediates = check_bool("return_intermediates", return_intermediates)
     xp = namespace(q, k, v, q_segment_ids, kv_segment_ids)
-    q = _as_f32(xp, q, "q")
-    k = _as_f32(xp, k, "k")
-    v = _as_f32(xp, v, "v")
+    # no derivative (bit-level arithmetic): jax.grad raises, naming emulated_attention
+    q, k, v = (no_derivative(_as_f32(xp, x, n), "attention_forward") for x, n in
+               ((q, "q"), (k, "k"), (v, "v")))
     check_qkv_shapes(q, k, v)
     sq, d = q.shape[-2:]
     skv, dv = v.shape[-2:]
@@ -752,67 +901,78 @@ def attention_forward(q: Array, k: Array, v: Array, recipe: AttentionRecipe, *,
         nl = len(lead)
         res = tuple(None if outs[0][j] is None else
                     np.concatenate([o[j] for o in outs], axis=nl) for j in range(len(outs[0])))
-    elif sq <= chunk:
-        res = rows_fn(qop, qseg, xp.arange(sq, dtype=np.int32), tiles_needed(sq))
     else:
-        # jax: map over chunks of query rows (same arithmetic per row; bounded memory, cache)
-        from jax import lax
+        def jax_rows(chunk: int) -> tuple:
+            if sq <= chunk:
+                return rows_fn(qop, qseg, xp.arange(sq, dtype=np.int32), tiles_needed(sq))
+            # jax: map over chunks of query rows (same arithmetic per row; bounded memory, cache)
+            from jax import lax
 
-        n_chunks = -(-sq // chunk)
-        padr = n_chunks * chunk - sq
-        nl = len(lead)
+            n_chunks = -(-sq // chunk)
+            padr = n_chunks * chunk - sq
+            nl = len(lead)
 
-        def split(x: Array | None, axis: int) -> Array | None:  # rows axis -> (n_chunks, ..., chunk, ...)
-            if x is None:
-                return None
-            axis = axis % x.ndim
-            if padr:
-                x = xp.pad(x, [(0, 0)] * axis + [(0, padr)] + [(0, 0)] * (x.ndim - axis - 1))
-            x = xp.reshape(x, x.shape[:axis] + (n_chunks, chunk) + x.shape[axis + 1:])
-            return xp.moveaxis(x, axis, 0)
+            def split(x: Array | None, axis: int) -> Array | None:  # rows -> (n_chunks, ...)
+                if x is None:
+                    return None
+                axis = axis % x.ndim
+                if padr:
+                    x = xp.pad(x, [(0, 0)] * axis + [(0, padr)] + [(0, 0)] * (x.ndim - axis - 1))
+                x = xp.reshape(x, x.shape[:axis] + (n_chunks, chunk) + x.shape[axis + 1:])
+                return xp.moveaxis(x, axis, 0)
 
-        parts = (split(qop.values, -2), split(qop.exps, -2), split(qop.post, -1),
-                 split(qop.post_exp, -1), split(qseg, -1),
-                 xp.reshape(xp.arange(n_chunks * chunk, dtype=np.int32), (n_chunks, chunk)))
+            parts = (split(qop.values, -2), split(qop.exps, -2), split(qop.post, -1),
+                     split(qop.post_exp, -1), split(qseg, -1),
+                     xp.reshape(xp.arange(n_chunks * chunk, dtype=np.int32), (n_chunks, chunk)))
 
-        def one(xs, ntu):
-            qv, qe, qp, qpe, qs, ids = xs
-            return rows_fn(qop._replace(values=qv, exps=qe, post=qp, post_exp=qpe), qs, ids, ntu)
+            def one(xs, ntu):
+                qv, qe, qp, qpe, qs, ids = xs
+                return rows_fn(qop._replace(values=qv, exps=qe, post=qp, post_exp=qpe), qs, ids, ntu)
 
-        # row blocks in up to _BUCKETS consecutive groups, each mapped with the key tiles its
-        # last block needs (causal: later rows see more tiles; otherwise one group)
-        bounds = sorted({n_chunks * b // _BUCKETS for b in range(1, _BUCKETS)} | {n_chunks})
-        if masked is None:
-            bounds = [n_chunks]
-        groups, c0 = [], 0
-        for c1 in bounds:
-            if c1 > c0:
-                ntu = tiles_needed(min(sq, c1 * chunk))
-                if groups and groups[-1][2] == ntu:
-                    groups[-1] = (groups[-1][0], c1, ntu)
+            # row blocks in up to _BUCKETS consecutive groups, each mapped with the key tiles its
+            # last block needs (causal: later rows see more tiles; otherwise one group)
+            bounds = sorted({n_chunks * b // _BUCKETS for b in range(1, _BUCKETS)} | {n_chunks})
+            if masked is None:
+                bounds = [n_chunks]
+            groups, c0 = [], 0
+            for c1 in bounds:
+                if c1 > c0:
+                    ntu = tiles_needed(min(sq, c1 * chunk))
+                    if groups and groups[-1][2] == ntu:
+                        groups[-1] = (groups[-1][0], c1, ntu)
+                    else:
+                        groups.append((c0, c1, ntu))
+                    c0 = c1
+            outs = []
+            for c0, c1, ntu in groups:
+                sub = tuple(None if x is None else x[c0:c1] for x in parts)
+                if c1 - c0 == 1:
+                    y = one(tuple(None if x is None else x[0] for x in sub), ntu)
+                    outs.append(tuple(None if a is None else a[None] for a in y))
                 else:
-                    groups.append((c0, c1, ntu))
-                c0 = c1
-        outs = []
-        for c0, c1, ntu in groups:
-            sub = tuple(None if x is None else x[c0:c1] for x in parts)
-            if c1 - c0 == 1:
-                y = one(tuple(None if x is None else x[0] for x in sub), ntu)
-                outs.append(tuple(None if a is None else a[None] for a in y))
-            else:
-                outs.append(lax.map(lambda xs, ntu=ntu: one(xs, ntu), sub))
-        mapped = outs[0] if len(outs) == 1 else tuple(
-            None if outs[0][j] is None else xp.concatenate([o[j] for o in outs], axis=0)
-            for j in range(len(outs[0])))
+                    outs.append(lax.map(lambda xs, ntu=ntu: one(xs, ntu), sub))
+            mapped = outs[0] if len(outs) == 1 else tuple(
+                None if outs[0][j] is None else xp.concatenate([o[j] for o in outs], axis=0)
+                for j in range(len(outs[0])))
 
-        def merge(y: Array) -> Array:  # (n_chunks, ..., chunk, ...) -> (..., Sq, ...)
-            y = xp.moveaxis(y, 0, nl)
-            y = xp.reshape(y, y.shape[:nl] + (n_chunks * chunk,) + y.shape[nl + 2:])
-            return y[(slice(None),) * nl + (slice(0, sq),)]
+            def merge(y: Array) -> Array:  # (n_chunks, ..., chunk, ...) -> (..., Sq, ...)
+                y = xp.moveaxis(y, 0, nl)
+                y = xp.reshape(y, y.shape[:nl] + (n_chunks * chunk,) + y.shape[nl + 2:])
+                return y[(slice(None),) * nl + (slice(0, sq),)]
 
-        res = tuple(None if y is None else merge(y) for y in mapped)
+            return tuple(None if y is None else merge(y) for y in mapped)
+
+        gpu_chunk = _GPU_ROW_CHUNK_FUSED if _fused_direct_p(pb, qop, qseg) else _GPU_ROW_CHUNK
+        if gpu_chunk == chunk or sq <= chunk:
+            res = jax_rows(chunk)
+        else:  # on a GPU: fewer, larger row chunks (rows are independent: the same bits)
+            res = ordered_gpu.on_gpu(lambda _, interpret: jax_rows(gpu_chunk),
+                                     lambda _: jax_rows(chunk), qop.values, family="rows")
+    # one NaN on every backend (NumPy and XLA give float arithmetic's NaN different signs)
+    out, lse = canonical_nan(res[0]), canonical_nan(res[1])
     if not return_intermediates:
-        return ForwardResult(res[0], res[1], None)
-    out, lse, anchors, codes, scales, ks, acc, den = res
-    inter = ForwardIntermediates(qop, kop, vop, anchors, codes, scales, ks, acc, den, c)
+        return ForwardResult(out, lse, None)
+    _, _, anchors, codes, scales, ks, acc, den = res
+    inter = ForwardIntermediates(qop, kop, vop, anchors, codes, scales, ks, canonical_nan(acc),
+                                 canonical_nan(den), c)
     return ForwardResult(out, lse, inter)

@@ -1,4 +1,4 @@
-"""The causal leak probe (seed_algorithms.md §6.2): can a future token change earlier outputs?
+"""The causal leak probe (after FLAMIA's, github.com/yandex-research/flamia-blackwell-attention): can a future token change earlier outputs?
 
 This module owns :func:`leak_probe` and its result :class:`LeakReport`. Protocol:
 
@@ -9,7 +9,7 @@ This module owns :func:`leak_probe` and its result :class:`LeakReport`. Protocol
    ``77·N/128``: 77 for N = 128, inside the 32-token group 64..95, as in the seed).
 3. Perturb the *input* of ``j*``: ``X[j*] ← gain · X[j*]`` (default gain 5), so that its K and V
    entries become their groups' maxima. The default gain is deliberately *not* a power of two
-   (the seed used 4): when ``j*`` already held a group's max, a power-of-two gain rescales a
+   (FLAMIA used 4): when ``j*`` already held a group's max, a power-of-two gain rescales a
    non-power-of-two scale (FP32 amax/448, UE4M3) by exactly that power of two, and E4M3
    rounding is invariant under it — which hides a real leak (measured: per-tensor amax/448 at
    gain 4 gives 1.7e-6 on the default inputs, at gain 5 6.5e-2). The probe then checks that the scale of at least one
@@ -25,7 +25,7 @@ Which class to expect is :func:`fp4sim.attention.causal.leak_class` of the recip
 scalings.
 
 Measured with the defaults on :data:`fp4sim.attention.autodiff.LEAK_TABLE` (leak_O / leak_dQ;
-gain 5, then the seed's gain 4): V unquantized, V per-token pow2, V token-block ceil, V MXFP8
+gain 5, then FLAMIA's gain 4): V unquantized, V per-token pow2, V token-block ceil, V MXFP8
 32-token RCEIL: 0 / 0 (bitwise) at both gains; OCP floor 1.2e-2 / 7.2e-3 (same at 4); MXFP4
 2.8e-2 / 1.3e-2 (4: 2.8e-2 / 1.0e-2); NVFP4 16-token 2.6e-2 / 1.6e-2 (4: 2.6e-2 / 2.3e-2);
 per-tensor amax/448 6.5e-2 / 6.4e-2 (4: 1.7e-6 / 0, the hidden case above); per-tensor pow2

@@ -2,9 +2,9 @@
 
 * :func:`code_match_rate` — the share of inputs on which two Direct-P-family converters
   (``ExactP``, ``AffineP``, ``MitchellP``) give the same E2M1 payload code, over *every*
-  element of ``x`` (seed_algorithms.md §11 item 2: zeros included). ``x`` is the Direct-P
+  element of ``x`` (zeros included). ``x`` is the Direct-P
   coordinate ``x = t − k_B + log2 6``; :func:`uniform_grid` builds the deterministic grid of
-  §8 item 3 (x uniform on [−6, log2 6)).
+  the published code-match rates (x uniform on [−6, log2 6)).
 * :func:`error_summary` — cosine similarity, relative L2, max abs error and the fraction of
   exact zeros of an approximation against a reference (float64 arithmetic, NaN-aware: NaN in
   either input makes every metric NaN).
@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim._checks import as_float_array
 from fp4sim.attention.converters import direct_p_payload
 from fp4sim.attention.recipe import Exp2Model
 
@@ -66,8 +67,8 @@ class ErrorSummary(NamedTuple):
 
 def error_summary(approx: Any, reference: Any) -> ErrorSummary:
     """Error of ``approx`` against ``reference`` (same shape), in float64."""
-    a = np.asarray(approx, dtype=np.float64)
-    r = np.asarray(reference, dtype=np.float64)
+    a = np.asarray(as_float_array("approx", approx), dtype=np.float64)
+    r = np.asarray(as_float_array("reference", reference), dtype=np.float64)
     if a.shape != r.shape:
         raise ValueError(f"approx has shape {a.shape} but reference has shape {r.shape}")
     if a.size == 0:

@@ -1,6 +1,6 @@
 """Represented-weight normalization: exact, consistent and mismatched softmax denominators.
 
-seed_algorithms.md §4. With exact weights ``w_j``, represented weights ``w̃_j`` (what the
+Hardware-Aware FP4 FlashAttention-4 (arXiv:2609.04105). With exact weights ``w_j``, represented weights ``w̃_j`` (what the
 tensor core multiplies) and values ``v_j``:
 
 * exact:       ``O = Σ w_j v_j / Σ w_j``
@@ -8,20 +8,20 @@ tensor core multiplies) and values ``v_j``:
 * mismatched:  ``O = Σ w̃_j v_j / Σ w_j`` (HAO, SageAttention3, Attn-QAT, cuDNN's reference)
 
 :func:`normalize` evaluates the three on given weights (NumPy, float64 or float32), the worked
-examples of seed 000 are tests of it.
+two-key examples of the Direct-P discussion are tests of it.
 
 The Direct-P payload convention represents a P weight as ``α_B·q_j/6`` (``α_B = 2^{k_B}``, E2M1
 payload ``q_j``); with V in MXFP4 under the same convention, ``ṽ = β·v/6``, the tensor core
 returns ``A = Σ_B α_B β Σ_j q_j v_j`` and the true represented product is ``A/36`` (``A/6``
 when V has no /6). The consistent normalizer is built from the same payloads and scales:
 ``L = Σ_B α_B·(Σ_{j∈B} q_j)/6``. Its float32 evaluation order matters under flush-to-zero
-(§4.3), see :class:`NormalizerOrder` and :func:`block_denominator`:
+see :class:`NormalizerOrder` and :func:`block_denominator`:
 
 * ``PAYLOAD_SUM_FIRST`` (the safe order, used by the forward): ``fl(fl(Σq / 6) · α)``
 * ``SCALE_FIRST``: ``fl(fl(α / 6) · Σq)`` — ``α/6`` is subnormal (flushed) for α = 2^-126
 * ``PER_ELEMENT``: ``Σ_j fl(fl(α · q_j) / 6)`` — every ``α·q_j`` below 2^-126 is flushed
 
-Golden (§4.3): α = 2^-126, sixteen payloads 0.5 → PER_ELEMENT 0, PAYLOAD_SUM_FIRST
+Golden: α = 2^-126, sixteen payloads 0.5 → PER_ELEMENT 0, PAYLOAD_SUM_FIRST
 ``(8/6)·2^-126 = 1.5673258e-38``.
 """
 
@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim._checks import as_f32, check_real
 from fp4sim._xp import Array, namespace
 from fp4sim.attention.recipe import Normalization
 from fp4sim.formats import f32
@@ -87,6 +88,7 @@ def block_denominator(payload_sum: Array, exps: Array, div: float,
     if not isinstance(order, NormalizerOrder):
         raise TypeError(f"order={order!r} must be a NormalizerOrder member; allowed: "
                         f"{[m.name for m in NormalizerOrder]}")
+    div = check_real("div", div, positive=True)
     xp = namespace(payload_sum, exps)
     d = np.float32(div)
     if order is NormalizerOrder.PAYLOAD_SUM_FIRST:
@@ -111,6 +113,9 @@ def represented_output(numerator: Array, denominator: Array, div: float) -> Arra
     """``fl(fl(numerator / div) / denominator)`` (``div`` = 36, 6 or 1), flushed; a zero
     denominator gives 0 (fully masked rows)."""
     xp = namespace(numerator, denominator)
+    div = check_real("div", div, positive=True)
+    numerator, denominator = as_f32("numerator", numerator, xp), as_f32("denominator",
+                                                                        denominator, xp)
     a = numerator if div == 1 else f32.div_ftz(numerator, np.float32(div))
     safe = xp.where(denominator > 0, denominator, np.float32(1.0))
     return xp.where(denominator > 0, f32.div_ftz(a, safe), np.float32(0.0))

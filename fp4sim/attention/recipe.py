@@ -9,7 +9,7 @@ arguments. This module owns no arithmetic: the converters live in
 in :mod:`fp4sim.attention.backward` and :mod:`fp4sim.attention.autodiff`. The named recipes:
 :data:`PRESETS` (forward routes), :data:`TRAINING_PRESETS` and :data:`LEAK_TABLE` (training).
 
-Notation (seed_algorithms.md §2.0). ``z`` raw scores ``q·k`` (float32), ``u = fl(c·z)`` with
+Notation. ``z`` raw scores ``q·k`` (float32), ``u = fl(c·z)`` with
 ``c = softmax_scale·log2(e)`` (float32), row running max ``m = max u`` over the keys seen so far,
 log2-domain score ``t = fl(u − m) ≤ 0`` (−inf for masked keys), probability ``p = 2^t``. Key
 blocks are 32 keys (MX) or 16 keys (NV). ``fl`` is float32 round-to-nearest-even.
@@ -21,26 +21,26 @@ Fields of :class:`AttentionRecipe`:
 * ``converter``: one of :class:`ExactP`, :class:`AffineP`, :class:`MitchellP`,
   :class:`SchraudolphP`, :class:`LogGroupP`, :class:`SageTwoLevelP`, :class:`FixedScaleP`;
   ``p_format``: :class:`PFormat` of P; ``block_exponent``: :class:`BlockExponent` (the Direct-P
-  ``k_B`` rule, §11 item 1).
+  ``k_B`` rule, decision 1 below).
 * ``v``: :class:`VFormat` of V (quantized along tokens where it has blocks).
-* ``normalization``: :class:`Normalization` (consistent / mismatched / exact, §4.1).
+* ``normalization``: :class:`Normalization` (consistent / mismatched / exact).
 * Tiles: ``block_kv`` keys per online-softmax tile, ``fragment`` keys per softmax fragment (the
-  N32 fragments of seed 000; the FA4 exp2 schedule runs per fragment), ``pv_group`` keys per PV
-  instruction (the K64 groups of seed 000: block partial sums of one group are added together
+  N32 fragments of Hardware-Aware FP4 FlashAttention-4 (arXiv:2609.04105); the FA4 exp2 schedule runs per fragment), ``pv_group`` keys per PV
+  instruction (the K64 groups of the same paper: block partial sums of one group are added together
   before they reach the float32 accumulator), ``block_q`` query rows per tile (kept for kernels;
   no route here depends on it numerically).
 * ``exp2``: :class:`Exp2Model` (correctly rounded, or FA4's polynomial on a share of pairs).
 * ``rescale_threshold``: the running max moves only when a tile's max exceeds it by more than
-  this many log2 units (FA4/HAO use 0 with quantized P, cuDNN's reference 4.0, §2.5).
+  this many log2 units (FA4/HAO use 0 with quantized P, cuDNN's reference 4.0).
 * Flush-to-zero is modelled, not optional: all float32 arithmetic of the emulator (softmax,
   normalizer, rescale, accumulation) flushes results below 2^-126 to zero, like ``.ftz`` SIMT
   instructions, explicitly, so NumPy and XLA agree (:mod:`fp4sim.formats.f32`). The order of
-  the consistent normalizer that survives it (§4.3) is the forward's; the unsafe orders are in
+  the consistent normalizer that survives it is the forward's; the unsafe orders are in
   :mod:`fp4sim.attention.normalization`.
 * ``hadamard``: rotate Q and K by the orthonormal Walsh-Hadamard matrix along the head
-  dimension before quantization (§2.10).
+  dimension before quantization (as FLAMIA does, after QuIP#).
 
-Decisions on the open ambiguities (seed_algorithms.md §11), all documented here once:
+Decisions where the papers leave a choice open, all documented here once:
 
 1. Direct-P ``k_B``: default ``BlockExponent.BLOCK_MAX_CEIL`` (``k_B = ceil(max_{j∈B} t_j)``,
    clamped to [−127, 127]); ``ROW_ANCHOR`` sets ``k_B = 0`` (anchored at the running row max).
@@ -116,7 +116,7 @@ __all__ = [
 MITCHELL_BOUNDARY_SHIFT = math.log2(1.25) - 0.25
 """Shift (log2 units) aligning Mitchell's 1.0/1.5 E2M1 boundary with exp2's: 0x1.269a3c...p-4."""
 SCHRAUDOLPH_ZERO_MEAN_SHIFT = 0.0576
-"""Shift (log2 units) making Schraudolph's piecewise-linear 2^x error zero-mean (§2.8 table)."""
+"""Shift (log2 units) making Schraudolph's piecewise-linear 2^x error zero-mean."""
 
 
 class QKFormat(enum.Enum):
@@ -131,7 +131,7 @@ class QKFormat(enum.Enum):
 
 
 class QKGlobalScale(enum.Enum):
-    """The NVFP4 FP32 global factor ``s_enc = 6·448/amax`` (seed_algorithms.md §1.3)."""
+    """The NVFP4 FP32 global factor ``s_enc = 6·448/amax`` (NVIDIA NVFP4, arXiv:2509.25149)."""
 
     NONE = "none"  # s_enc = s_dec = 1 (SageAttention3; causal-safe)
     PER_TENSOR = "per_tensor"  # amax over each (batch, head) tensor: leaks the future if causal
@@ -201,7 +201,7 @@ class BlockExponent(enum.Enum):
 
 
 class Normalization(enum.Enum):
-    """Which weights the softmax denominator sums (seed_algorithms.md §4.1)."""
+    """Which weights the softmax denominator sums."""
 
     CONSISTENT = "consistent"  # the represented weights the PV product consumes (Direct-P)
     MISMATCHED = "mismatched"  # the unquantized float32 weights (HAO, Sage, cuDNN, Attn-QAT)
@@ -233,7 +233,7 @@ class Exp2Model:
     """exp2 model. With ``FA4_POLY``, FA4's schedule picks the emulated element pairs: within
     each fragment, the pair starting at even element ``k`` is emulated iff
     ``k mod emulate_freq ≥ emulate_freq − emulate_res`` and the fragment is not among the last
-    ``native_last_fragments`` of its tile (seed_algorithms.md §2.6; FA4 defaults 16, 4, 1 give
+    ``native_last_fragments`` of its tile (FlashAttention-4, github.com/Dao-AILab/flash-attention; defaults 16, 4, 1 give
     25 % emulated). ``emulate_res = emulate_freq`` and ``native_last_fragments = 0`` emulate all.
     """
 
@@ -272,12 +272,12 @@ class _ConverterFacts:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class ExactP(_ConverterFacts):
-    """exp2 (per :class:`Exp2Model`) then round-to-nearest-even into the P format (§2.1)."""
+    """exp2 (per :class:`Exp2Model`) then round-to-nearest-even into the P format."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class AffineP(_ConverterFacts):
-    """Direct-P affine classifier ``payload = RN_E2M1_sat(max(0, a·x + b))`` (§2.7).
+    """Direct-P affine classifier ``payload = RN_E2M1_sat(max(0, a·x + b))`` (Hardware-Aware FP4 FlashAttention-4 (arXiv:2609.04105)).
 
     ``x = fl(t + fl(log2(6) − k_B))``; ``a·x + b`` is evaluated as ``fl(fl(a·x) + b)``.
     """
@@ -293,7 +293,7 @@ class AffineP(_ConverterFacts):
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class MitchellP(_ConverterFacts):
     """Mitchell-P: ``y = fl(x − shift)``, value ``bitcast_f32(floor(y·2^23) + 127·2^23)``
-    (= ``2^floor(y)·(1 + frac(y))``), then ``RN_E2M1_sat`` (§2.8)."""
+    (= ``2^floor(y)·(1 + frac(y))``), then ``RN_E2M1_sat`` (FLAMIA)."""
 
     shift: float = MITCHELL_BOUNDARY_SHIFT
 
@@ -303,7 +303,7 @@ class MitchellP(_ConverterFacts):
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class SchraudolphP(_ConverterFacts):
-    """Schraudolph's integer exp2 for 8/16-bit P (§2.9): the code bit pattern is
+    """Schraudolph's integer exp2 for 8/16-bit P (N. Schraudolph, Neural Computation 11(4), 1999): the code bit pattern is
     ``floor(2^mbits·(t + scale_log2 − shift)) + bias·2^mbits`` clamped to [0, largest finite],
     for P in BF16 (mbits 7, bias 127) or E4M3 (mbits 3, bias 7). ``scale_log2`` is a fixed
     power-of-two scale on P (FA4 FP8 uses +8); the PV product divides it out exactly.
@@ -322,7 +322,7 @@ class SchraudolphP(_ConverterFacts):
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class LogGroupP(_ConverterFacts):
-    """HAO's log-domain group quantizer (§2.2). ``offset`` log2(6) (NVFP4 P) or log2(448)
+    """HAO's log-domain group quantizer (github.com/hao-ai-lab/flash-attention-fp4). ``offset`` log2(6) (NVFP4 P) or log2(448)
     (MXFP8 P) is implied by the P format; ``clamp`` is the fully-masked-group guard (−100)."""
 
     clamp: float = -100.0
@@ -337,7 +337,7 @@ class LogGroupP(_ConverterFacts):
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class SageTwoLevelP(_ConverterFacts):
-    """SageAttention3's two-level P quantizer (§2.3): row factor 448·6, per-16 E4M3 scale."""
+    """SageAttention3's two-level P quantizer (arXiv:2505.11594): row factor 448·6, per-16 E4M3 scale."""
 
     def unit(self, p_format: PFormat) -> float:
         """2688 = 448·6: P is scaled by the row factor before its two-level quantization."""
@@ -346,7 +346,7 @@ class SageTwoLevelP(_ConverterFacts):
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class FixedScaleP(_ConverterFacts):
-    """cuDNN's fixed-scale FP8 P (§2.5): ``E4M3(p·scale)``; ``scale`` a power of two."""
+    """cuDNN's fixed-scale FP8 P (github.com/NVIDIA/cudnn-frontend): ``E4M3(p·scale)``; ``scale`` a power of two."""
 
     scale: float = 16.0
 
@@ -499,47 +499,47 @@ EXACT_F32 = AttentionRecipe(qk=QKFormat.FLOAT32, converter=ExactP(), p_format=PF
 """Every format float32: converges to the float64 reference up to float32 rounding."""
 
 HW_FP4_DIRECT_P = AttentionRecipe()
-"""HW-FP4 fast forward [B]: NVFP4 Q/K, Direct-P affine (1.5, 1.2) into MXFP4 P with
+"""The fast forward of Hardware-Aware FP4 FlashAttention-4 (arXiv:2609.04105): NVFP4 Q/K, Direct-P affine (1.5, 1.2) into MXFP4 P with
 ``k_B = ceil(block max)``, MXFP4 V along tokens (β·q/6), consistent normalization."""
 
 HW_FP4_DIRECT_P_MITCHELL = AttentionRecipe(converter=MitchellP())
-"""The same route with the Mitchell-P converter (98.7 % code match) [B]."""
+"""The same route with the Mitchell-P converter (98.7 % code match, as published)."""
 
 HW_FP4_FP8_PV = AttentionRecipe(converter=ExactP(), p_format=PFormat.MXFP8,
                                 v=VFormat.TOKEN_BLOCK_FP8)
-"""The HW-FP4 paper's retained FP8 P/V route [B]: NVFP4 Q/K, exact P in E4M3 with UE8M0 per 32
+"""The HW-FP4 paper's retained FP8 P/V route: NVFP4 Q/K, exact P in E4M3 with UE8M0 per 32
 keys, V E4M3 with one power-of-two exponent per 32 tokens, consistent normalization."""
 
 HAO_LOG_NVFP4 = AttentionRecipe(qk_global=QKGlobalScale.PER_TENSOR, converter=LogGroupP(),
                                 p_format=PFormat.NVFP4, v=VFormat.NVFP4_TOKENS,
                                 normalization=Normalization.MISMATCHED)
 """HAO flash-attention-fp4, NVFP4 Q/K with per-tensor global factor, log-domain NVFP4 P,
-NVFP4 V, mismatched normalizer [C:code]."""
+NVFP4 V, mismatched normalizer (from its code)."""
 
 HAO_LOG_MXFP8 = AttentionRecipe(qk=QKFormat.MXFP8, converter=LogGroupP(),
                                 p_format=PFormat.MXFP8, v=VFormat.MXFP8_TOKENS,
                                 normalization=Normalization.MISMATCHED)
-"""HAO flash-attention-fp4, MXFP8 Q/K, log-domain MXFP8 P, MXFP8 V, mismatched [C:code]."""
+"""HAO flash-attention-fp4, MXFP8 Q/K, log-domain MXFP8 P, MXFP8 V, mismatched (from its code)."""
 
 SAGE3_TWO_LEVEL = AttentionRecipe(converter=SageTwoLevelP(), p_format=PFormat.NVFP4,
                                   v=VFormat.NVFP4_TOKENS, normalization=Normalization.MISMATCHED)
-"""SageAttention3 [C:code]: NVFP4 Q/K without global factor (its Q/K smoothing is not
+"""SageAttention3 (arXiv:2505.11594, from its code): NVFP4 Q/K without global factor (its Q/K smoothing is not
 modelled), two-level NVFP4 P, NVFP4 V along tokens, mismatched normalizer."""
 
 CUDNN_FP8_FIXED = AttentionRecipe(qk=QKFormat.MXFP8, converter=FixedScaleP(scale=16.0),
                                   p_format=PFormat.FP8, v=VFormat.MXFP8_TOKENS,
                                   normalization=Normalization.MISMATCHED, rescale_threshold=4.0)
-"""cuDNN MXFP8 SDPA reference [C:code]: MXFP8 Q/K/V, P = E4M3(16·p) with rescale threshold 4,
+"""cuDNN MXFP8 SDPA reference (github.com/NVIDIA/cudnn-frontend, from its code): MXFP8 Q/K/V, P = E4M3(16·p) with rescale threshold 4,
 mismatched normalizer."""
 
 FLAMIA_MXFP8 = AttentionRecipe(qk=QKFormat.MXFP8, converter=ExactP(), p_format=PFormat.MXFP8,
                                v=VFormat.TOKEN_BLOCK_FP8)
-"""FLAMIA MXFP8 route [B, reconstructed]: MXFP8 Q/K (per token), exact MXFP8 P, token-block V,
+"""FLAMIA MXFP8 route (as described; fp4sim's reconstruction): MXFP8 Q/K (per token), exact MXFP8 P, token-block V,
 consistent normalization."""
 
 FLAMIA_NVFP4 = AttentionRecipe(qk_global=QKGlobalScale.PER_TOKEN, converter=ExactP(),
                                p_format=PFormat.NVFP4, v=VFormat.TOKEN_BLOCK_FP8)
-"""FLAMIA NVFP4 route [B, reconstructed]: NVFP4 Q/K with per-token global factor, exact NVFP4
+"""FLAMIA NVFP4 route (as described; fp4sim's reconstruction): NVFP4 Q/K with per-token global factor, exact NVFP4
 P, token-block V, consistent normalization."""
 
 PRESETS: dict[str, AttentionRecipe] = {
@@ -736,16 +736,16 @@ TRAINING_PRESETS: dict[str, TrainingRecipe] = {
 """Training routes (forward + backward formats), key tiles of 64:
 
 * ``float32`` — every format float32: matches the float64 reference to float32 accuracy.
-* ``direct_p_fp8_training`` [B] — the seeds' FP8 P/V route: NVFP4 Q/K per token (UE4M3, no FP32
+* ``direct_p_fp8_training`` — the FP8 P/V training route of Hardware-Aware FP4 FlashAttention-4 (arXiv:2609.04105) and FLAMIA: NVFP4 Q/K per token (UE4M3, no FP32
   factor), exact MXFP8 P, consistent normalization, token-block (32 × D, power of two) E4M3 V,
   E5M2 dO, MXFP8 P (32 keys) for dV, 32×32 power-of-two E4M3 dS.
 * ``direct_p_fp4_forward`` — the same with 4-bit P (Direct-P, exact converter, MXFP4) forward.
 * ``direct_p_affine_fp4`` — the same with the affine Direct-P classifier (1.5x + 1.2).
-* ``flamia_mxfp8_training`` [B, reconstructed] — MXFP8 Q/K, otherwise as the FP8 route.
-* ``cudnn_mxfp8_like`` [C, approximated] — MXFP8 Q/K/V (V per 32 tokens, RCEIL), P = E4M3(16p)
+* ``flamia_mxfp8_training`` (as described; reconstructed) — MXFP8 Q/K, otherwise as the FP8 route.
+* ``cudnn_mxfp8_like`` (from cuDNN's code, approximated) — MXFP8 Q/K/V (V per 32 tokens, RCEIL), P = E4M3(16p)
   with rescale threshold 4 and the mismatched normalizer, MXFP8 dO, dS 1×32 along keys (one copy
   for dQ and dK here; cuDNN keeps a second copy along queries for dK).
-* ``attn_qat_nvfp4`` [C:code, approximated] — Attn-QAT: NVFP4 Q/K/V (V per token along the head
+* ``attn_qat_nvfp4`` (from its code, approximated) — Attn-QAT (arXiv:2603.00040): NVFP4 Q/K/V (V per token along the head
   dim), NVFP4 P (16 keys, UE4M3, exact exp2) with the mismatched normalizer; backward: dV from
   the forward's quantized P, dS from the *unquantized* p with ``D = rowsum(dO ∘ O_hp)`` (its
   principle 2); dO and dS float32 (BF16 in the original).
@@ -780,7 +780,7 @@ LEAK_TABLE: dict[str, TrainingRecipe] = {
     "dS 32x32 floor (V per-token)": _leak_row("dS 32x32 floor (V per-token)",
                                               ops.PER_TOKEN_POW2, ops.DS_SQUARE_FLOOR),
 }
-"""The rows of seed_algorithms.md §6.3 in order: NVFP4 Q/K per token (UE4M3, no FP32 factor),
+"""The configurations of FLAMIA's leak table in order: NVFP4 Q/K per token (UE4M3, no FP32 factor),
 exact MXFP4 P with consistent normalization, E5M2 dO, the listed V scaling, and the exact
 per-query-row dS option (except the last row, which uses 32×32 OCP-floor dS tiles)."""
 

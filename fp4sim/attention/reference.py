@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fp4sim._checks import as_float_array, check_bool, check_int
 from fp4sim._checks import softmax_scale as check_softmax_scale
 from fp4sim._xp import Array
 
@@ -32,8 +33,9 @@ class ReferenceResult(NamedTuple):
 def attention_mask(n_q: int, n_kv: int, *, causal: bool = False, q_segment_ids: Array | None = None,
                    kv_segment_ids: Array | None = None) -> np.ndarray:
     """bool (..., n_q, n_kv): True where query i may attend to key j (see module docstring)."""
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal={causal!r} must be a bool")
+    causal = check_bool("causal", causal)
+    n_q = check_int("attention_mask", "n_q", n_q, 0)
+    n_kv = check_int("attention_mask", "n_kv", n_kv, 0)
     rows = np.arange(n_q)[:, None]
     cols = np.arange(n_kv)[None, :]
     mask = np.ones((n_q, n_kv), dtype=bool)
@@ -73,11 +75,8 @@ def attention_reference(q: Array, k: Array, v: Array, *, causal: bool = False,
     """Exact float64 attention of ``q (..., Sq, D)``, ``k (..., Skv, D)``, ``v (..., Skv, Dv)``.
 
     ``softmax_scale`` defaults to 1/√D. Returns O, the natural-log LSE and the probabilities."""
-    q, k, v = (np.asarray(a) for a in (q, k, v))
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        if a.dtype.kind != "f" and "bfloat16" not in str(a.dtype):
-            raise TypeError(f"{name} has dtype {a.dtype}; allowed: floating-point arrays")
-    q, k, v = (a.astype(np.float64) for a in (q, k, v))
+    q, k, v = (np.asarray(as_float_array(n, a)).astype(np.float64)
+               for n, a in (("q", q), ("k", k), ("v", v)))
     check_qkv_shapes(q, k, v)
     d = q.shape[-1]
     softmax_scale = check_softmax_scale(softmax_scale, d)

@@ -33,10 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="preset timed against the baseline (fp4sim.attention.recipe.PRESETS)")
     parser.add_argument("--causal", action="store_true", help="causal masking (default off)")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per side (default 3)")
-    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                        help="where jax runs both sides (default cpu)")
     parser.add_argument("--errors", action="store_true",
                         help="also measure every preset's error against the float64 reference")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default 0)")
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
 
 
@@ -122,8 +123,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'preset':28s} {'cosine':>10s} {'rel L2':>10s}")
         for name, e in result["errors"].items():
             print(f"{name:28s} {e['cosine']:10.6f} {e['rel_l2']:10.4e}")
-    print(f"{'side':28s} {'median s':>10s} {'emulator / side':>16s}")
+    print(f"{'side':28s} {'median ms':>10s} {'emulator / side':>16s}")
     for side, sec in t.items():
-        print(f"{side:28s} {sec:10.4f} {t['emulator'] / sec:16.2f}")
+        print(f"{side:28s} {sec * 1e3:10.3f} {t['emulator'] / sec:16.2f}")
     save()
     return 0

@@ -5,8 +5,9 @@ Measures, in one run and on the same float32 array, :func:`fp4sim.formats.encode
 same array (``x.astype(float8_e4m3fn)``; decode: ``codes.view(dtype).astype(float32)``) and
 against XLA's own convert under ``jax.jit``. The encode policy is the default (nearest-even,
 saturate); ml_dtypes and XLA casts differ from it only at overflow and NaN, which costs them
-nothing. Every timing is the minimum over ``--repeats`` runs; ratios are "ml_dtypes time /
-this time" (above 1 means faster than the ml_dtypes cast). CPU times are noisy on a shared
+nothing. Every timing is the minimum over ``--repeats`` runs; ratios are "this time / ml_dtypes
+time", the direction of the other benchmarks (fp4sim time / other time: below 1 means faster than
+the ml_dtypes cast). CPU times are noisy on a shared
 machine and are a comparison, not a claim about any GPU.
 """
 
@@ -86,16 +87,16 @@ def run(args: argparse.Namespace) -> int:
                 t = _min_time(fn, args.repeats)
                 base = t if base is None else base
                 rows.append({"format": name, "op": op, "impl": impl, "seconds": t,
-                             "Melem_per_s": args.size / t / 1e6, "vs_ml_dtypes": base / t})
+                             "Melem_per_s": args.size / t / 1e6, "time_vs_ml_dtypes": t / base})
     info = {"size": args.size, "repeats": args.repeats, "jax": jax.__version__,
             "backend": jax.default_backend(), "rows": rows}
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(info, fh, indent=1)
     print(f"fp4sim bench formats: {args.size} float32 elements, min of {args.repeats} runs, "
-          f"jax {jax.__version__} on {jax.default_backend()}; ratio = ml_dtypes time / time")
+          f"jax {jax.__version__} on {jax.default_backend()}; ratio = time / ml_dtypes time")
     print(f"{'format':7} {'op':7} {'implementation':20} {'ms':>9} {'Melem/s':>9} {'ratio':>7}")
     for r in rows:
         print(f"{r['format']:7} {r['op']:7} {r['impl']:20} {r['seconds'] * 1e3:9.2f} "
-              f"{r['Melem_per_s']:9.1f} {r['vs_ml_dtypes']:7.2f}")
+              f"{r['Melem_per_s']:9.1f} {r['time_vs_ml_dtypes']:7.2f}")
     return 0

@@ -9,13 +9,15 @@ section         module                             what it runs
 ==============  =================================  ==========================================
 ``quant``       ``fp4sim.benchmarks.gpu_quant``     quantization kernels vs emulator and JAX
 ``attention``   ``fp4sim.benchmarks.gpu_attention`` attention kernels vs cuDNN / attention_mgpu
+``backward``    ``fp4sim.benchmarks.gpu_backward``  attention backward vs cuDNN / attention_mgpu
 ==============  =================================  ==========================================
 
 A section module exposes ``add_arguments(parser)`` (its own options, prefixed with the section
 name, e.g. ``--quant-size``) and ``run_section(args, context) -> dict``. ``context`` is a
 :class:`GpuContext` (the measured ceilings, the shared timers -- wall clock and CUPTI device
 time, see :mod:`fp4sim.kernels.ceilings` -- and the time left). The returned dict
-is written to the JSON output under the section's name; its ``"rows"`` entry (a list of
+is written to the JSON output under the section's name (its optional ``"summary"`` lines are
+printed after the table, last); its ``"rows"`` entry (a list of
 :class:`Row`-shaped dicts: ``name``, ``ms``, ``rate``, ``ratio``, ``ratio_to``, ``check``) feeds the
 short table printed last. A section module that is missing is skipped with a message; one that
 raises is reported as failed and the others still run (the exit status is then 1).
@@ -40,6 +42,7 @@ from typing import Any
 SECTIONS: dict[str, str] = {
     "quant": "fp4sim.benchmarks.gpu_quant",
     "attention": "fp4sim.benchmarks.gpu_attention",
+    "backward": "fp4sim.benchmarks.gpu_backward",
 }
 
 
@@ -159,4 +162,9 @@ def run(args: argparse.Namespace) -> int:
             json.dump(results, f, indent=1, default=str)
         print(f"wrote {path}")
     _print_table(rows)
+    for name in only:  # a section's own closing lines (e.g. attention's per-shape ratios) last
+        res = results.get(name)
+        if isinstance(res, dict):
+            for line in res.get("summary", []):
+                print(line)
     return status

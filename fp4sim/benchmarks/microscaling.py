@@ -6,8 +6,9 @@ on NumPy and under ``jax.jit`` against two other CPU quantizers of the same thin
 * a plain ml_dtypes quantizer (NumPy: block amax, power-of-two / E4M3 scale, ``astype`` casts,
   nibble packing), always available;
 * torchao's own CPU path (``to_mx`` RCEIL for MXFP8/MXFP4, ``nvfp4_quantize`` with a per-tensor
-  scale), run as a subprocess in the side venv (``--torchao-python``, default
-  ``/tmp/torchao_venv/bin/python``; skipped with a note if absent). torch picks its own thread
+  scale), run as a subprocess in a side venv whose interpreter ``--torchao-python`` (or the
+  environment variable ``FP4SIM_TORCHAO_PYTHON``) names; skipped with a note when neither is
+  given or the interpreter is absent). torch picks its own thread
   count there (``--torch-threads`` to pin it; 0 = torch's default).
 
 Every timing is the minimum over ``--repeats`` rounds; within a round every implementation
@@ -69,6 +70,10 @@ class _Torchao:
         self.proc = None
         self.info: dict[str, Any] | None = None
         self.note = ""
+        if not args.torchao_python:
+            self.note = ("skipped: no torchao interpreter (pass --torchao-python PATH or set "
+                         "FP4SIM_TORCHAO_PYTHON)")
+            return
         if not os.path.exists(args.torchao_python):
             self.note = f"skipped: {args.torchao_python} not found"
             return
@@ -103,11 +108,14 @@ _WIDE_VECTORS = {"xla_cpu_prefer_vector_width": 512}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rows", type=int, default=1024)
-    parser.add_argument("--cols", type=int, default=4096)
+    parser.add_argument("--rows", type=int, default=1024, help="rows of the float32 input (default 1024)")
+    parser.add_argument("--cols", type=int, default=4096,
+                        help="columns of the float32 input, a multiple of 32 (default 4096)")
     parser.add_argument("--repeats", type=int, default=7, help="timed rounds; the minimum counts")
-    parser.add_argument("--torchao-python", default="/tmp/torchao_venv/bin/python",
-                        help="python of a venv with torch + torchao (skipped if missing)")
+    parser.add_argument("--torchao-python", default=os.environ.get("FP4SIM_TORCHAO_PYTHON") or None,
+                        metavar="PATH",
+                        help="python of a venv with torch + torchao (default: $FP4SIM_TORCHAO_PYTHON; "
+                             "torchao is skipped without one)")
     parser.add_argument("--torch-threads", type=int, default=0,
                         help="torch.set_num_threads in the torchao subprocess (0: torch default)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")

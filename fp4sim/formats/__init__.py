@@ -17,9 +17,11 @@ from fp4sim.formats.blocks import *  # noqa: F401,F403
 from fp4sim.formats import blocks as _blocks
 from fp4sim.formats.presets import *  # noqa: F401,F403
 from fp4sim.formats import presets as _presets
+from fp4sim.formats.interop import *  # noqa: F401,F403
+from fp4sim.formats import interop as _interop
 
 __all__ = list(_spec.__all__) + list(_codec.__all__)
 __all__ += list(_packing.__all__) + list(_layouts.__all__)
-__all__ += list(_blocks.__all__) + list(_presets.__all__)
+__all__ += list(_blocks.__all__) + list(_presets.__all__) + list(_interop.__all__)
 # fp4sim.formats.matmul is imported explicitly (its Accumulation would clash with the attention
 # backward's in the flat fp4sim namespace).

@@ -17,7 +17,7 @@ Public names
       rounded *up* onto the scale grid. UE8M0: ``2^ceil(log2 d)`` by the TE/cuDNN/torchao bit
       rule (exponent + 1 iff a mantissa bit is set; an f32-subnormal ``d`` rounds up only above
       2^-127). UE4M3/UE5M3: the next scale value at or above ``d``.
-    * ``FLOOR`` (OCP MX §6.3, microxcaling, torchao FLOOR): ``2^(floor(log2 amax) − e_M)``; block
+    * ``FLOOR`` (OCP MX v1.0 specification, github.com/microsoft/microxcaling, torchao FLOOR): ``2^(floor(log2 amax) − e_M)``; block
       maxima above ``M·2^e`` are *clamped* to ``±M`` by the saturating element cast.
     * ``CEIL`` (torchao CEIL): ``2^(ceil(log2 amax) − e_M)``.
     * ``EVEN`` (torchao EVEN): round ``amax`` to the element's mantissa width (ties up), then
@@ -49,7 +49,7 @@ Public names
     cases): ``TRANSFORMER_ENGINE`` (default), ``TORCHAO``, ``JAX``; see the class.
 ``NonFinite``
     The UE8M0 code of blocks holding Inf/NaN: ``SATFINITE`` (NaN → 0xFF, Inf → 0xFE; TE and
-    DESIGN.md §3; default), ``NAN`` (both → 0xFF; torchao ≥ PR #4725), ``JAX`` (NaN wraps to
+    fp4sim's default), ``NAN`` (both → 0xFF; torchao ≥ PR #4725), ``JAX`` (NaN wraps to
     0x00, Inf → 0xFF: JAX's ``cast_to_e8m0_with_rounding_up``), ``FORMULA`` (NaN → 0xFF, Inf →
     what the rule's formula gives for Inf's bits, at most 0xFE: torchao 0.18's 247 for E4M3
     FLOOR, 254 for RCEIL).
@@ -68,7 +68,8 @@ Constants
     last axis when ``packed``), ``scales`` (uint8 scale codes, ``shape[d] // extent[d]`` per
     axis, or ``None``), ``global_scale`` (float32 decode factor broadcastable to the scales, or
     ``None``). Static: ``format``, ``geometry``, ``axis`` (negative), ``packed``. Invariants
-    (dtypes, shapes, block divisibility, valid scale codes on NumPy) are checked on construction.
+    (dtypes, shapes, block divisibility) are checked on construction; codes beyond a format's
+    width are values, not errors (they dequantize to NaN on every backend, as in ``decode``).
 ``quantize(x, fmt, *, axis=-1, geometry=Geometry.BLOCK, rule=None, global_scale=None,
 global_encode_scale=None, pack=False) -> QuantizedArray``; ``dequantize(q) -> float32``
 ``block_extents(shape, fmt, geometry, axis)``
@@ -80,6 +81,12 @@ global_encode_scale=None, pack=False) -> QuantizedArray``; ``dequantize(q) -> fl
     Broadcast a per-block array to the element shape.
 ``global_decode_scale(amax, fmt)``, ``global_encode_scale(amax, fmt)``
     The NVFP4 FP32 factors (torchao/JAX decode form ``amax/2688``; TE encode form).
+``round_trip(x, fmt, ...)``
+    ``dequantize(quantize(x, fmt, ...))`` for a ``BlockFormat``, ``decode(encode(x, fmt,
+    policy))`` for a ``FloatFormat``, as float32, whose derivative under ``jax.grad`` / ``jax.jvp``
+    is the straight-through estimator (the identity with respect to ``x``; the fake-quantization
+    convention of torchao and TransformerEngine). Differentiating ``quantize`` or ``encode``
+    themselves raises :class:`fp4sim._xp.NoDerivativeError` (their outputs are integer codes).
 ``ldexp_f32``, ``mul_f32``, ``div_f32``
     The exact, FTZ-proof float32 steps of :mod:`fp4sim.formats.f32` (re-exported here).
 
@@ -101,7 +108,11 @@ integer division), exact on every backend.
 Dequantization of NVFP4 (``code · s_e4m3 · g``) is correctly rounded with integer arithmetic.
 
 Partial trailing blocks are rejected (``ValueError`` naming ``x``); pad the input yourself.
-Inputs must be float32, bfloat16 or float16 (exactly widened to float32); float64 raises.
+Inputs: float32; bfloat16 and float16 are widened exactly; float64 (also Python lists and
+scalars) is rounded to float32 first by NumPy's cast (one rounding before quantization: for
+the exact encoding of float64 values use :func:`fp4sim.formats.codec.encode`); objects exposing
+``__array__`` or ``__dlpack__`` are read as NumPy arrays; big-endian arrays are byte-swapped.
+The behaviour on special values of every public function: ``docs/input_policy.md``.
 """
 
 from __future__ import annotations
@@ -115,7 +126,19 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fp4sim._xp import Array, bitcast, is_jax, materialize, namespace
+from fp4sim._checks import as_f32, as_float_array, check_bool, check_static
+from fp4sim._xp import (
+    Array,
+    NoDerivativeError,
+    adopt,
+    bitcast,
+    is_jax,
+    is_traced,
+    materialize,
+    namespace,
+    no_derivative,
+    straight_through,
+)
 from fp4sim.formats import codec
 from fp4sim.formats.f32 import (
     bitlen,
@@ -164,6 +187,8 @@ __all__ = [
     "QuantizedArray",
     "quantize",
     "quantize_with_block_amax",
+    "round_trip",
+    "NoDerivativeError",
     "dequantize",
     "block_extents",
     "scale_exponents",
@@ -326,6 +351,7 @@ def element_policy(fmt: BlockFormat) -> Policy:
     """The policy ``quantize`` encodes ``fmt``'s elements with: ``fmt.policy``, except that an
     element format without NaN cannot PROPAGATE (or RAISE): in a block the NaN is carried by the
     scale, so the element code of a NaN input is +0 (what TransformerEngine's reference gives)."""
+    check_static("fmt", fmt, BlockFormat, "fp4sim.MXFP4")
     if not fmt.elem.has_nan and fmt.policy.nan in (NanPolicy.PROPAGATE, NanPolicy.RAISE):
         return dataclasses.replace(fmt.policy, nan=NanPolicy.ZERO)
     return fmt.policy
@@ -370,6 +396,10 @@ def block_extents(shape: tuple[int, ...], fmt: BlockFormat, geometry: Geometry =
 
     Raises ``ValueError`` naming ``x`` when an axis does not divide into whole blocks.
     """
+    check_static("fmt", fmt, BlockFormat, "fp4sim.MXFP8")
+    if not isinstance(shape, (tuple, list)) or not all(
+            isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape):
+        raise TypeError(f"shape={shape!r} must be a tuple of ints")
     if not isinstance(geometry, Geometry):
         raise TypeError(f"geometry={geometry!r} must be a Geometry; allowed: "
                         f"{[g.name for g in Geometry]}")
@@ -416,7 +446,11 @@ def _block_reduce_axes(nd: int) -> tuple[int, ...]:
 
 def expand_scales(values: Array, q: QuantizedArray) -> Array:
     """Broadcast an array shaped like ``q.scales`` (one value per block) to the element shape."""
+    check_static("q", q, QuantizedArray, "fp4sim.quantize(x, fp4sim.MXFP8)")
     xp = namespace(values)
+    values = xp.asarray(values)
+    if np.dtype(values.dtype).kind not in "fiub" and np.dtype(values.dtype).name != "bfloat16":
+        raise TypeError(f"values has dtype {values.dtype}; allowed: numeric arrays")
     shape = q.shape
     ext = block_extents(shape, q.format, q.geometry, q.axis)
     v = xp.reshape(values, _blocked_shape(tuple(s // b for s, b in zip(shape, ext)),
@@ -484,10 +518,6 @@ class QuantizedArray:
             except ValueError:
                 raise ValueError(f"global_scale shape {tuple(self.global_scale.shape)} does not "
                                  f"broadcast to the scales' shape {want}") from None
-        if fmt.scale is not None and not is_jax(self.scales) and self.scales.size:
-            top = int(np.max(self.scales))
-            if top >= fmt.scale.num_codes:
-                raise ValueError(f"scales contains {top:#x}, not a {fmt.scale} code")
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -633,6 +663,8 @@ def tensor_amax_bits(xp: ModuleType, bits: Array) -> Array:
     """Max-abs bits (uint32) of the whole array of float32 bit patterns ``bits``: rows of 4096 (or fewer) elements maxed pairwise (halves
     of the row range, which XLA CPU vectorizes; its full reduction is ~4x slower), then one row."""
     mag = bits & _U(0x7FFFFFFF)
+    if math.prod(mag.shape) == 0:  # an empty tensor: amax 0 (no element to take it from)
+        return xp.zeros((), dtype=np.uint32)
     cols = math.gcd(int(np.prod(mag.shape)), 4096)
     if cols < 256:
         return xp.max(mag)
@@ -647,7 +679,8 @@ def tensor_amax_bits(xp: ModuleType, bits: Array) -> Array:
 def global_decode_scale(amax: Array, fmt: BlockFormat = NVFP4) -> Array:
     """The NVFP4 decode factor ``amax/(M·S)`` (2688 for NVFP4) as float32 (torchao/JAX form)."""
     xp = namespace(amax)
-    return div_f32(xp.asarray(amax, dtype=np.float32), np.float32(_global_max(fmt)))
+    check_static("fmt", fmt, BlockFormat, "fp4sim.NVFP4")
+    return div_f32(as_f32("amax", amax, xp), np.float32(_global_max(fmt)))
 
 
 def global_encode_scale(amax: Array, fmt: BlockFormat = NVFP4) -> Array:
@@ -658,7 +691,8 @@ def global_encode_scale(amax: Array, fmt: BlockFormat = NVFP4) -> Array:
 
 def _encode_factor(amax: Array, fmt: BlockFormat) -> Array:
     xp = namespace(amax)
-    amax = xp.asarray(amax, dtype=np.float32)
+    check_static("fmt", fmt, BlockFormat, "fp4sim.NVFP4")
+    amax = as_f32("amax", amax, xp)
     s = div_f32(np.float32(_global_max(fmt)), amax)
     s = xp.minimum(s, np.float32(np.finfo(np.float32).max))
     return xp.where(s == 0, np.float32(1.0), s)
@@ -669,59 +703,146 @@ def _global_max(fmt: BlockFormat) -> float:
 
 
 # --- quantize ---------------------------------------------------------------------------------
-def _as_f32(x: Array) -> Array:
-    xp = namespace(x)
-    x = xp.asarray(x)
+def _as_f32(x: Array, xp: Any = np) -> Array:
+    """float32 ``x``: float32 as it is, bfloat16/float16 widened exactly, float64 (and Python
+    lists, scalars, objects exposing ``__array__``/``__dlpack__``) rounded to float32 by NumPy's
+    cast (round to nearest even, subnormals kept); big-endian arrays byte-swapped."""
+    x = as_float_array("x", x, xp)
     dt = np.dtype(x.dtype)
     if dt == np.float32:
         return x
     if dt in (np.dtype(ml_dtypes.bfloat16), np.float16):
         return codec.widen_to_f32(x)
-    raise TypeError(f"x has dtype {dt}; allowed: float32, bfloat16, float16 "
-                    f"(round float64 to float32 yourself)")
+    if dt == np.float64 and not is_jax(x):
+        return namespace(x).asarray(x.astype(np.float32))
+    return x.astype(np.float32)
 
 
 def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = Geometry.BLOCK,
              rule: ScaleRule | None = None, global_scale: Any = None,
-             global_encode_scale: Any = None, pack: bool = False) -> QuantizedArray:
+             global_encode_scale: Any = None, pack: bool = False,
+             random_bits: Any = None) -> QuantizedArray:
     """Quantize ``x`` to ``fmt`` with scales shared per ``geometry`` block along ``axis``.
 
     ``rule`` overrides ``fmt.rule``. ``global_scale`` (decode factor) or ``global_encode_scale``
     (encode factor, TE's ``S_enc``) are required exactly when ``fmt.global_scale`` is
     ``CONSTANT`` (scalar or broadcastable to the scales' shape). ``pack=True`` packs FP4/FP6
-    codes along the last axis. See the module docstring for the scale rules and the
-    :class:`Arithmetic` orders.
+    codes along the last axis. ``random_bits`` (uint32, the shape of ``x``) is required when
+    ``fmt.policy.rounding`` is ``Rounding.STOCHASTIC`` (the elements are rounded stochastically,
+    see :func:`fp4sim.formats.codec.encode`; the block scales keep the rule's rounding) and
+    rejected otherwise. See the module docstring for the scale rules and the
+    :class:`Arithmetic` orders. ``x`` may also be a PyTorch tensor (float32, bfloat16 or float16,
+    any device) or another ``__dlpack__`` array: it is read as NumPy (:func:`fp4sim._xp.adopt`)
+    and the result holds NumPy codes and scales, the same bits as for the same values in NumPy.
+    Not differentiable (integer codes): :func:`round_trip` is.
     """
+    x = adopt(x, "x")
     return quantize_with_block_amax(x, fmt, axis=axis, geometry=geometry, rule=rule,
                                     global_scale=global_scale,
-                                    global_encode_scale=global_encode_scale, pack=pack)[0]
+                                    global_encode_scale=global_encode_scale, pack=pack,
+                                    random_bits=random_bits)[0]
 
 
 def quantize_with_block_amax(x: Array, fmt: BlockFormat, *, axis: int = -1,
                              geometry: Geometry = Geometry.BLOCK, rule: ScaleRule | None = None,
                              global_scale: Any = None, global_encode_scale: Any = None,
-                             pack: bool = False) -> tuple[QuantizedArray, Any]:
+                             pack: bool = False,
+                             random_bits: Any = None) -> tuple[QuantizedArray, Any]:
     """:func:`quantize` and, for power-of-two block scales without an FP32 factor, the max-abs
     bit pattern (uint32) of ``x`` in each block, shaped like the scales (the quantizer's own,
     not a second pass; what :func:`fp4sim.attention.operands.fake_quantize_stats` bounds the
     dequantized values with); ``None`` for the other formats."""
-    if not isinstance(fmt, BlockFormat):
-        raise TypeError(f"fmt={fmt!r} must be a BlockFormat (e.g. MXFP8, MXFP4, NVFP4)")
+    check_static("fmt", fmt, BlockFormat, "fp4sim.MXFP8, fp4sim.MXFP4, fp4sim.NVFP4")
+    pack = check_bool("pack", pack)
     if rule is not None:
         if not isinstance(rule, ScaleRule):
             raise TypeError(f"rule={rule!r} must be a ScaleRule; allowed: "
                             f"{[r.name for r in ScaleRule]}")
         fmt = fmt.replace(rule=rule)
-    xp = namespace(x)
-    x = _as_f32(x)
+    xp = namespace(x, random_bits)
+    x = no_derivative(_as_f32(x, xp), "quantize")
     shape = tuple(x.shape)
+    if fmt.policy.rounding is Rounding.STOCHASTIC:
+        if random_bits is None:
+            raise TypeError(f"random_bits is required: {fmt.name}.policy.rounding is "
+                            f"Rounding.STOCHASTIC; pass a uint32 array of the shape of x {shape}")
+        random_bits = xp.asarray(random_bits)
+        if np.dtype(random_bits.dtype) != np.uint32:
+            raise TypeError(f"random_bits has dtype {random_bits.dtype}; allowed: uint32")
+        if tuple(random_bits.shape) != shape:
+            raise ValueError(f"random_bits has shape {tuple(random_bits.shape)}; it must equal "
+                             f"the shape of x {shape}")
+    elif random_bits is not None:
+        raise ValueError(f"random_bits is only used when {fmt.name}.policy.rounding is "
+                         f"Rounding.STOCHASTIC, not {fmt.policy.rounding}; pass random_bits=None")
     ext = block_extents(shape, fmt, geometry, axis)
     axis = _norm_axis(axis, len(shape))
-    blocked = _blocked_shape(shape, ext)
     scale_shape = tuple(n // b for n, b in zip(shape, ext))
     bits = bitcast(x, np.uint32)
-    xb = xp.reshape(x, blocked)
+    factors = _global_factors(xp, bits, fmt, shape, ext, axis, geometry, scale_shape,
+                              global_scale, global_encode_scale)
+    rows = _np_chunk_rows(xp, shape, ext)
+    if rows is None:
+        q, block_amax = _quantize_blocks(xp, x, bits, fmt, shape, ext, axis, geometry, factors,
+                                         random_bits)
+    else:  # NumPy, a large input: blocks of rows bound the temporaries (blocks are independent)
+        parts = []
+        for r0 in range(0, shape[0], rows):
+            sl = slice(r0, min(shape[0], r0 + rows))
+            sub = tuple(x[sl].shape)
+            f = None if factors is None else tuple(_rows_of(a, sl, len(shape), ext[0])
+                                                   for a in factors)
+            parts.append(_quantize_blocks(xp, x[sl], bits[sl], fmt, sub, ext, axis, geometry, f,
+                                          None if random_bits is None else random_bits[sl]))
+        cat = lambda arrs: None if arrs[0] is None else np.concatenate(arrs)  # noqa: E731
+        q = QuantizedArray(cat([p[0].codes for p in parts]), cat([p[0].scales for p in parts]),
+                           None if factors is None else np.asarray(factors[0], np.float32),
+                           fmt, geometry, axis, False)
+        block_amax = cat([p[1] for p in parts])
+    if pack:  # materialize the codes first: XLA would otherwise re-run the encoder per nibble
+        q = dataclasses.replace(q, codes=materialize(q.codes)).pack()
+    return q, block_amax
 
+
+_NP_CHUNK = 1 << 20  # elements per NumPy pass of quantize/encode/decode (temporaries ~16x this)
+
+
+def _np_chunk_rows(xp: Any, shape: tuple[int, ...], ext: tuple[int, ...]) -> int | None:
+    """Rows (a multiple of the block extent along axis 0) per NumPy pass, or None (one pass:
+    jax, a small input, or blocks spanning the whole first axis)."""
+    n = math.prod(shape)
+    if xp is not np or n <= _NP_CHUNK or shape[0] <= ext[0]:
+        return None
+    per_row = n // shape[0]
+    rows = max(1, _NP_CHUNK // (per_row * ext[0])) * ext[0]
+    return rows if rows < shape[0] else None
+
+
+def _rows_of(a: Any, sl: slice, nd: int, e0: int) -> Any:
+    """The part of a factor (broadcastable to the scales' shape) for the rows ``sl``."""
+    a = np.asarray(a)
+    if a.ndim == 0:
+        return a
+    a = np.reshape(a, (1,) * (nd - a.ndim) + a.shape)
+    return a if a.shape[0] == 1 else a[sl.start // e0:-(-sl.stop // e0)]
+
+
+def _positive_finite(xp: Any, v: Any) -> Any:
+    """float32 ``v`` in (0, Inf), compared as bits (FTZ-proof)."""
+    b = f32_bits(xp, v)
+    return (b > _U(0)) & (b < _U(0x7F800000))
+
+
+def _global_factors(xp: Any, bits: Any, fmt: BlockFormat, shape: tuple[int, ...],
+                    ext: tuple[int, ...], axis: int, geometry: Geometry,
+                    scale_shape: tuple[int, ...], global_scale: Any,
+                    global_encode_scale: Any) -> tuple[Any, Any] | None:
+    """(decode factor, encode factor) of the FP32 second level, or None.
+
+    A ``CONSTANT`` factor must broadcast to the scales' shape and be finite and > 0 with a
+    finite, nonzero reciprocal: a concrete value that is not raises ``ValueError`` naming the
+    argument on every backend; a traced one (known only when the jitted function runs) makes
+    the stored decode factor NaN, so every dequantized value is NaN (never a silent 0)."""
     # --- FP32 global factor -----------------------------------------------------------------
     if (global_scale is not None or global_encode_scale is not None) and \
             fmt.global_scale is not GlobalScale.CONSTANT:
@@ -734,12 +855,35 @@ def quantize_with_block_amax(x: Array, fmt: BlockFormat, *, axis: int = -1,
         if (global_scale is None) == (global_encode_scale is None):
             raise ValueError(f"{fmt.name} has a CONSTANT FP32 factor: give exactly one of "
                              f"global_scale= (decode) or global_encode_scale= (encode)")
+        name = "global_scale" if global_scale is not None else "global_encode_scale"
+        raw = global_scale if global_scale is not None else global_encode_scale
+        given = as_f32(name, raw, xp if is_jax(raw) else np)  # NumPy (concrete) unless jax
+        try:
+            fits = np.broadcast_shapes(tuple(given.shape), scale_shape) == scale_shape
+        except ValueError:
+            fits = False
+        if not fits:
+            raise ValueError(f"{name} has shape {tuple(given.shape)}; it must broadcast to the "
+                             f"scales' shape {scale_shape} (a scalar, or one factor per block)")
+        if not is_traced(given):  # a concrete factor: checked on the host, on every backend
+            gn = np.asarray(given, dtype=np.float32)
+            ok = _positive_finite(np, gn) & _positive_finite(np, div_f32(np.float32(1.0), gn))
+            if not bool(np.all(ok)):
+                bad = gn[~np.broadcast_to(ok, gn.shape)]
+                raise ValueError(f"{name} holds {bad.ravel()[0]!r}; a CONSTANT FP32 factor must "
+                                 f"be finite and > 0 with a finite reciprocal (0 would "
+                                 f"dequantize every element to 0, a negative or NaN factor "
+                                 f"to NaN)")
+        given = xp.asarray(given)
         if global_scale is not None:
-            g_dec = xp.asarray(global_scale, dtype=np.float32)
+            g_dec = given
             s_enc = div_f32(np.float32(1.0), g_dec)
         else:
-            s_enc = xp.asarray(global_encode_scale, dtype=np.float32)
+            s_enc = given
             g_dec = div_f32(np.float32(1.0), s_enc)
+        if is_traced(given):  # known only when the jitted function runs: NaN, never a silent 0
+            ok = _positive_finite(xp, g_dec) & _positive_finite(xp, s_enc)
+            g_dec = xp.where(ok, g_dec, np.float32(np.nan))
     elif gmode is not GlobalScale.NONE:
         if gmode is GlobalScale.PER_TENSOR:
             amax_t = tensor_amax_bits(xp, bits)
@@ -747,7 +891,8 @@ def quantize_with_block_amax(x: Array, fmt: BlockFormat, *, axis: int = -1,
             if any(b != 1 for d, b in enumerate(ext) if d - len(shape) != axis):
                 raise ValueError(f"a PER_ROW FP32 factor (amax over axis={axis}) needs blocks that "
                                  f"lie within one row; {geometry.name} blocks have extents {ext}")
-            amax_t = xp.max(bits & _U(0x7FFFFFFF), axis=axis, keepdims=True)
+            amax_t = xp.max(bits & _U(0x7FFFFFFF), axis=axis, keepdims=True,
+                            initial=np.uint32(0))
         amax_t = bitcast(xp.asarray(amax_t, dtype=np.uint32), np.float32)
         if fmt.arithmetic is Arithmetic.TRANSFORMER_ENGINE:
             s_enc = _encode_factor(amax_t, fmt)
@@ -755,11 +900,24 @@ def quantize_with_block_amax(x: Array, fmt: BlockFormat, *, axis: int = -1,
         else:
             g_dec = global_decode_scale(amax_t, fmt)
             s_enc = div_f32(np.float32(1.0), g_dec)
-    if g_dec is not None and is_jax(g_dec):
+    if g_dec is None:
+        return None
+    if is_jax(g_dec):
         # Materialize the two factors once instead of re-deriving them inside every consumer.
         from jax import lax
 
         g_dec, s_enc = lax.optimization_barrier((g_dec, s_enc))
+    return g_dec, s_enc
+
+
+def _quantize_blocks(xp: Any, x: Any, bits: Any, fmt: BlockFormat, shape: tuple[int, ...],
+                     ext: tuple[int, ...], axis: int, geometry: Geometry, factors: Any,
+                     random_bits: Any) -> tuple[QuantizedArray, Any]:
+    """The block scales and element codes of float32 ``x`` (one pass; unpacked)."""
+    blocked = _blocked_shape(shape, ext)
+    scale_shape = tuple(n // b for n, b in zip(shape, ext))
+    xb = xp.reshape(x, blocked)
+    g_dec, s_enc = (None, None) if factors is None else factors
     g_dec_b = None if g_dec is None else _to_blocked(xp, g_dec, shape, blocked)
     s_enc_b = None if s_enc is None else _to_blocked(xp, s_enc, shape, blocked)
 
@@ -800,23 +958,62 @@ def quantize_with_block_amax(x: Array, fmt: BlockFormat, *, axis: int = -1,
         y, scales = _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec_b, s_enc_b)
 
     if shift is None:
-        codes = codec.encode(xp.reshape(y, shape), fmt.elem, policy)
+        codes = codec.encode(xp.reshape(y, shape), fmt.elem, policy, random_bits=random_bits)
     else:  # without the unit axes of the blocked shape (XLA CPU lays those out badly)
         keep = [i for i, n in enumerate(blocked) if n != 1]
         y = xp.reshape(y, [blocked[i] for i in keep])
         shift = xp.reshape(shift, [shift.shape[i] for i in keep])
-        codes = xp.reshape(codec.encode(y, fmt.elem, policy, exp_shift=shift), shape)
+        rb = None if random_bits is None else xp.reshape(random_bits, tuple(y.shape))
+        codes = xp.reshape(codec.encode(y, fmt.elem, policy, exp_shift=shift, random_bits=rb),
+                           shape)
     if scales is not None:
         scales = xp.reshape(scales, scale_shape)
     if g_dec is not None:
         g_dec = xp.asarray(g_dec, dtype=np.float32)
-    if pack:  # materialize the codes first: XLA would otherwise re-run the encoder per nibble
-        codes = materialize(codes)
     q = QuantizedArray(codes, scales, g_dec, fmt, geometry, axis, False)
     block_amax = None
     if fmt.pow2 and g_dec is None:
         block_amax = xp.reshape(amax_bits, scale_shape)
-    return (q.pack() if pack else q), block_amax
+    return q, block_amax
+
+
+
+
+def round_trip(x: Any, fmt: BlockFormat | FloatFormat, policy: Policy | None = None, *,
+               random_bits: Any = None, **quantize_args: Any) -> Any:
+    """float32 ``dequantize(quantize(x, fmt, random_bits=..., **quantize_args))`` (``fmt`` a
+    :class:`BlockFormat`; ``policy`` must be None: the block format carries it) or
+    ``decode(encode(x, fmt, policy, random_bits=...), fmt)`` (``fmt`` a
+    :class:`~fp4sim.formats.spec.FloatFormat`; ``policy`` defaults to the default policy).
+
+    The one differentiable form of the quantizers: under ``jax.grad``/``jax.jvp`` its derivative
+    is the straight-through estimator, ``d round_trip(x) / dx = identity`` (also at NaN, Inf,
+    saturated and flushed elements), and zero with respect to ``random_bits`` and the global
+    scales. NumPy and jax inputs give the same bits as the two calls it stands for."""
+    if isinstance(fmt, BlockFormat):
+        if policy is not None:
+            raise TypeError(f"policy={policy!r}: a BlockFormat carries its policy; use "
+                            f"fmt.replace(policy=...) and pass policy=None")
+        gs = quantize_args.pop("global_scale", None)
+        ges = quantize_args.pop("global_encode_scale", None)
+
+        def fn(v, bits, g, ge):
+            return dequantize(quantize(v, fmt, random_bits=bits, global_scale=g,
+                                       global_encode_scale=ge, **quantize_args))
+
+        return straight_through(fn, x, random_bits, gs, ges)
+    if isinstance(fmt, FloatFormat):
+        if quantize_args:
+            raise TypeError(f"round_trip with the element format {fmt} takes no "
+                            f"{sorted(quantize_args)} (block-format arguments)")
+        pol = DEFAULT_POLICY if policy is None else policy
+
+        def efn(v, bits):
+            return codec.decode(codec.encode(v, fmt, pol, random_bits=bits), fmt)
+
+        return straight_through(efn, x, random_bits)
+    raise TypeError(f"fmt={fmt!r} must be a BlockFormat (e.g. MXFP8) or a FloatFormat (e.g. "
+                    f"E4M3)")
 
 
 def _to_blocked(xp: Any, g: Any, shape: tuple[int, ...], blocked: tuple[int, ...]) -> Any:
@@ -881,6 +1078,7 @@ def _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec, s_enc):
 # --- dequantize -------------------------------------------------------------------------------
 def scale_exponents(q: QuantizedArray) -> Array:
     """int32 power-of-two exponents of UE8M0 scales (code − 127; NaN code 0xFF gives 128)."""
+    check_static("q", q, QuantizedArray, "fp4sim.quantize(x, fp4sim.MXFP8)")
     if not q.format.pow2:
         raise ValueError(f"scale_exponents needs UE8M0 scales; {q.format.name} has "
                          f"{q.format.scale}")
@@ -908,9 +1106,27 @@ def dequantize(q: QuantizedArray) -> Array:
         raise TypeError(f"q={q!r} must be a QuantizedArray")
     fmt = q.format
     xp = namespace(q.codes)
+    shape = q.shape
+    ext = block_extents(shape, fmt, q.geometry, q.axis)
+    rows = _np_chunk_rows(xp, shape, ext)
+    if rows is not None and not (q.packed and len(shape) == 1):
+        # NumPy, a large input: blocks of rows bound the temporaries
+        out = np.empty(shape, np.float32)
+        for r0 in range(0, shape[0], rows):
+            sl = slice(r0, min(shape[0], r0 + rows))
+            ssl = slice(sl.start // ext[0], -(-sl.stop // ext[0]))
+            sub = object.__new__(QuantizedArray)
+            for name, value in (("codes", q.codes[sl]),
+                                ("scales", None if q.scales is None else q.scales[ssl]),
+                                ("global_scale", None if q.global_scale is None else
+                                 _rows_of(q.global_scale, sl, len(shape), ext[0])),
+                                ("format", fmt), ("geometry", q.geometry), ("axis", q.axis),
+                                ("packed", q.packed)):
+                object.__setattr__(sub, name, value)
+            out[sl] = dequantize(sub)
+        return out
     v = q.values()
     shape = tuple(v.shape)
-    ext = block_extents(shape, fmt, q.geometry, q.axis)
     blocked = _blocked_shape(shape, ext)
     vb = xp.reshape(v, blocked)
     sshape = _blocked_shape(tuple(n // b for n, b in zip(shape, ext)), (1,) * len(shape))

@@ -42,11 +42,14 @@ How a value is encoded (magnitude first, sign last):
    zero of the same sign.
 7. NaN inputs follow :class:`NanPolicy`: ``PROPAGATE`` gives the format's NaN with the input's
    sign (E4M3 ``S.1111.111``, E5M2 the quiet ``S.11111.10``, scale formats their all-ones code).
-   For formats without NaN (E2M1, E2M3, E3M2) ``PROPAGATE`` cannot be honoured: on NumPy a NaN
-   in ``values`` raises ``ValueError`` naming ``policy``; under jax (where no data-dependent error
-   can be raised) it gives +max, what PTX ``cvt.satfinite`` does. ``ZERO`` gives +0, ``MAX``
-   gives +max, ``RAISE`` raises ``ValueError`` naming ``values`` on NumPy and acts as
-   ``PROPAGATE`` under jax.
+   For formats without NaN (E2M1, E2M3, E3M2) ``PROPAGATE`` gives +max on every backend (what
+   PTX ``cvt.rn.satfinite`` does with NaN). ``ZERO`` gives +0, ``MAX`` gives +max. ``RAISE``
+   raises ``ValueError`` naming ``values`` when ``values`` holds a NaN (or, for unsigned
+   formats, a negative value): on NumPy at once; under jax through
+   ``jax.experimental.checkify.check``, so the same message comes from ``err.throw()`` of a
+   ``checkify.checkify``-wrapped function (a ``JaxRuntimeError``, a ``ValueError``), eagerly
+   at once, and staging it under ``jax.jit`` without ``checkify`` is refused by JAX. Where it
+   does not raise it acts as ``PROPAGATE``.
 8. :class:`SignedZero`: ``KEEP`` keeps the sign of zero results (``-0.0`` and negative values that
    round to zero give the negative zero code); ``POSITIVE`` gives +0 for every zero.
 
@@ -70,7 +73,8 @@ default policy on non-NaN inputs (ml_dtypes turns NaN into -0); E4M3 with
 Decoding builds the float32 bit pattern from the code with integer operations (the UE8M0 code
 0x00 is the float32 subnormal 2^-127, which survives as bits even where XLA flushes arithmetic).
 NaN codes decode to a quiet NaN with the code's sign. Codes with bits set above the format's
-width are rejected on NumPy (``ValueError`` naming ``codes``) and those bits are ignored under jax.
+width (e.g. 0x10 and up for E2M1) are not codes of the format: they decode to the canonical NaN
+0x7FC00000 on every backend (no data-dependent error, so NumPy and ``jax.jit`` agree).
 """
 
 from __future__ import annotations
@@ -82,7 +86,17 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fp4sim._xp import Array, bitcast, is_jax, namespace
+from fp4sim._checks import as_float_array, check_static
+from fp4sim._xp import (
+    Array,
+    adopt,
+    bitcast,
+    is_foreign,
+    is_jax,
+    like_caller,
+    namespace,
+    no_derivative,
+)
 from fp4sim.formats.spec import (
     DEFAULT_POLICY,
     FloatFormat,
@@ -127,6 +141,7 @@ class _Source:
         return (1 << (self.ebits - 1)) - 1
 
 
+_NP_CHUNK = 1 << 20  # elements per NumPy pass of encode/decode (bounds the temporaries)
 _F32 = _Source(32, 8, 23, np.uint32)
 _F64 = _Source(64, 11, 52, np.uint64)
 _ALLOWED_DTYPES = "float32, float16, bfloat16 or float64"
@@ -219,9 +234,8 @@ def finite_codes(fmt: FloatFormat) -> np.ndarray:
 
 # --- validation -----------------------------------------------------------------------------
 def _check_format(fmt: Any) -> None:
-    if not isinstance(fmt, FloatFormat):
-        raise TypeError(f"fmt={fmt!r} must be a FloatFormat (e.g. fp4sim.E2M1; "
-                        f"fp4sim.format_by_name turns a name into one)")
+    check_static("fmt", fmt, FloatFormat, "fp4sim.E2M1; fp4sim.format_by_name turns a name "
+                 "into one")
     if not (fmt.min_subnormal >= 2.0**-149 and fmt.max < 2.0**128):
         raise ValueError(f"fmt={fmt!r}: its values must all be float32 values (2^-149 .. < 2^128) "
                          f"for decode to return float32")
@@ -230,8 +244,7 @@ def _check_format(fmt: Any) -> None:
 def check_policy(fmt: FloatFormat, policy: Policy) -> None:
     """Raise ``ValueError`` naming ``policy`` when ``fmt`` cannot honour it (data-independent)."""
     _check_format(fmt)
-    if not isinstance(policy, Policy):
-        raise TypeError(f"policy={policy!r} must be a fp4sim Policy")
+    check_static("policy", policy, Policy, "fp4sim.Policy(rounding=fp4sim.Rounding.UP)")
     if policy.overflow is Overflow.INF and not fmt.has_inf:
         raise ValueError(f"policy.overflow={policy.overflow} is invalid for {fmt}: it has no Inf; "
                          f"allowed: Overflow.SATURATE" + (", Overflow.NAN" if fmt.has_nan else ""))
@@ -281,7 +294,7 @@ def bf16_round(x: Array) -> Array:
     """uint16 bfloat16 bit patterns of float32 ``x``, rounded to nearest even (NaN stays a
     quiet NaN with its sign; Inf stays Inf)."""
     xp = namespace(x)
-    b = bitcast(xp.asarray(x, dtype=np.float32), np.uint32)
+    b = bitcast(xp.asarray(as_float_array("x", x, xp), dtype=np.float32), np.uint32)
     rounded = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
     nan = (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     out = xp.where(nan, (b >> np.uint32(16)) | np.uint32(0x40), rounded)
@@ -313,6 +326,27 @@ def encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
     what a power-of-two block scale needs); every step of the module doc, flushing included,
     applies to the shifted value. Works on NumPy arrays and on jax arrays under
     ``jax.jit``/``vmap`` (pass ``fmt`` and ``policy`` as static arguments or close over them).
+    A PyTorch tensor (any float dtype, bfloat16 included, any device) or another ``__dlpack__``
+    array is read through :func:`fp4sim._xp.adopt`; a tensor gets a uint8 tensor back on its
+    device.
+    """
+    if is_foreign(values) or is_foreign(random_bits) or is_foreign(exp_shift):
+        codes = _encode(adopt(values, "values"), fmt, policy, random_bits=adopt(random_bits, "random_bits"),
+                        exp_shift=adopt(exp_shift, "exp_shift"))
+        return like_caller(codes, values)
+    return _encode(values, fmt, policy, random_bits=random_bits, exp_shift=exp_shift)
+
+
+def _encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
+            random_bits: Array = None, exp_shift: Array = None) -> Any:
+    """Codes (uint8, same shape) of ``values`` in ``fmt`` under ``policy`` (see module doc).
+
+    ``random_bits`` (uint32, same shape as ``values``) is required for ``Rounding.STOCHASTIC``
+    and rejected otherwise. ``exp_shift`` (integers broadcastable to the shape of ``values``)
+    encodes the exact ``values · 2^exp_shift`` instead, rounded once (no intermediate float32:
+    what a power-of-two block scale needs); every step of the module doc, flushing included,
+    applies to the shifted value. Works on NumPy arrays and on jax arrays under
+    ``jax.jit``/``vmap`` (pass ``fmt`` and ``policy`` as static arguments or close over them).
     """
     check_policy(fmt, policy)
     xp = namespace(values, random_bits, exp_shift)
@@ -322,11 +356,27 @@ def encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
             raise TypeError("values is a float64 NumPy array but random_bits or exp_shift is a "
                             "jax array and jax_enable_x64 is off: converting would round twice; "
                             "pass float32 values or NumPy arrays")
-    values = xp.asarray(values)
+    values = no_derivative(xp.asarray(as_float_array("values", values, xp)), "encode")
     if xp is np and values.ndim == 0:  # NumPy scalars warn where the integer steps below wrap
         one = lambda a: None if a is None else np.reshape(a, (1,))  # noqa: E731
         return encode(one(values), fmt, policy, random_bits=one(random_bits),
                       exp_shift=one(exp_shift)).reshape(())
+    if policy.rounding is not Rounding.STOCHASTIC and random_bits is not None:
+        raise ValueError(f"random_bits is only used by Rounding.STOCHASTIC, not by "
+                         f"policy.rounding={policy.rounding}; pass random_bits=None")
+    if xp is np and values.size > _NP_CHUNK and (exp_shift is None or np.shape(exp_shift) ==
+                                                 values.shape) and (random_bits is None or
+                                                                    np.shape(random_bits) ==
+                                                                    values.shape):
+        # NumPy, a large input: bounded passes (the integer steps need ~12 bytes per element)
+        flat = lambda a: None if a is None else np.reshape(a, (-1,))  # noqa: E731
+        v, rb, es = flat(values), flat(random_bits), flat(exp_shift)
+        out = np.empty(v.shape, np.uint8)
+        for i in range(0, v.size, _NP_CHUNK):
+            sl = slice(i, i + _NP_CHUNK)
+            out[sl] = encode(v[sl], fmt, policy, random_bits=None if rb is None else rb[sl],
+                             exp_shift=None if es is None else es[sl])
+        return out.reshape(values.shape)
     u, src = _source_bits(xp, values)
 
     if policy.rounding is Rounding.STOCHASTIC:
@@ -457,15 +507,15 @@ def encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
     if not fmt.signed:
         invalid = invalid | (sign & (mag_bits != 0))
 
-    if not is_jax(values) and (policy.nan is NanPolicy.RAISE or not fmt.has_nan):
-        if np.any(invalid):
-            if policy.nan is NanPolicy.RAISE:
-                raise ValueError(f"values contains NaN{' or negative values' if not fmt.signed else ''}"
-                                 f" and policy.nan={policy.nan}")
-            if policy.nan is NanPolicy.PROPAGATE:
-                raise ValueError(f"policy.nan={policy.nan} cannot be honoured: values contains NaN "
-                                 f"and {fmt} has no NaN; allowed for NaN input: NanPolicy.ZERO, "
-                                 f"NanPolicy.MAX")
+    if policy.nan is NanPolicy.RAISE:
+        msg = (f"values contains NaN{' or negative values' if not fmt.signed else ''} and "
+               f"policy.nan={policy.nan}")
+        if is_jax(invalid):
+            from jax.experimental import checkify
+
+            checkify.check(~xp.any(invalid), msg)
+        elif np.any(invalid):
+            raise ValueError(msg)
 
     mx = max_code(fmt)
     overflow = (mag > mx) | isinf
@@ -481,7 +531,7 @@ def encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
         nan_mag, nan_keeps_sign = nan_code(fmt), fmt.signed
     elif policy.nan is NanPolicy.ZERO:
         nan_mag, nan_keeps_sign = 0, False
-    else:  # MAX, or PROPAGATE/RAISE under jax for a format without NaN
+    else:  # MAX, or PROPAGATE/RAISE for a format without NaN
         nan_mag, nan_keeps_sign = mx, False
     mag = xp.where(invalid, nan_mag, mag)
     if not fmt.signed:
@@ -496,18 +546,36 @@ def encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
 
 # --- decode ---------------------------------------------------------------------------------
 def decode(codes: Array, fmt: FloatFormat) -> Array:
-    """float32 values (same shape) of the uint8 ``codes`` of ``fmt`` (see module doc)."""
+    """float32 values (same shape) of the uint8 ``codes`` of ``fmt`` (see module doc).
+
+    A PyTorch tensor or another ``__dlpack__`` array of codes is read through
+    :func:`fp4sim._xp.adopt`; a tensor gets a float32 tensor back on its device."""
+    if is_foreign(codes):
+        return like_caller(decode(adopt(codes, "codes"), fmt), codes)
     _check_format(fmt)
     xp = namespace(codes)
+    if isinstance(codes, (str, bytes)):
+        raise TypeError(f"codes={codes!r} is a string; allowed: arrays of unsigned integers")
+    if isinstance(codes, (list, tuple, int)):  # Python integers: codes if they fit a byte
+        codes = np.asarray(codes)
+        if codes.dtype.kind in "iu" and (codes.size == 0 or (codes.min() >= 0 and
+                                                             codes.max() <= 0xFF)):
+            codes = codes.astype(np.uint8)
     codes = xp.asarray(codes)
+    if xp is np and not codes.dtype.isnative:
+        codes = codes.astype(codes.dtype.newbyteorder("="))
     dtype = np.dtype(codes.dtype)
     if dtype.kind != "u":
         raise TypeError(f"codes has dtype {dtype}; allowed: unsigned integers (uint8 codes)")
-    if not is_jax(codes) and codes.size and int(np.max(codes)) >= fmt.num_codes:
-        raise ValueError(f"codes contains {int(np.max(codes)):#x}, beyond the {fmt.nbits}-bit "
-                         f"codes of {fmt} (allowed: 0..{fmt.num_codes - 1:#x})")
+    if xp is np and codes.size > _NP_CHUNK:  # bounded passes on NumPy
+        flat = np.reshape(codes, (-1,))
+        out = np.empty(flat.shape, np.float32)
+        for i in range(0, flat.size, _NP_CHUNK):
+            out[i:i + _NP_CHUNK] = decode(flat[i:i + _NP_CHUNK], fmt)
+        return out.reshape(codes.shape)
     E, M, B = fmt.ebits, fmt.mbits, fmt.bias
-    c = codes.astype(np.uint32) & np.uint32(fmt.num_codes - 1)
+    wide = codes.astype(np.uint32)
+    c = wide & np.uint32(fmt.num_codes - 1)
     sign = ((c >> (E + M)) & 1) << 31 if fmt.signed else xp.zeros(c.shape, dtype=np.uint32)
     e = ((c >> M) & _emask(fmt)).astype(np.int32)
     m = c & ((1 << M) - 1)
@@ -533,4 +601,5 @@ def decode(codes: Array, fmt: FloatFormat) -> Array:
         top = e == _emask(fmt)
         bits = xp.where(top & (m == 0), np.uint32(0x7F800000), bits)
         bits = xp.where(top & (m != 0), np.uint32(0x7FC00000), bits)
-    return bitcast(sign | bits, np.float32)
+    bits = xp.where(wide >= np.uint32(fmt.num_codes), np.uint32(0x7FC00000), sign | bits)
+    return bitcast(bits, np.float32)

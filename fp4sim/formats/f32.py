@@ -10,7 +10,8 @@ by block quantization (:mod:`fp4sim.formats.blocks`), the block-scaled matmul
 * :func:`mul_f32` — ``a·b``: significands multiplied natively in [1, 4) (exact rounding to 24
   bits: normal in, normal out), the exponent applied with integers; equal to IEEE whenever the
   result is normal, on every platform, FTZ or not (a product below 2^-126 may be rounded twice:
-  the one documented deviation; NumPy and jax still agree bit for bit);
+  the one documented deviation; NumPy and jax still agree bit for bit); a NaN product is the
+  canonical NaN 0x7FC00000;
 * :func:`div_f32` — ``a/b``: an IEEE division whose significand quotient is a float32
   reciprocal estimate made exact by integer remainder corrections (no float division, no
   integer division), exact on every backend;
@@ -46,6 +47,7 @@ from types import ModuleType
 
 import numpy as np
 
+from fp4sim._checks import as_f32
 from fp4sim._xp import Array, bitcast, materialize, namespace
 
 __all__ = [
@@ -128,9 +130,12 @@ def f32_bits(xp: ModuleType, x: Array) -> Array:
 def ldexp_f32(x: Array, k: Array) -> Array:
     """``x · 2^k`` for float32 ``x`` and int ``k``, correctly rounded, FTZ-proof (integer ops)."""
     xp = namespace(x, k)
-    bits = f32_bits(xp, x)
+    bits = f32_bits(xp, as_f32("x", x, xp, ints=True))
     sign, sig, exp = split(xp, bits)
-    k = xp.clip(xp.asarray(k, dtype=np.int32), -400, 400)
+    k = xp.asarray(k)
+    if np.dtype(k.dtype).kind not in "iu":
+        raise TypeError(f"k has dtype {k.dtype}; allowed: integers")
+    k = xp.clip(k.astype(np.int32), -400, 400)
     out = compose(xp, sign, sig, exp + k)
     special = (bits & _U(0x7F800000)) == _U(0x7F800000)
     return bitcast(xp.where(special, bits, out), np.float32)
@@ -172,13 +177,17 @@ def _mul_f32(xp: ModuleType, a: Array, b: Array) -> Array:
     mag = xp.where(field >= 1, xp.where(field >= 255, u(0x7F800000), normal), sub)
     res = bitcast(((ab ^ bb) & u(0x80000000)) | mag, np.float32)
     with np.errstate(all="ignore"):  # 0/0, Inf*0 are the IEEE special cases we want
-        special = pa * pb
-    return materialize(xp.where(plain_a & plain_b, res, special))
+        special = bitcast(pa * pb, u)
+    # a NaN product is the canonical 0x7FC00000 (NumPy keeps an operand's payload and sign,
+    # XLA need not)
+    special = xp.where((special & u(0x7FFFFFFF)) > u(0x7F800000), u(0x7FC00000), special)
+    return materialize(xp.where(plain_a & plain_b, res, bitcast(special, np.float32)))
 
 
 def mul_f32(a: Array, b: Array) -> Array:
     """IEEE float32 ``a·b`` (RNE), also for subnormal operands on FTZ backends (see module doc)."""
-    return _mul_f32(namespace(a, b), a, b)
+    xp = namespace(a, b)
+    return _mul_f32(xp, as_f32("a", a, xp, ints=True), as_f32("b", b, xp, ints=True))
 
 
 def div_f32(a: Array, b: Array) -> Array:
@@ -191,8 +200,8 @@ def div_f32(a: Array, b: Array) -> Array:
     results follow one rule (:func:`_nan_quotient_bits`). Checked on the H200 on 2026-11-29: 0
     of 16.6 M random bit-pattern quotients differ from IEEE."""
     xp = namespace(a, b)
-    a = xp.asarray(a, dtype=np.float32)
-    b = xp.asarray(b, dtype=np.float32)
+    a = as_f32("a", a, xp, ints=True)
+    b = as_f32("b", b, xp, ints=True)
     a, b = xp.broadcast_arrays(a, b)
     return _div_rn_bits(xp, a, b)
 

@@ -22,7 +22,7 @@ are applied exactly (powers of two by exponent arithmetic). How the sum is accum
                once to float32) are added one by one in increasing K. NumPy and jitted JAX give
                the same bits (each term is exact or correctly rounded with integer arithmetic, so
                FMA contraction cannot change it).
-``HOPPER_FP8`` Hopper's FP8 ``wgmma`` accumulator (pallas_mgpu.md §1.5: FP8 wgmma is *not*
+``HOPPER_FP8`` Hopper's FP8 ``wgmma`` accumulator (measured on an H200 by :mod:`fp4sim.kernels.wgmma_probe`, as microsoft/MMA-Sim models it: FP8 wgmma is *not*
                float32-exact). Per scale block along K (which must be whole 32-element wgmma
                steps; the whole K for operands whose scales do not vary along K) the products go
                through :func:`wgmma_fp8_dot` with a :class:`WgmmaFp8Model`, and the block results

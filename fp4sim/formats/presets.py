@@ -5,7 +5,7 @@ This module owns the mapping "library X's quantizer" →
 Each preset is an ordinary frozen ``BlockFormat``; pass it to
 :func:`~fp4sim.formats.blocks.quantize`. What each imitates (and how the test suite checks it):
 
-``OCP_MXFP4`` … ``OCP_MXFP8_E5M2`` — the OCP MX v1.0 §6.3 reference as implemented by
+``OCP_MXFP4`` … ``OCP_MXFP8_E5M2`` — the OCP MX v1.0 specification's reference conversion as implemented by
     microsoft/microxcaling (``mx/mx_ops.py``): ``ScaleRule.FLOOR`` (block maxima above ``M·2^e``
     clamp to ``±M``), elements rounded to nearest with ties **away** from zero (microxcaling's
     default ``round='nearest'``), saturating. Checked against an independent float64 transcription

@@ -177,13 +177,13 @@ def _register_block_cases() -> None:
 
             x = _block_inputs(_BLOCK_SEED)
             x[6, :16] = 0.0
-            x[6, 0] = np.float32(2.9)  # §1.3: the E4M3 block scale rounds down and the max saturates
+            x[6, 0] = np.float32(2.9)  # the E4M3 block scale rounds down and the max saturates
             return {"x": x, **_quantized_arrays(blocks.quantize(x, getattr(blocks, fmt_name)))}
 
         register(f"formats.{fmt_name.lower()}.default",
                  description=f"{fmt_name} quantize along the last axis (blocks of 16, UE4M3 scales"
                              f"{', FP32 per-tensor factor' if fmt_name == 'NVFP4' else ''}); row 6 holds "
-                             "the amax-2.9 block of seed_algorithms §1.3",
+                             "the amax-2.9 block (E4M3 scale rounding clips the max)",
                  block_format=fmt_name, seed=_BLOCK_SEED, shape=[8, 64])(make_nv)
 
     @register("formats.mxfp4.packed", description="MXFP4 (RCEIL) codes packed two per byte, the "

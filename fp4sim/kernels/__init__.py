@@ -3,6 +3,13 @@
 Importing this package does not initialise a GPU backend; kernels are built on first call.
 """
 
+from fp4sim.kernels.attention_bwd_mgpu import (
+    BackwardConfig,
+    BackwardDebug,
+    BackwardResiduals,
+    attention_fp8_backward,
+    reference_backward,
+)
 from fp4sim.kernels.attention_directp_mgpu import (
     DirectPConfig,
     DirectPDebug,
@@ -22,6 +29,7 @@ from fp4sim.kernels.attention_mgpu import (
     quantize_operands,
     reference_forward,
 )
+from fp4sim.kernels.attention_vjp_mgpu import emulator_recipe, fp8_attention
 from fp4sim.kernels.decoders import (
     e2m1_to_f16,
     e4m3_to_f16,
@@ -49,6 +57,13 @@ from fp4sim.kernels.harness import (
 )
 
 __all__: list[str] = [
+    "BackwardConfig",
+    "BackwardDebug",
+    "BackwardResiduals",
+    "attention_fp8_backward",
+    "reference_backward",
+    "emulator_recipe",
+    "fp8_attention",
     "Ablation",
     "DebugTile",
     "DirectPConfig",

@@ -34,7 +34,8 @@ class StepContext(NamedTuple):
     """What the per-tile step sees (all arrays in registers, WGMMA layouts)."""
 
     s: Any  # (block_q, block_kv) float32 scores Q·Kᵀ of the operands as stored
-    cols: tuple  # per-key column vectors of this tile (block_kv,), one per column-input row
+    cols: Callable[[], tuple]  # loads this tile's per-key column vectors (block_kv,), one per
+    # column-input row, from SMEM (a call, so a step that reads only scalars loads nothing)
     col_ref: Any  # this slot's column tile in SMEM (n_columns, block_kv), for scalar reads
     visible: Any  # (block_q, block_kv) bool on masked (causal diagonal) tiles, else None
     rows: Any  # per-row input vector (block_q,) or None
@@ -52,6 +53,7 @@ class StepResult(NamedTuple):
     pv_scale: Any  # (block_q,) factor applied to this tile's P·V product, or None (then 1)
     state: tuple  # new extra per-row state vectors
     debug: tuple  # per-row vectors dumped with P at the debug step (the normalizer follows)
+    l_sums: Any = None  # with block sums: callable (block_q, 8) per-block sums of P -> l_tile
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -111,7 +113,8 @@ def _when(cond: Any, fn: Callable[[], None]) -> None:
 def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any,
                   out_dtype: Any, block_q: int, block_kv: int, max_concurrent_steps: int,
                   causal: bool, n_columns: int, row_input: bool, math: TileMath,
-                  debug_step: int | None, skip_pv: bool = False) -> Callable[..., Any]:
+                  debug_step: int | None, skip_pv: bool = False,
+                  kv_len: int | None = None, block_sums: bool = False) -> Callable[..., Any]:
     """A function ``(q, k, vt, rows, cols) -> [o, lse, (dbg_p, dbg_rows)]`` running the kernel.
 
     Shapes: ``q`` (B, T, Hq, D), ``k`` (B, S, Hkv, D), ``vt`` (B, Hkv, D, S) in ``in_dtype``;
@@ -119,6 +122,16 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
     Outputs ``o`` (B, T, Hq, D) ``out_dtype``, ``lse`` (B, Hq, T) float32 and, with a debug step,
     P of that key tile (B, Hq, T, block_kv) ``p_dtype`` and the debug rows (B, Hq, n + 1, T):
     ``StepResult.debug`` then the normalizer after the tile.
+
+    ``T`` must be a multiple of ``2·block_q`` and ``S`` of ``block_kv`` (callers pad);
+    ``kv_len`` (default ``S``) is the number of real keys: when it is smaller, the last key tile
+    is a *masked tail tile* (keys ``>= kv_len`` invisible, on top of the causal mask), so the
+    padding never reaches the softmax. Padded query rows produce rows the caller drops.
+
+    ``block_sums``: the PV product also sums P over each 32-key block on the tensor core: the
+    Vᵀ tile in shared memory gets 8 extra rows, loaded once per slot from ``ind`` (8, block_kv)
+    (row b is 1 on the keys of block b), so the accumulator's columns ``D..D+7`` hold the block
+    sums; the step's ``StepResult.l_sums`` turns them into the tile's normalizer.
     """
     import jax
     import jax.numpy as jnp
@@ -132,7 +145,17 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
     _, s_len, hkv, _ = k_shape
     bq, bkv = block_q, block_kv
     n_kv = s_len // bkv
+    if t_len % (2 * bq) or s_len % bkv or n_kv < 1:
+        raise ValueError(f"build_forward: T={t_len} must be a multiple of 2·block_q={2 * bq} and "
+                         f"S={s_len} a positive multiple of block_kv={bkv} (pad the inputs)")
+    kv_len = s_len if kv_len is None else kv_len
+    if not (n_kv - 1) * bkv < kv_len <= s_len:
+        raise ValueError(f"build_forward: kv_len={kv_len} must lie in the last key tile "
+                         f"({(n_kv - 1) * bkv}, {s_len}]")
+    tail = kv_len < s_len  # the last key tile is masked
     slots = min(max_concurrent_steps, n_kv)
+    block_sums = block_sums and not skip_pv
+    ext = 8 if block_sums else 0  # extra Vᵀ rows (the block indicators)
     heads_per_kv = hq // hkv
     f32 = jnp.float32
     debug = debug_step is not None
@@ -142,12 +165,12 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
     wgmma_layout = plgpu.Layout.WGMMA
     o_in_q = np.dtype(out_dtype) == np.dtype(in_dtype)  # stage O in Q's buffer
 
-    def kernel(q_ref, k_ref, vt_ref, rows_ref, cols_ref, o_ref, lse_ref, dbg_p_ref, dbg_r_ref,
-               scoped):
+    def kernel(q_ref, k_ref, vt_ref, rows_ref, cols_ref, ind_ref, o_ref, lse_ref, dbg_p_ref,
+               dbg_r_ref, scoped):
         bi = lax.axis_index("batch")
         head = lax.axis_index("heads")
         wg = lax.axis_index("wg")
-        smem, (k_bar, v_bar, c_bar, q_bar, r_bar), (k_cons, v_cons), sched = scoped
+        smem, (k_bar, v_bar, c_bar, q_bar, r_bar, i_bar), (k_cons, v_cons), sched = scoped
         q_smem2, k_smem, vt_smem, c_smem, p_smem2, o_smem2, r_smem2, lse_smem2, dbg_smem2 = smem
 
         def schedule_barrier():
@@ -156,7 +179,7 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
 
         if causal:
             cta_end = (lax.axis_index("q_seq") + 1) * (2 * bq)
-            cta_kv_steps = lax.div(cta_end + (bkv - 1), jnp.int32(bkv))
+            cta_kv_steps = jnp.minimum(lax.div(cta_end + (bkv - 1), jnp.int32(bkv)), n_kv)
         else:
             cta_kv_steps = n_kv
 
@@ -168,7 +191,7 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
             lse_smem = lse_smem2.at[wg]
             q_base = lax.axis_index("q_seq") * (2 * bq) + wg * bq
             if causal:
-                kv_steps = lax.div(q_base + bq + (bkv - 1), jnp.int32(bkv))
+                kv_steps = jnp.minimum(lax.div(q_base + bq + (bkv - 1), jnp.int32(bkv)), n_kv)
             else:
                 kv_steps = n_kv
             plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(q_base, bq), head], q_smem, q_bar.at[wg])
@@ -189,6 +212,8 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
             state = tuple(row_full(v) for v in math.state_init)
             acc = plgpu.layout_cast(jnp.full((bq, d), 0.0, f32), wgmma_layout)
 
+            for i in range(slots if block_sums else 0):  # the indicator rows are in place
+                plgpu.barrier_wait(i_bar.at[i])
             _when(kv_steps > 0, lambda: plgpu.barrier_wait(k_bar.at[0]))
             pl.when(wg == 1)(schedule_barrier)
 
@@ -206,26 +231,56 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
 
                 s_tile = pl.run_scoped(qk, plgpu.ACC((bq, bkv), f32))
                 plgpu.barrier_arrive(k_cons.at[slot])
-                cols, col_ref = (), None
+                col_ref = None
+
+                def cols(slot=slot):
+                    return tuple(plgpu.load(c_smem.at[slot, i], layout=col_layout)
+                                 for i in range(n_columns))
+
                 if n_columns:
                     plgpu.barrier_wait(c_bar.at[slot])
                     col_ref = c_smem.at[slot]
-                    cols = tuple(plgpu.load(c_smem.at[slot, i], layout=col_layout)
-                                 for i in range(n_columns))
                 visible = None
                 if masked:
-                    qi = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=wgmma_layout)
-                    visible = qi + q_base >= key_iota() + kv_step * bkv
+                    key = key_iota() + kv_step * bkv
+                    if causal:
+                        qi = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=wgmma_layout)
+                        visible = qi + q_base >= key
+                    if tail:
+                        in_seq = key < kv_len
+                        visible = in_seq if visible is None else visible & in_seq
                 res = math.step(StepContext(s_tile, cols, col_ref, visible, rows, kv_step,
                                             key_iota), m_i, state)
                 acc = acc * lax.broadcast_in_dim(res.beta, (bq, d), [0])
                 pv_scale = (None if res.pv_scale is None
                             else lax.broadcast_in_dim(res.pv_scale, (bq, d), [0]))
-                l_i = l_i * res.beta + (1.0 if res.l_tile is None else res.l_tile)
+                if res.l_sums is None:
+                    l_i = l_i * res.beta + (1.0 if res.l_tile is None else res.l_tile)
                 if not skip_pv:
                     p_smem[...] = res.p
                     plgpu.commit_smem()
-                if debug:
+                plgpu.barrier_arrive(sched)  # softmax done
+                plgpu.barrier_wait(v_bar.at[slot])
+                plgpu.barrier_wait(sched)  # tensor core free
+
+                def pv(acc_ref):  # matmul site 2: P·V (Vᵀ stored (D [+ 8], keys): K-major)
+                    if not skip_pv:
+                        plgpu.wgmma(acc_ref, p_smem, vt_smem.at[slot].T)
+                    nxt = kv_step + 1
+
+                    @pl.when(nxt < kv_steps)
+                    def _():
+                        plgpu.barrier_wait(k_bar.at[lax.rem(nxt, jnp.int32(slots))])
+
+                    return acc_ref[...]
+
+                pv_tile = pl.run_scoped(pv, plgpu.ACC((bq, d + ext), f32))
+                if ext:
+                    sums, pv_tile = pv_tile[:, d:], pv_tile[:, :d]
+                    l_i = l_i * res.beta + res.l_sums(sums)
+                acc = acc + (pv_tile if pv_scale is None else pv_tile * pv_scale)
+                plgpu.barrier_arrive(v_cons.at[slot])
+                if debug:  # after the PV product, so that a block-sum normalizer is complete
                     dbg_smem = dbg_smem2.at[wg]
 
                     @pl.when(kv_step == debug_step)
@@ -240,31 +295,17 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
                                                 dbg_r_ref.at[bi, head, :, pl.ds(q_base, bq)])
                         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
-                plgpu.barrier_arrive(sched)  # softmax done
-                plgpu.barrier_wait(v_bar.at[slot])
-                plgpu.barrier_wait(sched)  # tensor core free
-
-                def pv(acc_ref):  # matmul site 2: P·V (Vᵀ stored (D, keys): K-major)
-                    if not skip_pv:
-                        plgpu.wgmma(acc_ref, p_smem, vt_smem.at[slot].T)
-                    nxt = kv_step + 1
-
-                    @pl.when(nxt < kv_steps)
-                    def _():
-                        plgpu.barrier_wait(k_bar.at[lax.rem(nxt, jnp.int32(slots))])
-
-                    return acc_ref[...]
-
-                pv_tile = pl.run_scoped(pv, plgpu.ACC((bq, d), f32))
-                acc = acc + (pv_tile if pv_scale is None else pv_tile * pv_scale)
-                plgpu.barrier_arrive(v_cons.at[slot])
                 return acc, res.m, l_i, res.state
 
             carry = (acc, m_i, l_i, state)
             if not causal:
-                carry = lax.fori_loop(0, n_kv, functools.partial(kv_step_fn, masked=False), carry)
+                carry = lax.fori_loop(0, n_kv - tail, functools.partial(kv_step_fn, masked=False),
+                                      carry)
+                if tail:  # the masked tail tile
+                    carry = kv_step_fn(jnp.int32(n_kv - 1), carry, masked=True)
             else:
-                full = lax.div(q_base, jnp.int32(bkv))
+                # tiles wholly below the diagonal and wholly inside the sequence run unmasked
+                full = jnp.minimum(lax.div(q_base, jnp.int32(bkv)), n_kv - tail)
                 carry = lax.fori_loop(0, full, functools.partial(kv_step_fn, masked=False), carry)
                 carry = lax.fori_loop(full, kv_steps, functools.partial(kv_step_fn, masked=True),
                                       carry)
@@ -302,8 +343,9 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
                                         k_smem.at[slot], k_bar.at[slot])
 
             def issue_v(step, slot):
+                dst = vt_smem.at[slot, pl.ds(0, d)] if ext else vt_smem.at[slot]
                 plgpu.copy_gmem_to_smem(vt_ref.at[bi, kv_head, :, pl.ds(step * bkv, bkv)],
-                                        vt_smem.at[slot], v_bar.at[slot])
+                                        dst, v_bar.at[slot])
                 if n_columns:
                     plgpu.copy_gmem_to_smem(cols_ref.at[bi, kv_head, :, pl.ds(step * bkv, bkv)],
                                             c_smem.at[slot], c_bar.at[slot])
@@ -312,6 +354,8 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
                 issue_k(i, i)
                 issue_v(i, i)
 
+            for i in range(slots if ext else 0):  # block indicators: once per slot
+                plgpu.copy_gmem_to_smem(ind_ref, vt_smem.at[i, pl.ds(d, ext)], i_bar.at[i])
             for i in range(slots):
                 _when(i < cta_kv_steps, functools.partial(prologue, i))
 
@@ -333,12 +377,14 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
         refs = list(refs)
         rows_ref = refs.pop(0) if row_input else None
         cols_ref = refs.pop(0) if n_columns else None
+        ind_ref = refs.pop(0) if ext else None
         o_ref, lse_ref = refs[0], refs[1]
         dbg_p_ref, dbg_r_ref = (refs[2], refs[3]) if debug else (None, None)
         scratch = [
             plgpu.SMEM((2, bq, d), in_dtype, transforms=smem_transforms(in_dtype, d)),
             plgpu.SMEM((slots, bkv, d), in_dtype, transforms=smem_transforms(in_dtype, d)),
-            plgpu.SMEM((slots, d, bkv), in_dtype, transforms=smem_transforms(in_dtype, bkv)),
+            plgpu.SMEM((slots, d + ext, bkv), in_dtype,
+                       transforms=smem_transforms(in_dtype, bkv)),
             plgpu.SMEM((slots, n_columns, bkv), f32) if n_columns else None,
             plgpu.SMEM((2, bq, bkv), p_dtype, transforms=smem_transforms(p_dtype, bkv)),
             None if o_in_q else plgpu.SMEM((2, bq, d), out_dtype,
@@ -348,12 +394,12 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
             plgpu.SMEM((2, n_dbg, bq), f32) if debug else None,
         ]
         pl.run_scoped(
-            lambda *args: kernel(q_ref, k_ref, vt_ref, rows_ref, cols_ref, o_ref, lse_ref,
-                                 dbg_p_ref, dbg_r_ref, args),
+            lambda *args: kernel(q_ref, k_ref, vt_ref, rows_ref, cols_ref, ind_ref, o_ref,
+                                 lse_ref, dbg_p_ref, dbg_r_ref, args),
             scratch,
             (plgpu.Barrier(num_barriers=slots), plgpu.Barrier(num_barriers=slots),
              plgpu.Barrier(num_barriers=slots), plgpu.Barrier(num_barriers=2),
-             plgpu.Barrier(num_barriers=2)),
+             plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=slots)),
             (plgpu.Barrier(num_arrivals=2, num_barriers=slots),) * 2,
             plgpu.Barrier(num_arrivals=2),
             collective_axes="wg",
@@ -376,6 +422,10 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
 
     def run(q, k, vt, rows=None, cols=None):
         args = [q, k, vt] + ([rows] if row_input else []) + ([cols] if n_columns else [])
+        if ext:
+            key_block = np.arange(bkv)[None, :] // 32
+            ind = (key_block == np.arange(ext)[:, None]).astype(np.float32)
+            args.append(jnp.asarray(ind).astype(in_dtype))
         return call(*args)
 
     return run

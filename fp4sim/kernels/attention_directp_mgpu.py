@@ -6,7 +6,7 @@ K, P converted to E2M1 by the affine classifier or Mitchell-P with one E8M0 ampl
 2^k_B`` per 32 keys (``k_B = ⌈max_{j∈B} t_j⌉``), V in MXFP4 along tokens (``β·q/6``), consistent
 normalization. Hopper has no FP4 tensor-core path, so every low-precision operand is decoded
 *exactly* to float16 and multiplied by the 16-bit ``wgmma`` with float32 accumulation, which the
-H200 rounds correctly in practice (``reference/pallas_mgpu.md`` §1.5):
+H200 rounds correctly in practice (measured by :mod:`fp4sim.kernels.wgmma_probe`):
 
 * Q, K: NVFP4 values ``e2m1 × UE4M3 scale`` (at most 6 significant bits, within float16's range)
   decoded by :func:`fp4sim.attention.forward.quantize_qk` outside the kernel.
@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim import _checks
 from fp4sim.attention.recipe import (
     HW_FP4_DIRECT_P,
     AffineP,
@@ -180,9 +181,13 @@ def prepare_operands(q: Any, k: Any, v: Any, recipe: AttentionRecipe = HW_FP4_DI
     bhtd = lambda x: jnp.swapaxes(jnp.asarray(x, jnp.float32), 1, 2)  # noqa: E731
     qv = quantize_qk(bhtd(q), recipe).values
     kv = quantize_qk(bhtd(k), recipe).values
-    vop = quantize_v(bhtd(v), recipe)  # values: payloads; exps (B, H, S/32, D)
+    s = v.shape[1]
+    vb = bhtd(v)
+    if s % _P_BLOCK:  # a partial last token block: quantized as if padded with zeros
+        vb = jnp.pad(vb, ((0, 0), (0, 0), (0, -s % _P_BLOCK), (0, 0)))
+    vop = quantize_v(vb, recipe)  # values: payloads; exps (B, H, S/32, D)
     e = jnp.repeat(vop.exps, _P_BLOCK, axis=-2)
-    vvals = vop.values * _pow2_f32(jnp.maximum(e, -126))  # exact (e = −127: all-zero block)
+    vvals = (vop.values * _pow2_f32(jnp.maximum(e, -126)))[:, :, :s]  # exact (−127: zero block)
     f16 = jnp.float16
     return DirectPOperands(q=jnp.swapaxes(qv, 1, 2).astype(f16),
                            k=jnp.swapaxes(kv, 1, 2).astype(f16),
@@ -221,30 +226,44 @@ def attention_directp_prepared(ops: DirectPOperands, *, softmax_scale: float | N
     if tuple(ops.vt.shape) != (b, hkv, d, s):
         raise ValueError(f"ops.vt shape {tuple(ops.vt.shape)} must be {(b, hkv, d, s)}")
     cfg = config
-    if t % (2 * cfg.block_q):
-        raise ValueError(f"q tokens {t} must be a multiple of 2·block_q = {2 * cfg.block_q}")
-    if s % cfg.block_kv:
-        raise ValueError(f"kv tokens {s} must be a multiple of block_kv = {cfg.block_kv}")
     if cfg.causal and s != t:
         raise ValueError(f"causal attention needs as many keys as queries; got T={t}, S={s}")
-    if cfg.debug_step is not None and cfg.debug_step >= s // cfg.block_kv:
+    n_kv = -(-s // cfg.block_kv)
+    if cfg.debug_step is not None and cfg.debug_step >= n_kv:
         raise ValueError(f"debug_step={cfg.debug_step} out of range; this shape has "
-                         f"{s // cfg.block_kv} key tiles")
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
-            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"softmax_scale={softmax_scale!r} must be a positive finite float")
-    return _jitted()(ops, float(softmax_scale), cfg)
+                         f"{n_kv} key tiles")
+    softmax_scale = _checks.softmax_scale(softmax_scale, d)
+    return _jitted()(ops, softmax_scale, cfg)
 
 
 @functools.lru_cache(maxsize=None)
 def _jitted():
     import jax
+    import jax.numpy as jnp
+
+    def pad(x, axis, multiple):
+        extra = -x.shape[axis] % multiple
+        if not extra:
+            return x
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, extra)
+        return jnp.pad(x, widths)
 
     def fwd(ops, softmax_scale, cfg):
-        call = _build_call(tuple(ops.q.shape), tuple(ops.k.shape), softmax_scale, cfg)
-        return call(ops.q, ops.k, ops.vt)
+        # any T and S: padded query rows are dropped, keys >= S masked in the tail tile
+        t, s = ops.q.shape[1], ops.k.shape[1]
+        q = pad(ops.q, 1, 2 * cfg.block_q)
+        k, vt = pad(ops.k, 1, cfg.block_kv), pad(ops.vt, 3, cfg.block_kv)
+        call = _build_call(tuple(q.shape), tuple(k.shape), softmax_scale, cfg, kv_len=s)
+        outs = call(q, k, vt)
+        if q.shape[1] == t:
+            return outs
+        o, lse = outs[0][:, :t], outs[1][..., :t]
+        if cfg.debug_step is None:
+            return o, lse
+        dbg = outs[2]
+        return o, lse, DirectPDebug(p=dbg.p[:, :, :t], k=dbg.k[..., :t], m=dbg.m[..., :t],
+                                    l=dbg.l[..., :t])
 
     return jax.jit(fwd, static_argnums=(1, 2))
 
@@ -259,7 +278,8 @@ def _e2m1_rne(a: Any) -> Any:
     return jnp.minimum(q, 6.0)
 
 
-def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: DirectPConfig):
+def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: DirectPConfig,
+                kv_len: int | None = None):
     import jax.numpy as jnp
     from jax import lax
 
@@ -320,7 +340,7 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Direc
         out_dtype=cfg.out_type.dtype, block_q=bq, block_kv=bkv,
         max_concurrent_steps=cfg.max_concurrent_steps, causal=cfg.causal, n_columns=0,
         row_input=False, math=TileMath(step=step, finish=finish, n_debug=n_blocks + 1),
-        debug_step=cfg.debug_step)
+        debug_step=cfg.debug_step, kv_len=kv_len)
 
     def call(q16, k16, vt16):
         outs = run(q16, k16, vt16)

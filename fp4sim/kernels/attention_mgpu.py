@@ -12,7 +12,7 @@ TMA warpgroup feeding a ring of K, Vᵀ and key-column tiles, causal loops) is s
 Direct-P kernel and lives in :mod:`fp4sim.kernels.attention_common`; this module plugs in the
 FP8 numerics.
 
-Hopper-specific choices, each forced by a hardware rule (``reference/pallas_mgpu.md``):
+Hopper-specific choices, each forced by a hardware rule (NVIDIA PTX ISA, docs.nvidia.com/cuda/parallel-thread-execution; FlashAttention-3, arXiv:2407.08608):
 
 * FP8 ``wgmma`` wants both operands K-major: K is stored (keys, D) and passed transposed, V is
   stored transposed, **Vᵀ (D, keys)**, so the PV product reads it K-major.
@@ -38,7 +38,7 @@ exact; every product of a float32 by a power of two is exact, so no step depends
 multiply-add contraction):
 
 1. ``z = fl(S·2^e_K(j))`` with ``S = Q_c·K_cᵀ`` from the FP8 tensor core (float32 accumulation,
-   not correctly rounded on Hopper: ``reference/pallas_mgpu.md`` §1.5); masked keys ``−inf``.
+   not correctly rounded on Hopper: :mod:`fp4sim.kernels.wgmma_probe`); masked keys ``−inf``.
 2. ``m ← max(m, max_j z_j)`` (running max of z); ``t_j = fl(fl(z_j − m)·c_r) ≤ 0``.
 3. ``F = A + ⌈t_max⌉ − 8`` with ``t_max = fl(fl(max_j z_j − m)·c_r)`` (exact integer arithmetic
    on float32); ``G_j = e_V(j) − F``.
@@ -54,10 +54,17 @@ multiply-add contraction):
    ``l ← l·β + 2^F·l_T``: both stay relative to ``2^(c_r·m)``, whatever a tile's F.
 7. ``O = acc / l`` (0 where ``l = 0``); ``LSE₂ = c_r·m + log2 l`` (base 2).
 
-Assumptions: every query row sees at least one key in its first key tile (true for non-causal
-attention and for top-left-aligned causal attention with ``T == S``); scale exponents above
-−127 (token blocks with amax ≤ 2^-118 would need subnormal factors, which the float32 SIMT path
-may flush).
+Inputs: any ``T`` and ``S`` (``T == S`` when causal; top-left aligned), any ``Hq`` that is a
+multiple of ``Hkv``. The wrapper pads queries to ``2·block_q`` rows and keys to a whole key
+tile with zero codes; the last key tile is a *masked tail tile* (keys ``>= S`` get ``z = −inf``),
+padded query rows are dropped. Zero token blocks (exponent −127, all codes zero) and NaN blocks
+(exponent 128) follow :func:`attention_fp8_quantized`'s policy: zero scores or zero values (the
+keys of a zero V block keep their softmax weight: the fold uses the tile's exponent for them),
+and NaN rows exactly where the float64 attention of the dequantized operands has them. The
+normalizer of a tile is summed as ``2^(F − E_T)·Σ_j P_c(j)·2^(E_T − e_V(j))`` (every term
+<= 2^8), so tiny V exponents neither overflow nor flush it; V blocks below about 2^-118 still
+leave their PV contribution to a subnormal unit ``2^F``, which the float32 SIMT path may
+flush.
 
 The matching emulator recipe: the kernel's P scale rule (V's exponent folded into a per-row,
 per-tile P exponent) is not one of :mod:`fp4sim.attention.recipe`'s ``PFormat`` rules; the
@@ -78,11 +85,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import math
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim import _checks
 from fp4sim.attention.recipe import Normalization
 from fp4sim.kernels.attention_common import ceil_f32 as _ceil_f32
 from fp4sim.kernels.attention_common import floor_f32 as _floor_f32
@@ -113,6 +120,15 @@ _P_HEADROOM = 8
 """P codes of a row's largest weight in a tile land in (2^7, 2^8]: ``F = max(⌈t⌉ + e_V) − 8``."""
 
 _LOG2E = float.fromhex("0x1.71547652b82fep+0")  # log2(e)
+
+_ZERO_EXP = -127
+"""Token-block exponent of a zero block (amax <= 448·2^-127): its codes are zero."""
+
+_NAN_EXP = 128
+"""Token-block exponent of a block with a NaN (the E8M0 NaN scale)."""
+
+_COL_CLAMP = 126
+"""Largest exponent of the normalizer column ``2^(E_T − e_V)`` (see ``_forward``)."""
 
 
 class PConversion(enum.Enum):
@@ -161,6 +177,16 @@ class FP8AttentionConfig:
     ``block_q`` rows per compute warpgroup (a CTA owns ``2·block_q``), ``block_kv`` keys per
     tile (64..256, a multiple of 64), ``max_concurrent_steps`` ring depth of the TMA pipeline.
     ``debug_step``: when an int, the kernel also returns :class:`DebugTile` for that key tile.
+    ``scale_blocks``: on unmasked tiles, read the per-key factors (``2^e_K``, the fold offset,
+    the normalizer column) as one SMEM scalar per 32-key token block and work on 32-key slices
+    of the score tile (one FMA per element before exp2) instead of loading per-key column
+    vectors; masked tiles always take the per-key path. Same bits either way.
+    ``block_sums``: the consistent normalizer's per-32-key sums of the P codes come from the
+    tensor core (8 indicator rows appended to the Vᵀ tile, see
+    :func:`fp4sim.kernels.attention_common.build_forward`) instead of a SIMT conversion and
+    sum of the codes; P codes, F and m keep their bits, the normalizer is the same sum in
+    another order (the FP8 tensor core's accumulation). Ignored for MISMATCHED normalization
+    and the SKIP_PV / SKIP_NORMALIZER ablations.
     """
 
     block_q: int = 64
@@ -172,6 +198,8 @@ class FP8AttentionConfig:
     out_type: OutType = OutType.BFLOAT16
     debug_step: int | None = None
     ablation: Ablation = Ablation.NONE
+    scale_blocks: bool = True
+    block_sums: bool = False
 
     def __post_init__(self) -> None:
         _check_int("block_q", self.block_q, 64, 64)
@@ -180,8 +208,10 @@ class FP8AttentionConfig:
             raise ValueError(f"FP8AttentionConfig.block_kv={self.block_kv} exceeds wgmma's N "
                              f"limit; allowed: 64, 128, 192, 256")
         _check_int("max_concurrent_steps", self.max_concurrent_steps, 2)
-        if not isinstance(self.causal, bool):
-            raise TypeError(f"FP8AttentionConfig.causal={self.causal!r} must be a bool")
+        for name in ("causal", "scale_blocks", "block_sums"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"FP8AttentionConfig.{name}={getattr(self, name)!r} must be a "
+                                f"bool")
         for name, kind in (("conversion", PConversion), ("normalization", Normalization),
                            ("out_type", OutType), ("ablation", Ablation)):
             if not isinstance(getattr(self, name), kind):
@@ -208,6 +238,10 @@ SHIPPED_CONFIGS: tuple[FP8AttentionConfig, ...] = (
     FP8AttentionConfig(conversion=PConversion.EXACT, causal=True, debug_step=0,
                        out_type=OutType.FLOAT32),
     FP8AttentionConfig(block_kv=64),
+    FP8AttentionConfig(block_q=128, block_kv=64),
+    FP8AttentionConfig(scale_blocks=False),
+    FP8AttentionConfig(block_sums=True),
+    FP8AttentionConfig(block_sums=True, causal=True, conversion=PConversion.EXACT, debug_step=0),
 )
 """The configurations the package ships (cross-lowered for sm_90a in the CPU tests)."""
 
@@ -243,20 +277,32 @@ def quantize_operands(q: Any, k: Any, v: Any) -> FP8Operands:
     """Quantize float Q (B, T, Hq, D), K and V (B, S, Hkv, D) to token-block E4M3.
 
     Uses :func:`fp4sim.formats.blocks.quantize` with ``MXFP8_E4M3`` and
-    ``Geometry.TOKEN_BLOCK`` (exponent ``ceil(log2(amax/448))`` per 32 tokens × D). Works under
-    ``jax.jit``.
+    ``Geometry.TOKEN_BLOCK`` (exponent ``ceil(log2(amax/448))`` per 32 tokens × D). Any ``T``
+    and ``S``: a last, partial token block is quantized as if padded with zeros (its exponent
+    comes from its real tokens). Blocks at the minimum exponent −127 (amax <= 448·2^-127, e.g.
+    all-zero blocks) are *zero blocks* and blocks holding a NaN get the NaN exponent 128: the
+    codes of both are flushed to zero, which the kernel relies on (a NaN block is then carried
+    by its exponent alone: see :func:`attention_fp8_quantized`). ±Inf saturates to ±448·2^e
+    as in the emulator's quantizer. Works under ``jax.jit``.
     """
     import jax.numpy as jnp
     from jax import lax
 
     from fp4sim.formats import blocks
 
-    _check_qkv_shapes(q.shape, k.shape, v.shape)
+    _check_qkv_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
 
-    def tb(x):  # (B, N, H, D) -> codes (B, H, N, D) uint8, exponents (B, H, N/32)
-        xq = blocks.quantize(jnp.swapaxes(jnp.asarray(x, jnp.float32), 1, 2), blocks.MXFP8_E4M3,
-                             axis=-2, geometry=blocks.Geometry.TOKEN_BLOCK)
-        return xq.codes, blocks.scale_exponents(xq)[..., 0]
+    def tb(x):  # (B, N, H, D) -> codes (B, H, N, D) uint8, exponents (B, H, ceil(N/32))
+        x = jnp.swapaxes(jnp.asarray(x, jnp.float32), 1, 2)
+        n = x.shape[2]
+        pad = -n % TOKEN_BLOCK
+        if pad:
+            x = jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0)))
+        xq = blocks.quantize(x, blocks.MXFP8_E4M3, axis=-2, geometry=blocks.Geometry.TOKEN_BLOCK)
+        e = blocks.scale_exponents(xq)[..., 0]
+        zero = jnp.repeat((e == _ZERO_EXP) | (e == _NAN_EXP), TOKEN_BLOCK, axis=-1)[..., None]
+        codes = jnp.where(zero, jnp.uint8(0), xq.codes)[:, :, :n]
+        return codes, e
 
     f8 = jnp.float8_e4m3fn
     qc, qe = tb(q)
@@ -280,8 +326,8 @@ def _check_qkv_shapes(qs: tuple, ks: tuple, vs: tuple) -> None:
     if d not in (64, 128):
         raise ValueError(f"head_dim={d} is not supported; allowed: 64, 128")
     for name, n in (("q tokens", t), ("kv tokens", ks[1])):
-        if n % TOKEN_BLOCK:
-            raise ValueError(f"{name}={n} must be a multiple of the token block {TOKEN_BLOCK}")
+        if n < 1:
+            raise ValueError(f"{name}={n} must be at least 1")
 
 
 # --- the exact, exp-free P converter -----------------------------------------------------------
@@ -411,7 +457,17 @@ def attention_fp8(q: Any, k: Any, v: Any, *, softmax_scale: float | None = None,
 
 def attention_fp8_quantized(ops: FP8Operands, *, softmax_scale: float | None = None,
                             config: FP8AttentionConfig = FP8AttentionConfig()) -> Any:
-    """Run the forward kernel on already quantized operands (see :func:`attention_fp8`)."""
+    """Run the forward kernel on already quantized operands (see :func:`attention_fp8`).
+
+    Any ``T`` and ``S`` (``T == S`` when causal), any ``Hq`` that is a multiple of ``Hkv``.
+    Special values, as :func:`quantize_operands` produces them: a zero block (exponent −127,
+    zero codes) contributes zero scores (Q, K) or zero values (V, whose keys keep their softmax
+    weight); a NaN block (exponent 128, zero codes) makes every output row that attends to it
+    NaN in O and LSE₂ (all rows of the batch and KV head when not causal, rows ``r >= 32·j``
+    for key block ``j`` when causal, the rows of a NaN Q block), and leaves the other rows
+    exact. E4M3 NaN *codes* supplied directly are not screened: the tensor core propagates
+    them (``0·NaN = NaN``), also into rows that mask the key.
+    """
     import jax.numpy as jnp
 
     if not isinstance(config, FP8AttentionConfig):
@@ -428,27 +484,24 @@ def attention_fp8_quantized(ops: FP8Operands, *, softmax_scale: float | None = N
             raise TypeError(f"ops.{name} has dtype {x.dtype}; allowed: float8_e4m3fn")
     if tuple(ops.vt_codes.shape) != (b, hkv, d, s):
         raise ValueError(f"ops.vt_codes shape {tuple(ops.vt_codes.shape)} must be {(b, hkv, d, s)}")
-    for name, x, shp in (("q_exp", ops.q_exp, (b, hq, t // TOKEN_BLOCK)),
-                         ("k_exp", ops.k_exp, (b, hkv, s // TOKEN_BLOCK)),
-                         ("v_exp", ops.v_exp, (b, hkv, s // TOKEN_BLOCK))):
+    nb = lambda n: -(-n // TOKEN_BLOCK)  # noqa: E731
+    for name, x, shp in (("q_exp", ops.q_exp, (b, hq, nb(t))),
+                         ("k_exp", ops.k_exp, (b, hkv, nb(s))),
+                         ("v_exp", ops.v_exp, (b, hkv, nb(s)))):
         if tuple(x.shape) != shp:
             raise ValueError(f"ops.{name} shape {tuple(x.shape)} must be {shp}")
     cfg = config
-    if t % (2 * cfg.block_q):
-        raise ValueError(f"q tokens {t} must be a multiple of 2·block_q = {2 * cfg.block_q}")
-    if s % cfg.block_kv:
-        raise ValueError(f"kv tokens {s} must be a multiple of block_kv = {cfg.block_kv}")
     if cfg.causal and s != t:
         raise ValueError(f"causal attention needs as many keys as queries; got T={t}, S={s}")
-    n_kv = s // cfg.block_kv
+    n_kv = _padded(s, cfg.block_kv) // cfg.block_kv
     if cfg.debug_step is not None and cfg.debug_step >= n_kv:
         raise ValueError(f"debug_step={cfg.debug_step} out of range; this shape has {n_kv} key tiles")
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
-            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"softmax_scale={softmax_scale!r} must be a positive finite float")
-    return _attention_jit(ops, float(softmax_scale), cfg)
+    softmax_scale = _checks.softmax_scale(softmax_scale, d)
+    return _attention_jit(ops, softmax_scale, cfg)
+
+
+def _padded(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def _attention_jit(ops: FP8Operands, softmax_scale: float, cfg: FP8AttentionConfig) -> Any:
@@ -462,24 +515,107 @@ def _jitted_forward():
     return jax.jit(_forward, static_argnums=(1, 2))
 
 
+def _kernel_inputs(ops: FP8Operands, cfg: FP8AttentionConfig, xp: Any) -> dict[str, Any]:
+    """The kernel's padded inputs, computed identically by the jitted wrapper (``xp`` = jnp) and
+    by :func:`reference_forward` (``xp`` = numpy).
+
+    Q rows are padded to a multiple of ``2·block_q`` and keys to a multiple of ``block_kv`` with
+    zero codes and the zero-block exponent (the kernel masks keys ``>= S`` in its tail tile).
+    Exponents are sanitised so that the kernel only sees finite factors:
+
+    * a zero block (exponent −127) of Q or K scales by 1 (its codes are zero, so any factor
+      gives zero scores; 1 keeps ``(−inf)·c_r`` and ``(z − m)·c_r`` free of ``0·inf``);
+    * a zero V block takes its tile's exponent ``E_T`` (the largest exponent of the tile's
+      non-zero V blocks, 0 if there is none) in the fold, so its keys keep their normalizer
+      weight (their V is zero whatever the exponent);
+    * a NaN block (exponent 128) counts as exponent 0 inside the kernel; instead every output
+      row that attends to it (every row for non-causal attention; rows ``r >= 32·block`` for
+      causal attention; the rows of a NaN Q block) is marked by a NaN row scale, and the kernel
+      returns NaN in O and LSE for those rows.
+
+    Returns ``q_scale`` (B, Hq, T_pad) float32 (``2^e_Q`` or NaN) and ``cols`` (B, Hkv, 4,
+    S_pad) float32: ``2^e_K``, ``h = e_V' − E_T + 8``, ``2^min(E_T − e_V', 126)``, ``E_T``.
+    """
+    b, t, hq, _ = ops.q_codes.shape
+    s, hkv = ops.k_codes.shape[1], ops.k_codes.shape[2]
+    bkv = cfg.block_kv
+    t_pad, s_pad = _padded(t, 2 * cfg.block_q), _padded(s, bkv)
+    i32, f32 = np.int32, np.float32
+
+    def rep(e, n):  # per token block -> per token, padded with the zero-block exponent
+        e = xp.repeat(xp.asarray(e).astype(i32), TOKEN_BLOCK, axis=-1)
+        extra = n - e.shape[-1]
+        if extra > 0:
+            e = xp.concatenate([e, xp.full(e.shape[:-1] + (extra,), _ZERO_EXP, i32)], axis=-1)
+        return e[..., :n]
+
+    def pow2(e):  # 2^e for integer e in [-126, 127]
+        bits = ((e + 127) << 23).astype(i32)
+        if xp is np:
+            return bits.view(f32)
+        from jax import lax
+
+        return lax.bitcast_convert_type(bits, f32)
+
+    eq, ek, ev = rep(ops.q_exp, t_pad), rep(ops.k_exp, s_pad), rep(ops.v_exp, s_pad)
+    nan_kv = (ek == _NAN_EXP) | (ev == _NAN_EXP)  # (B, Hkv, S_pad)
+    if cfg.causal:  # row r sees keys 0..r (T == S)
+        seen = xp.cumsum(nan_kv.astype(i32), axis=-1) > 0
+        idx = np.minimum(np.arange(t_pad), s_pad - 1)
+        row_kv = seen[..., idx]
+    else:
+        row_kv = xp.broadcast_to(nan_kv.any(axis=-1, keepdims=True), (b, hkv, t_pad))
+    row_nan = (eq == _NAN_EXP) | xp.repeat(row_kv, hq // hkv, axis=1)
+    finite = lambda e: xp.where((e == _NAN_EXP) | (e == _ZERO_EXP), 0, e)  # noqa: E731
+    q_scale = xp.where(row_nan, f32(np.nan), pow2(finite(eq)))
+    ek = finite(ek)
+    ev = xp.where(ev == _NAN_EXP, 0, ev)
+    zero_v = ev == _ZERO_EXP
+    tiles = (b, hkv, s_pad // bkv, bkv)
+    e_tile = xp.max(xp.where(zero_v, -1000, ev).reshape(tiles), axis=-1)
+    e_tile = xp.where(e_tile == -1000, 0, e_tile)
+    e_tile = xp.repeat(e_tile, bkv, axis=-1)
+    ev = xp.where(zero_v, e_tile, ev)
+    cols = xp.stack([pow2(ek), (ev - e_tile + _P_HEADROOM).astype(f32),
+                     pow2(xp.minimum(e_tile - ev, _COL_CLAMP)), e_tile.astype(f32)], axis=2)
+    return {"q_scale": q_scale, "cols": cols, "t_pad": t_pad, "s_pad": s_pad}
+
+
+def _pad_tokens(x: Any, axis: int, n: int, xp: Any) -> Any:
+    extra = n - x.shape[axis]
+    if extra <= 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return xp.pad(x, widths)
+
+
 def _forward(ops: FP8Operands, softmax_scale: float, cfg: FP8AttentionConfig) -> Any:
     import jax.numpy as jnp
 
-    rep = lambda e: jnp.repeat(e.astype(jnp.int32), TOKEN_BLOCK, axis=-1)  # noqa: E731
-    q_scale = _pow2_f32(rep(ops.q_exp))  # (B, Hq, T)
-    ek, ev = rep(ops.k_exp), rep(ops.v_exp)
-    b, hkv, s = ev.shape
-    e_tile = jnp.repeat(jnp.max(ev.reshape(b, hkv, s // cfg.block_kv, cfg.block_kv), axis=-1),
-                        cfg.block_kv, axis=-1)  # E_T: max V exponent of each key tile
-    kv_cols = jnp.stack([_pow2_f32(ek), (ev - e_tile + _P_HEADROOM).astype(jnp.float32),
-                         _pow2_f32(-ev), e_tile.astype(jnp.float32)], axis=2)
-    call = _build_call(tuple(ops.q_codes.shape), tuple(ops.k_codes.shape), softmax_scale, cfg)
-    return call(ops.q_codes, ops.k_codes, ops.vt_codes, q_scale, kv_cols)
+    t, s = ops.q_codes.shape[1], ops.k_codes.shape[1]
+    ins = _kernel_inputs(ops, cfg, jnp)
+    t_pad, s_pad = ins["t_pad"], ins["s_pad"]
+    qc = _pad_tokens(ops.q_codes, 1, t_pad, jnp)
+    kc = _pad_tokens(ops.k_codes, 1, s_pad, jnp)
+    vtc = _pad_tokens(ops.vt_codes, 3, s_pad, jnp)
+    call = _build_call(tuple(qc.shape), tuple(kc.shape), softmax_scale, cfg, kv_len=s)
+    outs = call(qc, kc, vtc, ins["q_scale"], ins["cols"])
+    if t_pad == t:
+        return outs
+    o, lse = outs[0][:, :t], outs[1][..., :t]
+    if cfg.debug_step is None:
+        return o, lse
+    dbg = outs[2]
+    return o, lse, DebugTile(p_codes=dbg.p_codes[:, :, :t], f=dbg.f[..., :t], m=dbg.m[..., :t],
+                             l=dbg.l[..., :t])
 
 
-def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8AttentionConfig):
+def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8AttentionConfig,
+                kv_len: int | None = None):
     import jax.numpy as jnp
     from jax import lax
+    from jax.experimental.pallas import mosaic_gpu as plgpu
 
     from fp4sim.kernels.attention_common import StepResult, TileMath, build_forward
 
@@ -492,12 +628,77 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
     bc_row = lambda x, n: lax.broadcast_in_dim(x, (bq, n), [0])  # noqa: E731
     bc_col = lambda x: lax.broadcast_in_dim(x, (bq, bkv), [1])  # noqa: E731
 
+    nb = bkv // TOKEN_BLOCK
+    bc_blk = lambda x: lax.broadcast_in_dim(x, (bq, TOKEN_BLOCK), [0])  # noqa: E731
+    sums_on_mma = (cfg.block_sums and consistent and ab is Ablation.NONE)
+
+    def l_from_sums(ctx, f_tile, e_t):
+        """The tile's normalizer from the tensor core's per-block sums of the P codes:
+        ``2^(F − E_T)·Σ_B 2^(E_T − e_V(B))·Σ_{j∈B} P_c(j)``."""
+        def fn(sums):  # (bq, 8): column b = block b's sum (b < nb), zero beyond
+            col = plgpu.broadcasted_iota(jnp.int32, (bq, 8), 1, layout=plgpu.Layout.WGMMA)
+            w8 = jnp.zeros((bq, 8), f32)
+            for b in range(nb):
+                w8 = jnp.where(col == b, ctx.col_ref[2, b * TOKEN_BLOCK], w8)
+            return (sums * w8).sum(axis=1) * jnp.exp2(f_tile - e_t)
+        return fn
+
+    def blocked_step(ctx, m_i, cq):
+        """An unmasked tile with the per-key factors read as one scalar per 32-key token block
+        (they are constant along a block): same bits as :func:`step`'s general path."""
+        col = lambda i, b: ctx.col_ref[i, b * TOKEN_BLOCK]  # noqa: E731
+        ks = [col(0, b) for b in range(nb)]
+        hb = [col(1, b) for b in range(nb)]
+        lc = [col(2, b) for b in range(nb)]
+        e_t = ctx.col_ref[3, 0]
+        s_b = [ctx.s[:, b * TOKEN_BLOCK:(b + 1) * TOKEN_BLOCK] for b in range(nb)]
+        z_b = [x * k for x, k in zip(s_b, ks, strict=True)]  # exact: power-of-two scales
+        z_el = functools.reduce(jnp.maximum, z_b)
+        z_max = z_el.max(axis=1)
+        m_new = jnp.maximum(m_i, z_max)
+        g_row = _ceil_f32((z_max - m_new) * cq)  # every key visible: A = E_T
+        f_tile = g_row + (e_t - _P_HEADROOM)
+        if exact:
+            p_b = [exact_e4m3_exp2((z - bc_blk(m_new)) * bc_blk(cq), h - bc_blk(g_row))
+                   for z, h in zip(z_b, hb, strict=True)]
+        else:  # 2^(z·c_r + h − r) with z·c_r = s·(2^e_K·c_r) exactly: one FMA per element
+            r = m_new * cq + g_row
+            p_b = [jnp.exp2(x * bc_blk(k * cq) + bc_blk(h - r))
+                   for x, k, h in zip(s_b, ks, hb, strict=True)]
+        p_all = jnp.concatenate(p_b, axis=1)
+        p8 = p_all.astype(f8)
+        unit = jnp.exp2(f_tile)
+        l_tile = None
+        if sums_on_mma:
+            beta = jnp.exp2((m_i - m_new) * cq)
+            return StepResult(p=p8, l_tile=None, m=m_new, beta=beta, pv_scale=unit, state=(),
+                              debug=(f_tile, m_new), l_sums=l_from_sums(ctx, f_tile, e_t))
+        if ab is not Ablation.SKIP_NORMALIZER:
+            if consistent:
+                w_all = p8.astype(f32)
+                w_b = [w_all[:, b * TOKEN_BLOCK:(b + 1) * TOKEN_BLOCK] for b in range(nb)]
+            elif not exact:
+                w_b = p_b
+            else:
+                w_b = [jnp.exp2((z - bc_blk(m_new)) * bc_blk(cq) + (h - bc_blk(g_row)))
+                       for z, h in zip(z_b, hb, strict=True)]
+            acc_w = w_b[0] * lc[0]
+            for w, lcb in zip(w_b[1:], lc[1:], strict=True):
+                acc_w = acc_w + w * lcb
+            l_tile = acc_w.sum(axis=1) * jnp.exp2(f_tile - e_t)
+        beta = jnp.exp2((m_i - m_new) * cq)
+        return StepResult(p=p8, l_tile=l_tile, m=m_new, beta=beta, pv_scale=unit, state=(),
+                          debug=(f_tile, m_new))
+
     def step(ctx, m_i, state):
-        cq = ctx.rows * c  # c·2^e_Q per row: exact scaling of c
+        # c·2^e_Q per row: exact scaling of c (NaN-marked rows run as zero rows)
+        cq = jnp.where(ctx.rows != ctx.rows, 0.0, ctx.rows) * c
+        if (cfg.scale_blocks and ctx.visible is None and ab is not Ablation.SKIP_KEY_COLUMNS):
+            return blocked_step(ctx, m_i, cq)
         if ab is Ablation.SKIP_KEY_COLUMNS:
             z, h, evinv, e_t = ctx.s, None, None, 0.0
         else:
-            kscale, h, evinv, _ = ctx.cols
+            kscale, h, evinv, _ = ctx.cols()
             e_t = ctx.col_ref[3, 0]  # E_T, the tile's largest V exponent (a scalar)
             z = ctx.s * bc_col(kscale)  # exact: a power-of-two column scale
         a_off = 0.0
@@ -523,6 +724,10 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
             p8 = p_u.astype(f8)
         unit = jnp.exp2(f_tile)  # 2^F (0 for fully masked rows)
         l_tile = None
+        if sums_on_mma:
+            beta = jnp.exp2((m_i - m_new) * cq)
+            return StepResult(p=p8, l_tile=None, m=m_new, beta=beta, pv_scale=unit, state=(),
+                              debug=(f_tile, m_new), l_sums=l_from_sums(ctx, f_tile, e_t))
         if ab is not Ablation.SKIP_NORMALIZER:
             if consistent:
                 w = p8.astype(f32)
@@ -531,15 +736,20 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
             else:
                 w = jnp.exp2((z - bc_row(m_new, bkv)) * bc_row(cq, bkv)
                              + (hcol - bc_row(g_row, bkv)))
-            l_tile = (w if evinv is None else w * bc_col(evinv)).sum(axis=1) * unit
+            # Σ_j P_c(j)·2^(F − e_V(j)) = 2^(F − E_T)·Σ_j P_c(j)·2^(E_T − e_V(j)): each term of
+            # the sum is <= 2^8 (P_c carries 2^(e_V − F)), so it neither overflows nor flushes.
+            l_unit = unit if h is None else jnp.exp2(f_tile - e_t)
+            l_tile = (w if evinv is None else w * bc_col(evinv)).sum(axis=1) * l_unit
         beta = jnp.exp2((m_i - m_new) * cq)
         return StepResult(p=p8, l_tile=l_tile, m=m_new, beta=beta, pv_scale=unit, state=(),
                           debug=(f_tile, m_new))
 
     def finish(acc, l_i, m_i, state, rows):
         l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
+        poison = jnp.where(rows != rows, jnp.nan, 1.0)  # NaN-marked rows: NaN, others exact
         out = acc / lax.broadcast_in_dim(l_safe, (bq, d), [0])
-        lse = jnp.where(l_i == 0.0, -jnp.inf, m_i * (rows * c) + jnp.log2(l_safe))
+        out = out * lax.broadcast_in_dim(poison, (bq, d), [0])
+        lse = jnp.where(l_i == 0.0, -jnp.inf, m_i * (rows * c) + jnp.log2(l_safe)) * poison
         return out, lse
 
     run = build_forward(
@@ -547,7 +757,8 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
         block_q=bq, block_kv=bkv, max_concurrent_steps=cfg.max_concurrent_steps,
         causal=cfg.causal, n_columns=4, row_input=True,
         math=TileMath(step=step, finish=finish, n_debug=2),
-        debug_step=cfg.debug_step, skip_pv=ab is Ablation.SKIP_PV)
+        debug_step=cfg.debug_step, skip_pv=ab is Ablation.SKIP_PV, kv_len=kv_len,
+        block_sums=sums_on_mma)
 
     def call(q_codes, k_codes, vt_codes, q_scale, kv_cols):
         outs = run(q_codes, k_codes, vt_codes, q_scale, kv_cols)
@@ -574,20 +785,26 @@ def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8Atte
     import ml_dtypes
 
     cfg = config
-    qc = np.asarray(ops.q_codes).astype(np.float32)
-    kc = np.asarray(ops.k_codes).astype(np.float32)
-    vtc = np.asarray(ops.vt_codes).astype(np.float32)
-    b, t_len, hq, d = qc.shape
-    s_len, hkv = kc.shape[1], kc.shape[2]
+    ops = FP8Operands(*(np.asarray(x) for x in ops))
+    t_len, s_len = ops.q_codes.shape[1], ops.k_codes.shape[1]
+    ins = _kernel_inputs(ops, cfg, np)
+    t_pad, s_pad = ins["t_pad"], ins["s_pad"]
+    qc = _pad_tokens(ops.q_codes.astype(np.float32), 1, t_pad, np)
+    kc = _pad_tokens(ops.k_codes.astype(np.float32), 1, s_pad, np)
+    vtc = _pad_tokens(ops.vt_codes.astype(np.float32), 3, s_pad, np)
+    b, _, hq, d = qc.shape
+    hkv = kc.shape[2]
     bq, bkv = cfg.block_q, cfg.block_kv
-    n_kv = s_len // bkv
-    rep = lambda e: np.repeat(np.asarray(e, np.int64), TOKEN_BLOCK, axis=-1)  # noqa: E731
-    eq, ek, ev = rep(ops.q_exp), rep(ops.k_exp), rep(ops.v_exp)
+    n_kv = s_pad // bkv
+    q_scale = ins["q_scale"]
+    row_nan = np.isnan(q_scale)
+    kscale, ev, lcol, e_tile = (ins["cols"][:, :, i] for i in range(4))
+    ev = ev + e_tile - _P_HEADROOM  # e_V' (zero blocks take E_T)
     c = np.float32(softmax_scale * _LOG2E)
-    out = {"o": np.zeros((b, t_len, hq, d)), "lse": np.zeros((b, hq, t_len)),
-           "p_codes": np.full((n_kv, b, hq, t_len, bkv), np.nan, np.float32),
-           "f": np.full((n_kv, b, hq, t_len), np.nan), "m": np.full((n_kv, b, hq, t_len), np.nan),
-           "l": np.full((n_kv, b, hq, t_len), np.nan)}
+    out = {"o": np.zeros((b, t_pad, hq, d)), "lse": np.zeros((b, hq, t_pad)),
+           "p_codes": np.full((n_kv, b, hq, t_pad, bkv), np.nan, np.float32),
+           "f": np.full((n_kv, b, hq, t_pad), np.nan), "m": np.full((n_kv, b, hq, t_pad), np.nan),
+           "l": np.full((n_kv, b, hq, t_pad), np.nan)}
     for bi in range(b):
         for h in range(hq):
             kh = h // (hq // hkv)
@@ -595,23 +812,26 @@ def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8Atte
                 sc = (qc[bi, :, h, :].astype(np.float64) @ kc[bi, :, kh, :].astype(np.float64).T)
                 sc = sc.astype(np.float32)
             else:
-                sc = np.asarray(scores)[bi, h].astype(np.float32)
-            for r0 in range(0, t_len, bq):
+                sc = np.zeros((t_pad, s_pad), np.float32)
+                sc[:t_len, :s_len] = np.asarray(scores)[bi, h]
+            for r0 in range(0, t_pad, bq):
                 rows = slice(r0, r0 + bq)
-                steps = -(-(r0 + bq) // bkv) if cfg.causal else n_kv
+                steps = min(-(-(r0 + bq) // bkv), n_kv) if cfg.causal else n_kv
                 m = np.full(bq, -np.inf, np.float32)
                 f = np.zeros(bq, np.float32)
                 l = np.zeros(bq)
                 acc = np.zeros((bq, d))
-                cq = (c * np.exp2(eq[bi, h, rows])).astype(np.float32)  # exact scaling of c
+                qs = q_scale[bi, h, rows]
+                cq = (c * np.where(np.isnan(qs), 0, qs)).astype(np.float32)  # exact scaling of c
                 for j in range(steps):
                     cols = slice(j * bkv, (j + 1) * bkv)
-                    z = (sc[rows, cols] * np.exp2(ek[bi, kh, cols]).astype(np.float32)[None, :])
+                    z = (sc[rows, cols] * kscale[bi, kh, cols][None, :])
                     z = z.astype(np.float32)  # exact: power-of-two column scale
-                    visible = np.ones((bq, bkv), bool)
+                    keys = np.arange(j * bkv, (j + 1) * bkv)[None, :]
+                    visible = np.broadcast_to(keys < s_len, (bq, bkv))
                     if cfg.causal:
-                        visible = np.arange(r0, r0 + bq)[:, None] >= np.arange(j * bkv, (j + 1) * bkv)[None, :]
-                        z = np.where(visible, z, np.float32(-np.inf))
+                        visible = visible & (np.arange(r0, r0 + bq)[:, None] >= keys)
+                    z = np.where(visible, z, np.float32(-np.inf))
                     z_max = z.max(axis=1)
                     m_new = np.maximum(m, z_max)
                     with np.errstate(invalid="ignore"):
@@ -629,17 +849,18 @@ def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8Atte
                     scaled = np.where(np.isfinite(n0), p32.astype(np.float64) *
                                       np.exp2(np.where(np.isfinite(n0), n0, 0.0) + g), 0.0)
                     codes = scaled.astype(np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
-                    w_rep = codes.astype(np.float64) * np.exp2(-evj.astype(np.float64))[None, :]
-                    if cfg.normalization is Normalization.CONSISTENT:
-                        l_tile = w_rep.sum(axis=1)
-                    else:
-                        l_tile = (np.exp2(t.astype(np.float64) + g) *
-                                  np.exp2(-evj.astype(np.float64))[None, :]).sum(axis=1)
                     unit = np.exp2(f_tile.astype(np.float64))  # the tile's units 2^F
+                    et = np.float64(e_tile[bi, kh, j * bkv])
+                    if cfg.normalization is Normalization.CONSISTENT:  # see the kernel's step
+                        l_add = (codes.astype(np.float64) * lcol[bi, kh, cols][None, :]).sum(
+                            axis=1) * np.exp2(f_tile.astype(np.float64) - et)
+                    else:
+                        l_add = (np.exp2(t.astype(np.float64) + g) *
+                                 np.exp2(-evj.astype(np.float64))[None, :]).sum(axis=1) * unit
                     beta = np.exp2((m.astype(np.float64) - m_new) * cq)
                     acc = acc * beta[:, None] + (codes.astype(np.float64) @ (
                         vtc[bi, kh][:, cols].T.astype(np.float64))) * unit[:, None]
-                    l = l * beta + l_tile * unit
+                    l = l * beta + l_add
                     m, f = m_new, f_tile
                     out["p_codes"][j, bi, h, rows] = codes
                     out["f"][j, bi, h, rows] = f
@@ -647,8 +868,12 @@ def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8Atte
                     out["l"][j, bi, h, rows] = l
                 # acc and l are both relative to 2^(c·m) (each tile added in its units 2^F).
                 safe = np.where(l == 0, 1.0, l)
-                out["o"][bi, rows, h, :] = acc / safe[:, None]
+                poison = np.where(row_nan[bi, h, rows], np.nan, 1.0)
+                out["o"][bi, rows, h, :] = acc / safe[:, None] * poison[:, None]
                 with np.errstate(divide="ignore"):
-                    out["lse"][bi, h, rows] = np.where(l == 0, -np.inf,
-                                                       m.astype(np.float64) * cq + np.log2(safe))
+                    out["lse"][bi, h, rows] = np.where(l == 0, -np.inf, m.astype(np.float64) * cq
+                                                       + np.log2(safe)) * poison
+    out["o"] = out["o"][:, :t_len]
+    for key in ("lse", "p_codes", "f", "m", "l"):
+        out[key] = out[key][..., :t_len] if key != "p_codes" else out[key][:, :, :, :t_len]
     return out

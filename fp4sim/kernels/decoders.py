@@ -1,7 +1,7 @@
 """Hopper-legal decoders: low-precision codes to float16 / float32 with integer operations only.
 
 On sm_90 Mosaic GPU rejects ``float4_e2m1fn`` and ``float8_e8m0fnu`` casts, and the H200's ptxas
-(ISA 9.0) rejects fp8 -> bf16 (``reference/pallas_mgpu.md`` §1.4). These decoders build the
+(ISA 9.0) rejects fp8 -> bf16 (NVIDIA PTX ISA, ``cvt``). These decoders build the
 target's bit pattern from the code with shifts, masks and selects, then reinterpret it, so they
 lower on sm_90a and sm_100a, run in GPU interpret mode, and give the same bits under NumPy and
 jitted JAX on any backend (no float arithmetic, so no flush-to-zero can touch them).
@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from fp4sim._xp import bitcast, namespace
+from fp4sim._xp import bitcast_in_kernel as bitcast
+from fp4sim._xp import namespace
 
 __all__ = [
     "e2m1_to_f16",

@@ -19,7 +19,7 @@ are spelled once:
 
 Kernels that must differ between the interpreter and the hardware (the interpreter cannot take
 a wgmma A operand from registers, ``pl.run_state``, or scaled ``tcgen05_mma``; see
-``reference/pallas_mgpu.md`` §3.3) ask :func:`interpreting` at trace time. Because the interpret
+jax's Pallas Mosaic GPU documentation) ask :func:`interpreting` at trace time. Because the interpret
 setting is part of jax's jit cache key, a jitted function traced under :func:`interpret` is a
 different executable from the hardware one.
 

@@ -721,7 +721,8 @@ def e2m1_code_bits_float(y: Any, *, nonnegative: bool = False) -> Any:
     namespace so NumPy tests check it. The multiplies by powers of two are exact, so a compiler
     that fuses them with the additions into FMAs (the NVPTX backend does) cannot change a
     result. ``nonnegative``: ``y >= 0`` is known (skips the ``abs``)."""
-    from fp4sim._xp import bitcast, namespace
+    from fp4sim._xp import bitcast_in_kernel as bitcast
+    from fp4sim._xp import namespace
 
     xp = namespace(y)
     a = xp.minimum(y if nonnegative else xp.abs(y), np.float32(6.0))
@@ -757,7 +758,8 @@ def _fp4_codes_float(xs: tuple[Any, ...], s: Any, *, block_keep: Any = None,
     IMAD.SHL and the sign product an IMAD (the FMA pipe, which the logic-bound kernel has
     spare); the sign mask, the OR and the shift are the only logic instructions per pair. An
     NVFP4 NaN block multiplies the byte by 0 (one more IMAD, not a select)."""
-    from fp4sim._xp import bitcast, namespace
+    from fp4sim._xp import bitcast_in_kernel as bitcast
+    from fp4sim._xp import namespace
 
     xp = namespace(*xs)
     if absx is None:

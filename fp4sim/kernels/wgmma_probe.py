@@ -5,7 +5,7 @@ This module owns the probe that measures what Hopper's FP8 tensor-core accumulat
 computes ``a (M, K) @ b (N, K).T`` with ``a``/``b`` float8_e4m3fn, both K-major in SMEM, M = 64,
 N a multiple of 8 up to 256, K a multiple of 32 up to 512 (one SMEM tile, one ``wgmma`` chain).
 ``f16_wgmma`` is the same product through the 16-bit ``wgmma`` (float32-exact on the measured
-H200, pallas_mgpu.md §1.5) for comparison. Hardware only: interpret mode cannot run FP8 wgmma.
+H200) for comparison. Hardware only: interpret mode cannot run FP8 wgmma.
 """
 
 from __future__ import annotations

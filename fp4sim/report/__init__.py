@@ -6,8 +6,8 @@ folder (``fp4sim-report-YYYYmmdd-HHMMSS/`` in the working directory, or ``--out 
 ``make demo`` runs it. Its modules, in import order (each imports only those above it):
 
 * :mod:`~fp4sim.report.sizes` — :class:`Sizes` and :data:`QUICK`, :data:`DEFAULT`, :data:`FULL`;
-* :mod:`~fp4sim.report.claims` — :data:`SEED`, what the articles reported (the only numbers
-  typed in by hand);
+* :mod:`~fp4sim.report.claims` — :data:`SOURCES` (the cited papers, repositories and
+  specifications) and :data:`EXPECTED`, the published or expected values (the only numbers typed in by hand);
 * :mod:`~fp4sim.report.tables` — :class:`Table`, :class:`Section` and value formatting;
 * :mod:`~fp4sim.report.experiments` — the ``experiment_*`` functions: they only *call* the
   public emulators of :mod:`fp4sim.formats` and :mod:`fp4sim.attention`; the tests call the same
@@ -15,6 +15,7 @@ folder (``fp4sim-report-YYYYmmdd-HHMMSS/`` in the working directory, or ``--out 
 * :mod:`~fp4sim.report.figures` — one ``fig_*`` per figure, drawn from the experiments, and the
   ``figures`` command;
 * :mod:`~fp4sim.report.sections` — one ``section_*(sizes) -> Section`` per topic, :data:`SECTIONS`;
+* :mod:`~fp4sim.report.provenance` — :func:`provenance`: git revision, versions, platform, flags;
 * :mod:`~fp4sim.report.document` — :func:`reproduce`, the Markdown and the headline table;
 * :mod:`~fp4sim.report.cli` — the ``reproduce`` command.
 

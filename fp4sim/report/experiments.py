@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fp4sim.report.claims import SEED
+from fp4sim.report.claims import EXPECTED
 from fp4sim.report.sizes import Sizes
 
 if TYPE_CHECKING:
-    from fp4sim.attention import AttentionRecipe, ErrorSummary, TrainingRecipe
+    from fp4sim.attention import AttentionRecipe, TrainingRecipe
 
 __all__ = [
     "show_progress",
@@ -61,6 +61,16 @@ def show_progress(enabled: bool) -> None:
     _PROGRESS[0] = bool(enabled)
 
 
+_DEVICES: list[Any] = []  # the devices the sweeps are mapped over (reproduce --devices)
+
+
+def use_devices(devices: Any) -> None:
+    """Map the report's sweeps over these jax devices (``fp4sim.parallel.map_cases``: one worker
+    per device, the emulator jitted there); ``[]`` runs them one by one with NumPy. The numbers
+    are the same bits either way (NumPy and jitted jax give identical results)."""
+    _DEVICES[:] = list(devices)
+
+
 @functools.cache
 def experiment_formats() -> dict[str, Any]:
     """Spec numbers of every format and the full E2M1 code table (from spec + codec)."""
@@ -74,7 +84,7 @@ def experiment_formats() -> dict[str, Any]:
                       "ml_dtypes": getattr(f.dtype, "__name__", "—") if f.dtype is not None else "—"})
     codes = np.asarray(all_codes(E2M1), dtype=np.uint8)
     values = np.asarray(decode(codes, E2M1), dtype=np.float32)
-    ex_in = np.array([a for a, _ in SEED["e2m1_rne_examples"]], dtype=np.float32)
+    ex_in = np.array([a for a, _ in EXPECTED["e2m1_rne_examples"]], dtype=np.float32)
     ex_out = np.asarray(decode(encode(ex_in, E2M1), E2M1), dtype=np.float32)
     return {"specs": specs, "e2m1_codes": codes, "e2m1_values": values,
             "rne_inputs": ex_in, "rne_outputs": ex_out}
@@ -82,17 +92,17 @@ def experiment_formats() -> dict[str, Any]:
 
 # --- scale rules: floor (OCP) vs round-up (TE/cuDNN) ------------------------------------------------
 
-def _seed_clip_threshold(elem: Any) -> float:
-    """§1.3: OCP floor clips when amax's mantissa exceeds elem.max / 2^floor(log2 elem.max)."""
+def _floor_clip_threshold(elem: Any) -> float:
+    """OCP MX floor rule: a block clips when amax's mantissa exceeds elem.max / 2^floor(log2 elem.max)."""
     return elem.max / 2.0 ** math.floor(math.log2(elem.max))
 
 
 @functools.cache
 def experiment_scale_rules(sizes: Sizes) -> dict[str, Any]:
-    """Clipping rates and errors of each UE8M0 scale rule on Gaussian blocks, plus §1.3's examples.
+    """Clipping rates and errors of each UE8M0 scale rule on Gaussian blocks, plus worked examples.
 
     A block *clips* when its largest magnitude exceeds ``elem.max · scale`` (measured from the
-    scale codes ``quantize`` chose); the seed's prediction counts blocks whose amax mantissa is
+    scale codes ``quantize`` chose); the mantissa rule's prediction counts blocks whose amax mantissa is
     above ``elem.max / 2^e_M`` (1.75 for E4M3, 1.5 for E2M1).
     """
     from fp4sim.formats import UE4M3, UE8M0, decode
@@ -112,7 +122,7 @@ def experiment_scale_rules(sizes: Sizes) -> dict[str, Any]:
     mant = amax / 2.0 ** np.floor(np.log2(amax))
     rows = []
     for fmt in (MXFP8, MXFP4):
-        predicted = float(np.mean(mant > _seed_clip_threshold(fmt.elem)))
+        predicted = float(np.mean(mant > _floor_clip_threshold(fmt.elem)))
         for rule in (ScaleRule.FLOOR, ScaleRule.RCEIL, ScaleRule.CEIL, ScaleRule.EVEN):
             q = quantize(x, fmt, rule=rule)
             scale = np.asarray(decode(q.scales, UE8M0), dtype=np.float64)[:, 0]
@@ -120,10 +130,10 @@ def experiment_scale_rules(sizes: Sizes) -> dict[str, Any]:
             clipped = amax > fmt.elem.max * scale
             err = deq - x
             rows.append({"format": fmt.name, "rule": rule.name, "clip_rate": float(clipped.mean()),
-                         "seed_predicted": predicted if rule is ScaleRule.FLOOR else 0.0,
+                         "mantissa_rule_predicts": predicted if rule is ScaleRule.FLOOR else 0.0,
                          "rel_l2": float(np.linalg.norm(err) / np.linalg.norm(x)),
                          "max_elem_rel_err": float(np.mean(np.abs(err).max(-1) / amax))})
-    # §1.3 worked examples: one block whose max is the named amax (other elements small).
+    # worked examples: one block whose max is the named amax (other elements small).
     examples = []
     for fmt, a in ((MXFP8, 500.0), (MXFP8, 1.0), (MXFP4, 7.0)):
         block = np.zeros((1, 32), dtype=np.float32)
@@ -169,8 +179,8 @@ def experiment_exp2(sizes: Sizes) -> dict[str, Any]:
 
 @functools.cache
 def experiment_normalization_examples() -> dict[str, Any]:
-    """§4.1's two-key example through the exact Direct-P converter and :func:`normalize`, and
-    §4.3's flush-to-zero ordering through :func:`block_denominator`."""
+    """The two-key example through the exact Direct-P converter and :func:`normalize`, and
+    the flush-to-zero ordering through :func:`block_denominator`."""
     from fp4sim.attention import (
         ExactP,
         Normalization,
@@ -182,13 +192,13 @@ def experiment_normalization_examples() -> dict[str, Any]:
     )
     from fp4sim.formats import E2M1, decode
 
-    w = np.array(SEED["norm_weights"], dtype=np.float64)
+    w = np.array(EXPECTED["norm_weights"], dtype=np.float64)
     t = np.log2(w).astype(np.float32)  # log2-domain scores against the row max (w_max = 1)
     x = direct_p_coordinate(t, np.int32(0))  # k_B = ceil(max t) = 0
     payload = np.asarray(decode(direct_p_payload(ExactP(), x), E2M1), dtype=np.float64)
     represented = payload / 6.0  # alpha = 2^0 under the alpha·q/6 convention
     outputs = {}
-    for vals in SEED["norm_outputs"]:
+    for vals in EXPECTED["norm_outputs"]:
         v = np.array(vals, dtype=np.float64)
         outputs[vals] = {n.name: float(normalize(w, represented, v, n).out) for n in Normalization}
     payloads = np.full((1, 16), 0.5, dtype=np.float32)
@@ -247,7 +257,7 @@ CONVERTER_LABELS = {"affine": "Direct-P affine u = max(0, 1.5x + 1.2)",
 
 
 def code_match_grid(n: int) -> np.ndarray:
-    """The seeds' code-match grid: n points uniform on [-6, log2 6) (``uniform_grid``)."""
+    """The published code-match grid: n points uniform on [-6, log2 6) (``uniform_grid``)."""
     from fp4sim.attention import uniform_grid
 
     return uniform_grid(n)
@@ -278,7 +288,7 @@ def attention_like_x(sizes: Sizes) -> tuple[np.ndarray, np.ndarray]:
 @functools.cache
 def experiment_code_match(sizes: Sizes) -> dict[str, Any]:
     """Code-match rates of the Direct-P family against the exact converter (grid and attention-like
-    inputs), Schraudolph's 8-bit P against exact rounding, and the §2.7 behaviour table."""
+    inputs), Schraudolph's 8-bit P against exact rounding, and the affine behaviour table."""
     from fp4sim.attention import (
         AttentionRecipe,
         ExactP,
@@ -314,7 +324,7 @@ def experiment_code_match(sizes: Sizes) -> dict[str, Any]:
         schraudolph[fmt.name] = {"grid": same(tg), "attention": same(t)}
 
     table = []
-    for xv, exact_v, affine_v in SEED["affine_table"]:
+    for xv, exact_v, affine_v in EXPECTED["affine_table"]:
         xs = np.array([xv], dtype=np.float32)
         table.append((xv, exact_v, float(decode(direct_p_payload(convs["exact"], xs), E2M1)[0]),
                       affine_v, float(decode(direct_p_payload(convs["affine"], xs), E2M1)[0])))
@@ -341,42 +351,65 @@ def gaussian_qkv(seq_len: int, head_dim: int, seed: int) -> tuple[np.ndarray, np
     return tuple(rng.standard_normal((1, seq_len, head_dim)).astype(np.float32) for _ in range(3))
 
 
-def _route_error(recipe: AttentionRecipe, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                 ref_out: np.ndarray) -> ErrorSummary:
-    from fp4sim.attention import attention_forward, error_summary
+@functools.cache
+def _jitted_forward_out(recipe: AttentionRecipe) -> Any:
+    import jax
 
-    return error_summary(np.asarray(attention_forward(q, k, v, recipe).out), ref_out)
+    from fp4sim.attention import attention_forward
+
+    return jax.jit(lambda q, k, v: attention_forward(q, k, v, recipe).out)
+
+
+def _route_error_case(case: tuple[str, int, int, Sizes, tuple[str, ...]]) -> dict[str, Any]:
+    """One job of the route-error sweep: every preset at one (sequence length, key tile)."""
+    from fp4sim.attention import PRESETS, attention_forward, attention_reference, error_summary
+
+    kind, s, tile, sizes, presets = case
+    q, k, v = gaussian_qkv(s, sizes.head_dim, sizes.seed + s)
+    ref = np.asarray(attention_reference(q.astype(np.float64), k.astype(np.float64),
+                                         v.astype(np.float64)).out)
+    row = {}
+    for name in presets:
+        recipe = PRESETS[name].replace(block_kv=tile)
+        if _DEVICES:  # on this worker's device (jax.default_device), same bits as NumPy
+            out = np.asarray(_jitted_forward_out(recipe)(q, k, v))
+        else:
+            out = np.asarray(attention_forward(q, k, v, recipe).out)
+        e = error_summary(out, ref)
+        row[name] = {"cosine": float(e.cosine), "rel_l2": float(e.rel_l2)}
+    return row
 
 
 @functools.cache
 def experiment_route_errors(sizes: Sizes) -> dict[str, Any]:
     """Cosine and relative L2 error of every preset recipe against the float64 reference, over
-    sequence length (tile 128) and over the key-tile size (at the middle sequence length)."""
+    sequence length (tile 128) and over the key-tile size (at the middle sequence length).
+
+    The jobs are mapped over the devices of :func:`use_devices` (none: one by one)."""
     from tqdm import tqdm
 
-    from fp4sim.attention import PRESETS, attention_reference
+    from fp4sim.attention import PRESETS
+    from fp4sim.parallel import map_cases
 
-    presets = [n for n in PRESETS if n != "exact_f32"]
+    presets = tuple(n for n in PRESETS if n != "exact_f32")
     by_len: dict[str, dict[int, Any]] = {n: {} for n in presets}
     by_tile: dict[str, dict[int, Any]] = {n: {} for n in presets}
     mid = sizes.seq_lens[len(sizes.seq_lens) // 2]
-    jobs = [("len", s, 128) for s in sizes.seq_lens] + [("tile", mid, b) for b in sizes.block_sizes]
-    for kind, s, tile in tqdm(jobs, desc="route errors", leave=False, disable=not _PROGRESS[0],
-                              file=sys.stderr):
-        q, k, v = gaussian_qkv(s, sizes.head_dim, sizes.seed + s)
-        ref = np.asarray(attention_reference(q.astype(np.float64), k.astype(np.float64),
-                                             v.astype(np.float64)).out)
-        for name in presets:
-            e = _route_error(PRESETS[name].replace(block_kv=tile), q, k, v, ref)
-            (by_len if kind == "len" else by_tile)[name][s if kind == "len" else tile] = \
-                {"cosine": float(e.cosine), "rel_l2": float(e.rel_l2)}
-    return {"presets": presets, "by_len": by_len, "by_tile": by_tile, "mid": mid}
+    jobs = [("len", s, 128, sizes, presets) for s in sizes.seq_lens] + \
+        [("tile", mid, b, sizes, presets) for b in sizes.block_sizes]
+    with tqdm(total=len(jobs), desc="route errors", leave=False, disable=not _PROGRESS[0],
+              file=sys.stderr) as bar:
+        rows = map_cases(_route_error_case, jobs, devices=_DEVICES, progress=bar.update)
+    for (kind, s, tile, _, _), row in zip(jobs, rows):
+        for name, e in row.items():
+            (by_len if kind == "len" else by_tile)[name][s if kind == "len" else tile] = e
+    return {"presets": list(presets), "by_len": by_len, "by_tile": by_tile, "mid": mid}
 
 
 # --- causal leak ----------------------------------------------------------------------------------
 
 def leak_class_of(leak: float) -> str:
-    """The §6.3 classes: exactly 0 (bitwise), tiny (< 1e-4), large (> 1e-3), else in between."""
+    """The leak classes: exactly 0 (bitwise), tiny (< 1e-4), large (> 1e-3), else in between."""
     if leak == 0.0:
         return "exactly 0"
     if leak < 1e-4:
@@ -408,7 +441,7 @@ def experiment_leak(sizes: Sizes) -> dict[str, Any]:
 
 @functools.cache
 def experiment_consistency(sizes: Sizes) -> dict[str, Any]:
-    """§5.2's two-key dS row sums, and :func:`check_consistency` of the matched training presets
+    """The two-key dS row sums, and :func:`check_consistency` of the matched training presets
     and of each named deliberate mismatch."""
     from fp4sim.attention import (
         TRAINING_PRESETS,
@@ -422,9 +455,9 @@ def experiment_consistency(sizes: Sizes) -> dict[str, Any]:
         with_mismatch,
     )
 
-    # §5.2: w = [1, 0.4] (represented [1, 1/3], §4.1), V = [0, 6], dO = 1, head dim 1.
+    # w = [1, 0.4] (represented [1, 1/3]), V = [0, 6], dO = 1, head dim 1.
     ex = experiment_normalization_examples()
-    w, rep = np.array(SEED["norm_weights"]), ex["represented"]
+    w, rep = np.array(EXPECTED["norm_weights"]), ex["represented"]
     v = np.array([0.0, 6.0])
     sums = {}
     for norm in (Normalization.CONSISTENT, Normalization.MISMATCHED):

@@ -161,7 +161,8 @@ def fig_e2m1_grid(fig, sizes) -> None:
 
 
 @_figure("scale_rule_clipping", "UE8M0 scale rules on Gaussian blocks of 32: share of blocks whose max "
-                                "is clipped (left; hatched: the seed's mantissa rule predicts it) and "
+                                "is clipped (left; black ticks: what the OCP mantissa rule predicts for the "
+                                "floor rule) and "
                                 "relative L2 error (right)", size=(8.0, 3.4))
 def fig_scale_rule_clipping(fig, sizes) -> None:
     rows = experiments.experiment_scale_rules(sizes)["rows"]
@@ -175,8 +176,11 @@ def fig_scale_rule_clipping(fig, sizes) -> None:
         off = xs + (i - (len(formats) - 1) / 2) * width
         bars = ax1.bar(off, [100 * r["clip_rate"] for r in sel], width, color=f"C{i}", label=f"{f} measured")
         ax1.bar_label(bars, fmt="%.1f", fontsize=7, padding=1)
-        ax1.bar(off, [100 * r["seed_predicted"] for r in sel], width, fill=False, hatch="//",
-                edgecolor="k", lw=0.6, label="seed's rule predicts" if i == 0 else None)
+        # the floor rule's prediction as a black tick on the measured bar (which stays visible)
+        fl = [(o, r) for o, r in zip(off, sel) if r["rule"] == "FLOOR"]
+        ax1.hlines([100 * r["mantissa_rule_predicts"] for _, r in fl], [o - 0.45 * width for o, _ in fl],
+                   [o + 0.45 * width for o, _ in fl], colors="k", lw=2.0, zorder=3,
+                   label="floor: mantissa rule predicts" if i == 0 else None)
         bars = ax2.bar(off, [r["rel_l2"] for r in sel], width, color=f"C{i}", label=f)
         ax2.bar_label(bars, fmt="%.3f", fontsize=7, padding=1)
     for ax in (ax1, ax2):
@@ -189,13 +193,13 @@ def fig_scale_rule_clipping(fig, sizes) -> None:
 
 
 @_figure("exp2_error", "Relative error of FA4's degree-3 polynomial ex2 emulation against 2^x, "
-                       "as a function of the fractional part of x (dashed: the seed's bounds)")
+                       "as a function of the fractional part of x (dashed: the expected bounds)")
 def fig_exp2_error(fig, sizes) -> None:
     r = experiments.experiment_exp2(sizes)
     ax = fig.add_subplot()
     ax.plot(r["curve_frac"], 1e5 * r["curve_rel"], ".", ms=1.5, color="C0", label="exp2_fa4(x) / 2^x − 1")
     for i, b in enumerate((-8.52e-5, 8.76e-5)):
-        ax.axhline(1e5 * b, color="C3", ls="--", lw=0.8, label="seed's bounds (§2.6)" if i == 0 else None)
+        ax.axhline(1e5 * b, color="C3", ls="--", lw=0.8, label="expected bounds" if i == 0 else None)
     ax.set_xlabel("frac(x)")
     ax.set_ylabel("relative error (×1e-5)")
     ax.legend(loc="upper center", markerscale=6)
@@ -225,25 +229,32 @@ def fig_converter_code_maps(fig, sizes) -> None:
 
 
 @_figure("route_errors", "Relative L2 error of each published route against exact float64 attention "
-                         "(Gaussian Q, K, V), over sequence length (left) and key-tile size (right)",
-         size=(8.5, 3.8))
+                         "(Gaussian Q, K, V): one column per route, the sequence lengths (left) and "
+                         "key-tile sizes (right) side by side within it, so that routes with equal "
+                         "errors stay apart", size=(9.0, 4.2))
 def fig_route_errors(fig, sizes) -> None:
     r = experiments.experiment_route_errors(sizes)
+    names = list(r["presets"])
     ax1, ax2 = fig.subplots(1, 2, sharey=True)
+    xs = np.arange(len(names))
     markers = "osD^v<>px*"
-    for i, name in enumerate(r["presets"]):
-        lens = sorted(r["by_len"][name])
-        tiles = sorted(r["by_tile"][name])
-        style = dict(marker=markers[i % len(markers)], ms=4, lw=1, color=f"C{i % 10}")
-        ax1.plot(lens, [r["by_len"][name][s]["rel_l2"] for s in lens], label=name, **style)
-        ax2.plot(tiles, [r["by_tile"][name][b]["rel_l2"] for b in tiles], **style)
-    ax1.set_xscale("log", base=2)
-    ax2.set_xscale("log", base=2)
+    for ax, key, label in ((ax1, "by_len", "S = {}"), (ax2, "by_tile", "tile {}")):
+        values = sorted(r[key][names[0]])
+        width = 0.7 / max(len(values) - 1, 1)
+        for j, val in enumerate(values):
+            off = xs + (j - (len(values) - 1) / 2) * width
+            ax.plot(off, [r[key][n][val]["rel_l2"] for n in names], ls="none",
+                    marker=markers[j % len(markers)], ms=5, color=f"C{j % 10}", label=label.format(val))
+        for n, x0 in zip(names, xs):  # a thin line joins a route's points
+            ax.plot(x0 + (np.arange(len(values)) - (len(values) - 1) / 2) * width,
+                    [r[key][n][v]["rel_l2"] for v in values], color="0.6", lw=0.8, zorder=0)
+        ax.set_xticks(xs, names, rotation=60, ha="right", fontsize=7)
+        ax.grid(axis="x", color="0.92", lw=6)
+        ax.legend(fontsize=7, loc="upper right")
     ax1.set_yscale("log")
-    ax1.set_xlabel("sequence length S (key tile 128)")
-    ax2.set_xlabel(f"key tile (block_kv), S = {r['mid']}")
+    ax1.set_title("over sequence length (key tile 128)", fontsize=8)
+    ax2.set_title(f"over the key tile (block_kv), S = {r['mid']}", fontsize=8)
     ax1.set_ylabel("relative L2 error vs exact")
-    fig.legend(loc="outside right center", fontsize=7)
 
 
 @_figure("leak_classes", "Causal leak probe: largest relative change of earlier rows of O and dQ when "

@@ -19,12 +19,12 @@ __all__ = ["Table", "Section", "format_value", "percent", "to_jsonable"]
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Table:
-    """A Markdown table with a caption and the seed statement it is set beside."""
+    """A Markdown table with a caption and the published or expected statement it is set beside."""
 
     title: str
     columns: tuple[str, ...]
     rows: tuple[tuple[Any, ...], ...]
-    seed: str = ""  # what the seed reported, with its citation
+    source: str = ""  # what a paper, a library or the definitions give, with its citation
     note: str = ""
 
     def markdown(self) -> str:
@@ -32,8 +32,8 @@ class Table:
         rule = "|" + "|".join("---" for _ in self.columns) + "|"
         body = ["| " + " | ".join(format_value(v) for v in row) + " |" for row in self.rows]
         parts = [f"**{self.title}**", ""]
-        if self.seed:
-            parts += [f"*Seed:* {self.seed}", ""]
+        if self.source:
+            parts += [f"*Source:* {self.source}", ""]
         parts += [head, rule, *body]
         if self.note:
             parts += ["", self.note]

@@ -142,16 +142,17 @@ DEFAULT_STUDY: tuple[str, ...] = (
     "jnp_float32",
     "direct_p_fp8_training",
     "mxfp4_pv_training",
-    "direct_p_fp4_forward",
     "direct_p_fp4_mismatched_norm",
     "flamia_mxfp8_training",
     "flamia_mxfp8_v_floor_unsafe",
-    "direct_p_fp8_training+d_out_representation",
-    "direct_p_fp4_forward+p_bits",
-    "jnp_bfloat16",
+    "direct_p_fp4_forward",
 )
-"""``--study``'s recipes, in priority order (under a time budget the last ones are the first
-to be dropped if their compilation does not finish in time)."""
+"""``--study``'s recipes (the comparison of issue 21), in priority order: the float32
+baseline, the FP8 P/V training route, MXFP4 P/V in the backward, the mismatched normalizer,
+FLAMIA's causally safe MXFP8 and a causally unsafe scaling, the Direct-P FP4 forward with the
+FP8 backward. More with ``--recipe`` (``--list``), e.g. the control ``emulated_float32`` (the
+emulator's all-float32 route, which must track the jnp baseline; left out of the default
+because its ordered float32 sums make it the slowest recipe and the budget is shared)."""
 
 SMOKE_STUDY: tuple[str, ...] = ("jnp_float32", "direct_p_fp8_training")
 """The CI smoke run's recipes (one baseline, one emulated route)."""

@@ -1,7 +1,7 @@
 """Causal-safe scaling options: the leak classification and document-aligned scale groups.
 
-The classification is derived from format properties; here it is checked against the seed's
-table (seed_algorithms.md §6.3) and against direct observation on the quantized operand alone:
+The classification is derived from format properties; here it is checked against the published
+table (FLAMIA) and against direct observation on the quantized operand alone:
 a future row that becomes its group's max must leave every earlier row bitwise identical for
 ``NONE``, change only elements in the element format's subnormal range for ``SUBNORMAL``.
 """

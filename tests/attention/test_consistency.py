@@ -1,4 +1,4 @@
-"""Forward/backward consistency: the §5.2 golden case, matched recipes pass, mismatches detected."""
+"""Forward/backward consistency: the two-key golden case, matched recipes pass, mismatches detected."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fp4sim.formats.spec import E2M1
 
 
 def _two_element(normalization):
-    """seed_algorithms.md §5.2: w = [1, 0.4], α = 1, V = [0, 6], dO = 1, d = 1."""
+    """The two-key case: w = [1, 0.4], α = 1, V = [0, 6], dO = 1, d = 1."""
     w = np.array([1.0, 0.4])
     payloads = decode(encode((6 * w).astype(np.float32), E2M1), E2M1).astype(np.float64)
     assert payloads.tolist() == [6.0, 2.0]
@@ -65,7 +65,7 @@ def test_matched_recipes_pass(name):
 
 
 def test_mismatched_normalizer_breaks_only_the_row_sum():
-    # cuDNN-like route: D = rowsum(dO ∘ O) still equals Σ P̃ dP, but Σ_j P̃_ij ≠ 1 (§5.2)
+    # cuDNN-like route: D = rowsum(dO ∘ O) still equals Σ P̃ dP, but Σ_j P̃_ij ≠ 1
     rep = check_consistency(TRAINING_PRESETS["cudnn_mxfp8_like"], *_inputs())
     assert rep.p_bitwise and rep.delta_ok and not rep.ds_row_sum_ok, rep
 

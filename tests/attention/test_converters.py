@@ -1,4 +1,4 @@
-"""Probability converters: seed worked examples (§8 items 1-4, 8), code-match rates on the
+"""Probability converters: worked examples, code-match rates on the
 8M-point grid, block-exponent invariants, masking, NumPy vs jit bit-identity."""
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ def _vals(codes):
 
 
 def test_e2m1_rne_goldens_through_the_affine_path():
-    # §8 item 1: with a = 1, b = 0 the affine converter is exactly RN_E2M1_sat(max(0, x))
+    # with a = 1, b = 0 the affine converter is exactly RN_E2M1_sat(max(0, x))
     x = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.19, 100.0], np.float32)
     got = _vals(direct_p_payload(R.AffineP(a=1.0, b=0.0), x))
     np.testing.assert_array_equal(got, [0, 1, 1, 2, 2, 4, 4, 6, 6])
 
 
 def test_affine_and_exact_behaviour_table():
-    # §2.7 table and §8 item 2 (x=0 -> 1 both; x=1 -> affine 3, exact 2)
+    # the affine behaviour table (x=0 -> 1 both; x=1 -> affine 3, exact 2)
     x = np.array([-1, -0.5, 0, math.log2(1.5), 1, math.log2(3), 2, math.log2(6)], np.float32)
     exact = _vals(direct_p_payload(R.ExactP(), x))
     affine = _vals(direct_p_payload(R.AffineP(), x))
@@ -44,7 +44,7 @@ def test_affine_and_exact_behaviour_table():
 
 
 def test_mitchell_golden_rows():
-    # §2.8 golden rows: x -> (exact, Mitchell s=0, Mitchell s=log2(1.25)-1/4)
+    # Mitchell-P golden rows: x -> (exact, Mitchell s=0, Mitchell s=log2(1.25)-1/4)
     rows = [(0.30, 1, 1.5, 1), (0.78, 1.5, 2, 1.5), (0.81, 2, 2, 1.5), (1.30, 2, 3, 2),
             (2.30, 4, 6, 4), (-1.5, 0.5, 0.5, 0.5)]
     x = np.array([r[0] for r in rows], np.float32)
@@ -55,7 +55,7 @@ def test_mitchell_golden_rows():
 
 
 def test_mitchell_error_extrema():
-    # §8 item 4 (s = 0): max(A/T-1) = 0.0614757 at frac 0.442695; max(1-T/A) = 0.0579153;
+    # s = 0: max(A/T-1) = 0.0614757 at frac 0.442695; max(1-T/A) = 0.0579153;
     # max log2 error 0.0860713
     y = np.linspace(-3, 3, 6_000_001).astype(np.float32)
     a = mitchell_exp2(y).astype(np.float64)
@@ -69,7 +69,7 @@ def test_mitchell_error_extrema():
 
 
 def test_code_match_rates_on_the_8m_grid():
-    # §8 item 3: affine 0.632884; Mitchell s=0 0.95161; s=0.0576 0.98504; boundary 0.98671
+    # the published grid rates: affine 0.632884; Mitchell s=0 0.95161; s=0.0576 0.98504; boundary 0.98671
     x = uniform_grid()
     assert x.size == 8_000_000 and x.min() > -6 and x.max() < math.log2(6)
     exact = direct_p_payload(R.ExactP(), x)
@@ -86,7 +86,7 @@ def _recipe(conv, fmt, **kw):
 
 
 def test_hao_log_domain_group_golden():
-    # §2.2 / §8 item 8: t=[0,-0.4,-1.3,-3.0] -> P=[6,4.5471,2.4368,0.75] -> E2M1 [6,4,2,1], sf 1,
+    # HAO's log-domain example: t=[0,-0.4,-1.3,-3.0] -> P=[6,4.5471,2.4368,0.75] -> E2M1 [6,4,2,1], sf 1,
     # row_acc 13.7339069; shifted by -2.7: sf 0.153893 -> E4M3 0.15625
     rec = _recipe(R.LogGroupP(), R.PFormat.NVFP4)
     t = np.full((1, 32), -np.inf, np.float32)

@@ -118,7 +118,7 @@ def test_fa4_exp2_matches_spec_oracle():
 
 
 def test_fa4_exp2_error_bound_and_jit():
-    # seed_algorithms.md §8 item 10: |rel err| <= 9e-5 over x in [-126, 0]
+    # FA4's polynomial: |rel err| <= 9e-5 over x in [-126, 0]
     x = np.concatenate([np.linspace(-126, 0, 500_001),
                         np.random.default_rng(0).uniform(-126, 0, 500_000)]).astype(np.float32)
     y = exp2_fa4(x)

@@ -1,4 +1,4 @@
-"""The causal leak probe: the classes of seed_algorithms.md §6.3 as tests.
+"""The causal leak probe: the classes of FLAMIA's leak table as tests.
 
 Setup (the probe's defaults): N = 128 tokens, d = 64, target token 77 in the 32-token group
 64..95, input gain 5, NVFP4 Q/K per token, exact MXFP4 P with consistent normalization, E5M2

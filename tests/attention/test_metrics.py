@@ -1,4 +1,4 @@
-"""Metrics: code-match rate, grid, error summaries (incl. seed 000's cos(v, 2v) example)."""
+"""Metrics: code-match rate, grid, error summaries (incl. the cos(v, 2v) example)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_code_match_rate_identities_and_a_known_rate():
 
 def test_error_summary():
     v = np.array([1.0, -2.0, 3.0, 0.0])
-    s = error_summary(2 * v, v)  # seed 000: cosine 1 misses the doubled magnitude
+    s = error_summary(2 * v, v)  # cosine 1 misses the doubled magnitude
     assert s.cosine == pytest.approx(1.0) and s.rel_l2 == pytest.approx(1.0)
     assert s.max_abs == 3.0 and s.zero_fraction == 0.25
     same = error_summary(v, v)

@@ -1,4 +1,4 @@
-"""Represented-weight normalization: seed 000's worked examples, dS sums, the FTZ order."""
+"""Represented-weight normalization: the two-key worked examples, dS sums, the FTZ order."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _represented(w, alpha=1.0):
     return payload, alpha * payload.astype(np.float64) / 6
 
 
-def test_seed000_payloads_and_represented_weights():
+def test_two_key_payloads_and_represented_weights():
     payload, rep = _represented(W)
     np.testing.assert_array_equal(payload, [6, 2])
     np.testing.assert_allclose(rep, [1, 1 / 3], rtol=0, atol=1e-15)
@@ -34,7 +34,7 @@ def test_seed000_payloads_and_represented_weights():
     ([2, 2], 2.0, 2.0, 40 / 21),
     ([0, 6], 12 / 7, 1.5, 10 / 7),
 ])
-def test_seed000_two_element_outputs(v, exact, consistent, mismatched):
+def test_two_key_two_element_outputs(v, exact, consistent, mismatched):
     _, rep = _represented(W)
     v = np.array(v, dtype=np.float64)
     got = {n: normalize(W, rep, v, n).out for n in Normalization}
@@ -44,7 +44,7 @@ def test_seed000_two_element_outputs(v, exact, consistent, mismatched):
 
 
 def test_ds_row_sums_consistent_zero_mismatched_not():
-    # seed_algorithms.md §5.2: w=[1,0.4], V=[0,6], dO=1, d=1
+    # the two-key case: w=[1,0.4], V=[0,6], dO=1, d=1
     _, rep = _represented(W)
     v = np.array([0.0, 6.0])
     for norm, p_want, ds_want, total in [
@@ -60,7 +60,7 @@ def test_ds_row_sums_consistent_zero_mismatched_not():
 
 
 def test_ftz_order_golden():
-    # §4.3 / §8 item 9: alpha = 2^-126, sixteen payloads of 0.5
+    # alpha = 2^-126, sixteen payloads of 0.5
     payloads = np.full((1, 16), 0.5, np.float32)
     s = payloads.sum(axis=-1)
     k = np.array([-126], np.int32)

@@ -54,7 +54,7 @@ def one_block(vals, fmt, rule=None):
     return int(q.scales[0]), dequantize(q)[: len(vals)]
 
 
-# --- worked examples (seed_algorithms.md §1.3, §8 items 6-7; formats_anchors.md §3 table) ----
+# --- worked examples (OCP MX v1.0 floor rule, cuDNN round-up rule; torchao's scale bytes) ---------
 def test_amax_500_e4m3_floor_clamps_rceil_bumps():
     code, y = one_block([500.0], MXFP8, ScaleRule.FLOOR)
     assert code == 127 and y[0] == 448.0  # OCP floor: 2^0, 500 clamps to 448
@@ -73,7 +73,7 @@ def test_amax_7_e2m1_floor_clamps_rceil_gives_8():
 
 
 @pytest.mark.parametrize("fmt,amax,expect", [
-    # formats_anchors.md §3, torchao measured scale bytes: FLOOR, CEIL, EVEN, RCEIL
+    # torchao's measured scale bytes: FLOOR, CEIL, EVEN, RCEIL
     (MXFP4, 3.5, (126, 127, 127, 127)), (MXFP4, 5.0, (127, 128, 127, 127)),
     (MXFP4, 6.1, (127, 128, 127, 128)), (MXFP4, 7.0, (127, 128, 128, 128)),
     (MXFP8, 449.0, (127, 128, 127, 128)), (MXFP8, 500.0, (127, 128, 128, 128)),
@@ -98,8 +98,8 @@ def test_nvfp4_amax_2_9_clips_without_global_and_is_exact_with_it():
     assert int(q.scales[0]) == 0x7E and dequantize(q)[0] == np.float32(2.9)
 
 
-def test_seed001_block_quantize_demo_semantics():
-    # seed 001's demo: scale = 2^ceil(log2(max_abs/448)), E4M3 of clamp(x/scale), restore q*scale.
+def test_pow2_block_quantize_demo_semantics():
+    # the PyTorch low-precision FA4 write-up's demo: scale = 2^ceil(log2(max_abs/448)), E4M3 of clamp(x/scale), restore q*scale.
     rng = np.random.default_rng(7)
     x = (rng.standard_normal((4, 128)) * 3.0).astype(np.float32)
     blocks = x.reshape(4, 4, 32).astype(np.float64)
@@ -368,8 +368,10 @@ def test_bad_input_names_the_argument():
     x = np.ones((4, 64), np.float32)
     with pytest.raises(ValueError, match="axis -1 of length 48"):
         quantize(np.ones((4, 48), np.float32), MXFP8.replace(block_size=32))
-    with pytest.raises(TypeError, match="x has dtype float64"):
-        quantize(np.ones((4, 64)), MXFP8)
+    with pytest.raises(TypeError, match="x has dtype int64"):
+        quantize(np.ones((4, 64), np.int64), MXFP8)
+    with pytest.raises(TypeError, match="pack='no' must be a bool"):
+        quantize(x, MXFP8, pack="no")
     with pytest.raises(ValueError, match="axis=2"):
         quantize(x, MXFP8, axis=2)
     with pytest.raises(TypeError, match="fmt="):

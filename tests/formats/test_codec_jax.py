@@ -1,6 +1,6 @@
 """Element codecs under jax: jitted (and vmapped) results are bit-identical to NumPy's.
 
-XLA on CPU flushes float32 subnormals in arithmetic (formats_anchors.md §10.6); the inputs here
+XLA on CPU flushes float32 subnormals in arithmetic (measured: XLA's CPU backend); the inputs here
 include float32 subnormals and the UE8M0 code 0x00 (= 2^-127, a float32 subnormal), so any
 float arithmetic in the codec's path would show up as a difference from NumPy.
 """
@@ -12,12 +12,14 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from jax.experimental import checkify
 
 from fp4sim.formats import (
     ALL_FORMATS,
     E2M1,
     E4M3,
     E5M2,
+    UE4M3,
     UE8M0,
     NanPolicy,
     Overflow,
@@ -28,7 +30,6 @@ from fp4sim.formats import (
     decode,
     encode,
     max_code,
-    nan_code,
     value_table,
 )
 
@@ -50,7 +51,7 @@ def covering_policies(fmt):
 
 
 def numpy_raises(fmt, policy):
-    return policy.nan is NanPolicy.RAISE or (policy.nan is NanPolicy.PROPAGATE and not fmt.has_nan)
+    return policy.nan is NanPolicy.RAISE
 
 
 def inputs(fmt, n=4000):
@@ -81,7 +82,10 @@ def test_jit_equals_numpy_for_every_policy_option(fmt):
             out.append(encode(v, fmt, p, random_bits=r if p.rounding is Rounding.STOCHASTIC else None))
         return out
 
-    got = jax.jit(run)(jnp.asarray(x), jnp.asarray(clean), jnp.asarray(rb_x), jnp.asarray(rb_c))
+    # RAISE is a checkify check under jax (clean inputs here: it must not fire)
+    err, got = checkify.checkify(jax.jit(run))(jnp.asarray(x), jnp.asarray(clean),
+                                               jnp.asarray(rb_x), jnp.asarray(rb_c))
+    err.throw()
     want = run(x, clean, rb_x, rb_c)
     for p, g, w in zip(policies, got, want):
         assert g.dtype == jnp.uint8 and g.shape == w.shape
@@ -117,8 +121,37 @@ def test_nan_without_a_nan_code_under_jit():
     x = jnp.float32([np.nan, -np.nan, 1.0])
     got = jax.jit(lambda v: encode(v, E2M1))(x)
     assert np.asarray(got).tolist() == [max_code(E2M1), max_code(E2M1), 2]
-    got = jax.jit(lambda v: encode(v, E4M3, Policy(nan=NanPolicy.RAISE)))(x)
-    assert np.asarray(got).tolist() == [nan_code(E4M3), nan_code(E4M3) | 0x80, 0x38]
+    assert encode(np.asarray(x), E2M1).tolist() == [max_code(E2M1), max_code(E2M1), 2]  # NumPy
+
+
+def test_nan_policy_raise_is_one_error_on_both_backends():
+    """NanPolicy.RAISE: NumPy raises at once; jax raises the same message through checkify
+    (eagerly at once, jitted from err.throw()), and jit without checkify refuses to stage it."""
+    x = np.float32([np.nan, 1.0])
+    pol = Policy(nan=NanPolicy.RAISE)
+    msg = "values contains NaN and policy.nan=NanPolicy.RAISE"
+    with pytest.raises(ValueError, match=msg):
+        encode(x, E4M3, pol)
+    with pytest.raises(ValueError, match=msg):
+        encode(jnp.asarray(x), E4M3, pol)
+    err, _ = checkify.checkify(jax.jit(lambda v: encode(v, E4M3, pol)))(jnp.asarray(x))
+    with pytest.raises(ValueError, match=msg):
+        err.throw()
+    err, got = checkify.checkify(jax.jit(lambda v: encode(v, E4M3, pol)))(jnp.asarray(x[1:]))
+    err.throw()  # no NaN: no error, the PROPAGATE codes
+    assert np.asarray(got).tolist() == encode(x[1:], E4M3).tolist()
+    with pytest.raises(ValueError, match="checkify"):
+        jax.jit(lambda v: encode(v, E4M3, pol))(jnp.asarray(x))
+
+
+def test_codes_beyond_the_format_decode_to_nan_on_both_backends():
+    codes = np.uint8([0x10, 0xFF, 0x0F, 0x80])
+    for fmt in (E2M1, UE4M3):
+        want = decode(codes, fmt)
+        got = jax.jit(lambda c, fmt=fmt: decode(c, fmt))(jnp.asarray(codes))
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
+        beyond = codes >= fmt.num_codes
+        assert (want.view(np.uint32)[beyond] == 0x7FC00000).all()
 
 
 def test_vmap_and_half_inputs():

@@ -61,7 +61,7 @@ def oracle_8x4(s: np.ndarray) -> np.ndarray:
 
 
 def mosaic_format_scales(s: np.ndarray) -> np.ndarray:
-    """The conversion documented in jax's tcgen05.py (pallas_mgpu.md §2.3), for padded input."""
+    """The conversion documented in jax's tcgen05.py (jax/_src/pallas/mosaic_gpu), for padded input."""
     mn, kk = s.shape
     return (s.reshape(mn // 128, 4, 32, kk // 4, 4)
              .transpose(0, 3, 2, 1, 4).reshape(mn // 128, kk // 4, 32, 16))

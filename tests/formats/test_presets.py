@@ -113,7 +113,7 @@ def test_jax_nvfp4_quantizer(global_is_amax):
     assert same_bits(ours, np.asarray(xq.astype(jnp.float32)))
 
 
-# --- OCP MX §6.3 / microxcaling, transcribed independently in float64 -----------------------
+# --- OCP MX v1.0 / microxcaling, transcribed independently in float64 -----------------------
 def microxcaling_reference(x, fmt):
     """shared_exp = floor(log2(amax)) - emax (zero blocks: FP32_MIN_NORMAL), clamp to
     [-127, 127]; elements x / 2^shared_exp rounded to nearest, ties away, saturating."""

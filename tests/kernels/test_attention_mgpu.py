@@ -139,13 +139,21 @@ def _check_against_oracle(ops, out, cfg, scale, *, bitwise_codes: bool, min_matc
 
 
 # --- interpret mode (CPU) ------------------------------------------------------------------------
-@pytest.mark.parametrize("causal", [False, True])
-def test_interpret_exact_debug_bitwise(causal):
+@pytest.mark.parametrize("causal,scale_blocks,block_sums",
+                         [(False, True, False), (True, True, False), (False, False, False),
+                          (False, True, True), (True, True, True)],
+                         ids=["blocks", "blocks-causal", "columns", "mma-sums",
+                              "mma-sums-causal"])
+def test_interpret_exact_debug_bitwise(causal, scale_blocks, block_sums):
+    """Non-causal: every tile takes the per-block-scalar path (or the per-key column path);
+    causal: an unmasked tile then the masked diagonal tile (debug step 1 for the second
+    warpgroup); block_sums: the normalizer from the tensor core's block sums."""
     rng = np.random.default_rng(1 + causal)
     ops = _integer_operands(rng, 1, 128, 2, 1, 64)
     cfg = am.FP8AttentionConfig(block_q=64, block_kv=64, causal=causal,
                                 conversion=am.PConversion.EXACT, debug_step=1,
-                                out_type=am.OutType.FLOAT32)
+                                out_type=am.OutType.FLOAT32, scale_blocks=scale_blocks,
+                                block_sums=block_sums)
     scale = 6.0  # spreads t over tens of log2 units: normal, subnormal and zero codes occur
     out = harness.interpret(lambda: am.attention_fp8_quantized(ops, softmax_scale=scale, config=cfg))
     _check_against_oracle(ops, out, cfg, scale, bitwise_codes=True)
@@ -205,19 +213,109 @@ def test_interpret_float_inputs_close_to_float64_attention():
     assert np.abs(np.asarray(lse) - lse_ref).max() <= 4 * U8 * np.abs(s).max() / math.log(2)
 
 
+def _float_attention(q, k, v, causal):
+    """float64 softmax attention (B, T, Hq, D) with GQA; causal = top-left aligned."""
+    g = q.shape[2] // k.shape[2]
+    kk = np.repeat(k, g, axis=2).astype(np.float64)
+    vv = np.repeat(v, g, axis=2).astype(np.float64)
+    s = np.einsum("bthd,bshd->bhts", q.astype(np.float64), kk) / math.sqrt(q.shape[-1])
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bhts,bshd->bthd", p / p.sum(-1, keepdims=True), vv)
+
+
+def test_interpret_all_zero_qkv_is_zero_not_nan():
+    """Issue 15 item 13: all-zero Q/K/V used to give NaN (zero blocks have exponent -127)."""
+    z = jnp.zeros((1, 128, 1, 64), jnp.float32)
+    cfg = am.FP8AttentionConfig(block_kv=64, out_type=am.OutType.FLOAT32)
+    o, lse = harness.interpret(lambda: am.attention_fp8(z, z, z, config=cfg))
+    np.testing.assert_array_equal(np.asarray(o), 0.0)
+    # uniform weights over the 128 keys: LSE₂ = log2(128)
+    np.testing.assert_allclose(np.asarray(lse), 7.0, rtol=1e-6)
+    ref = am.reference_forward(_np(am.quantize_operands(z, z, z)), softmax_scale=0.125, config=cfg)
+    np.testing.assert_array_equal(ref["o"], 0.0)
+
+
+def _dequantize(ops):
+    """Float64 Q, K, V (B, N, H, D) of token-block operands (code·2^e; zero blocks are 0)."""
+    def deq(codes, e, axis):
+        x = np.asarray(codes).astype(np.float64)
+        scale = np.exp2(np.repeat(np.asarray(e, np.float64), am.TOKEN_BLOCK, axis=-1))
+        scale = scale[..., :x.shape[axis]]
+        return x * (np.swapaxes(scale, 1, 2)[..., None] if axis == 1 else scale[:, :, None, :])
+    vt = deq(ops.vt_codes, ops.v_exp, 3)
+    return deq(ops.q_codes, ops.q_exp, 1), deq(ops.k_codes, ops.k_exp, 1), np.swapaxes(
+        np.swapaxes(vt, 2, 3), 1, 2)
+
+
+@pytest.mark.parametrize("block_sums", [False, True], ids=["simt-sums", "mma-sums"])
+def test_interpret_zero_blocks_and_tail_lengths(block_sums):
+    """T = 100 queries and S = 150 keys (non-causal, masked tail tile, partial token blocks),
+    GQA 3:1, zero V/K/Q token blocks: bitwise P codes, F and m against the oracle, O close to
+    float64 attention of the dequantized operands (zero V rows keep their softmax weight)."""
+    rng = np.random.default_rng(12)
+    b, t, s, hq, hkv, d = 1, 100, 150, 3, 1, 64
+    qc = rng.integers(-3, 4, (b, t, hq, d)).astype(np.float32)
+    kc = rng.integers(-3, 4, (b, s, hkv, d)).astype(np.float32)
+    vt = (rng.standard_normal((b, hkv, d, s)) * 60).astype(np.float32).astype(F8).astype(np.float32)
+    qe = rng.integers(-4, -1, (b, hq, 4))
+    ke = rng.integers(-3, 0, (b, hkv, 5))
+    ve = rng.integers(-3, 4, (b, hkv, 5))
+    vt[..., 32:64], ve[..., 1] = 0.0, -127  # a zero V block
+    kc[:, 64:96], ke[..., 2] = 0.0, -127  # a zero K block (scores 0)
+    qc[:, 0:32, 1], qe[:, 1, 0] = 0.0, -127  # a zero Q block of head 1 (uniform rows)
+    ops = am.FP8Operands(*(jnp.asarray(x.astype(F8)) for x in (qc, kc, vt)),
+                         *(jnp.asarray(x, jnp.int32) for x in (qe, ke, ve)))
+    cfg = am.FP8AttentionConfig(block_kv=64, conversion=am.PConversion.EXACT, debug_step=2,
+                                out_type=am.OutType.FLOAT32, block_sums=block_sums)
+    scale = 1 / 8
+    out = harness.interpret(lambda: am.attention_fp8_quantized(ops, softmax_scale=scale,
+                                                               config=cfg))
+    assert out[0].shape == (b, t, hq, d) and out[1].shape == (b, hq, t)
+    assert out[2].p_codes.shape == (b, hq, t, 64)
+    _check_against_oracle(ops, out, cfg, scale, bitwise_codes=True)
+    codes = np.asarray(out[2].p_codes).astype(np.float32)
+    np.testing.assert_array_equal(codes[..., 150 - 128:], 0.0)  # keys >= S are masked
+    q, k, v = _dequantize(ops)
+    ref = _float_attention(q, k, v, causal=False)
+    err = np.linalg.norm(np.asarray(out[0]) - ref) / np.linalg.norm(ref)
+    assert err <= 2 * U8, err
+
+
+def test_interpret_causal_tail_and_nan_policy():
+    """Causal T = S = 80 (tail tile, padded query rows) with a NaN in V at token 40: rows that
+    see token block 1 (r >= 32) are NaN in O and LSE, the others are finite and close."""
+    rng = np.random.default_rng(13)
+    b, t, h, d = 1, 80, 1, 64
+    q, k, v = (rng.standard_normal((b, t, h, d)).astype(np.float32) for _ in range(3))
+    v[0, 40, 0, 3] = np.nan
+    cfg = am.FP8AttentionConfig(block_kv=64, causal=True, out_type=am.OutType.FLOAT32)
+    o, lse = harness.interpret(lambda: am.attention_fp8(jnp.asarray(q), jnp.asarray(k),
+                                                        jnp.asarray(v), config=cfg))
+    o, lse = np.asarray(o), np.asarray(lse)
+    assert np.isnan(o[0, 32:]).all() and np.isnan(lse[0, 0, 32:]).all()
+    assert np.isfinite(o[0, :32]).all() and np.isfinite(lse[0, 0, :32]).all()
+    ref = _float_attention(q[:, :32], k[:, :32], v[:, :32], causal=True)
+    err = np.linalg.norm(o[:, :32] - ref) / np.linalg.norm(ref)
+    assert err <= 2 * U8, err
+
+
 # --- cross-lowering (CPU) -------------------------------------------------------------------------
 def _avals(b, t, hq, hkv, d):
     f8, S = jnp.float8_e4m3fn, jax.ShapeDtypeStruct
-    nb = t // am.TOKEN_BLOCK
+    nb = -(-t // am.TOKEN_BLOCK)
     return am.FP8Operands(S((b, t, hq, d), f8), S((b, t, hkv, d), f8), S((b, hkv, d, t), f8),
                           S((b, hq, nb), jnp.int32), S((b, hkv, nb), jnp.int32),
                           S((b, hkv, nb), jnp.int32))
 
 
-@pytest.mark.parametrize("cfg", am.SHIPPED_CONFIGS, ids=lambda c: f"{c.block_kv}-{c.causal}-"
-                         f"{c.conversion.name}-{c.normalization.name}-{c.debug_step}")
-@pytest.mark.parametrize("shape", [(2, 4096, 16, 16, 128), (1, 1024, 8, 2, 64)],
-                         ids=["D128", "D64-GQA4"])
+@pytest.mark.parametrize("cfg", am.SHIPPED_CONFIGS, ids=lambda c: f"q{c.block_q}-{c.block_kv}-"
+                         f"{c.causal}-{c.conversion.name}-{c.normalization.name}-{c.debug_step}-"
+                         f"{'blocks' if c.scale_blocks else 'columns'}"
+                         f"{'-mma-sums' if c.block_sums else ''}")
+@pytest.mark.parametrize("shape", [(2, 4096, 16, 16, 128), (1, 1000, 8, 2, 64)],
+                         ids=["D128", "D64-GQA4-T1000"])
 def test_cross_lowers_for_sm90a(cfg, shape):
     text = harness.cross_lower(
         lambda *a: am.attention_fp8_quantized(am.FP8Operands(*a), config=cfg), *_avals(*shape))
@@ -250,8 +348,10 @@ def test_input_validation():
                              jnp.zeros((1, 128, 2, 64)))
     with pytest.raises(ValueError, match="debug_step"):
         am.attention_fp8_quantized(ops, config=am.FP8AttentionConfig(block_kv=64, debug_step=2))
-    with pytest.raises(ValueError, match="2·block_q"):
-        am.attention_fp8_quantized(ops, config=am.FP8AttentionConfig(block_q=128))
+    with pytest.raises(ValueError, match="causal"):
+        am.attention_fp8_quantized(ops._replace(q_codes=ops.q_codes[:, :64],
+                                                q_exp=ops.q_exp[..., :2]),
+                                   config=am.FP8AttentionConfig(causal=True))
     with pytest.raises(ValueError, match="softmax_scale"):
         am.attention_fp8_quantized(ops, softmax_scale=-1.0)
     with pytest.raises(TypeError, match="float8_e4m3fn"):
@@ -271,7 +371,7 @@ def test_gpu_exact_debug_bitwise(causal):
         cfg = am.FP8AttentionConfig(causal=causal, conversion=am.PConversion.EXACT,
                                     debug_step=step, out_type=am.OutType.FLOAT32)
         out = am.attention_fp8_quantized(ops, softmax_scale=scale, config=cfg)
-        # The FP8 tensor core's accumulation is not correctly rounded (pallas_mgpu.md §1.5):
+        # The FP8 tensor core's accumulation is not correctly rounded (fp4sim.kernels.wgmma_probe):
         # sums of products, but not codes, are compared with its measured error (<= 1e-3 rel).
         ref = am.reference_forward(_np(ops), softmax_scale=scale, config=cfg)
         reached = ~np.isnan(ref["f"][step])

@@ -88,6 +88,19 @@ def test_interpret_matches_emulator_bitwise(recipe, causal):
     _check(out, _emulate(q, k, v, cfg, scale), cfg, o_rtol=8 * 128 * U32)
 
 
+def test_interpret_tail_length_matches_emulator():
+    """T = S = 100 (a masked tail tile, padded query rows, a partial V token block)."""
+    q, k, v = _inputs(5, 1, 100, 1, 1, 64)
+    cfg = dp.DirectPConfig(recipe=rc.HW_FP4_DIRECT_P.replace(block_kv=64),
+                           debug_step=1, out_type=dp.OutType.FLOAT32)
+    scale = 0.03  # flatter weights: more non-zero codes in the tail tile
+    out = harness.interpret(lambda: dp.attention_directp(jnp.asarray(q), jnp.asarray(k),
+                                                         jnp.asarray(v), softmax_scale=scale,
+                                                         config=cfg))
+    assert out[0].shape == (1, 100, 1, 64) and out[2].m.shape == (1, 1, 100)
+    _check(out, _emulate(q, k, v, cfg, scale), cfg, o_rtol=8 * 128 * U32)
+
+
 @pytest.mark.parametrize("cfg", dp.SHIPPED_CONFIGS,
                          ids=lambda c: f"{type(c.recipe.converter).__name__}-{c.causal}-"
                                        f"{c.debug_step}")
@@ -129,7 +142,7 @@ def test_gpu_matches_emulator_bitwise(causal):
     scale = 0.05
     out = dp.attention_directp(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
                                softmax_scale=scale, config=cfg)
-    # On the H200 f16 wgmma sums are correctly rounded in >= 98 % of outputs (pallas_mgpu §1.5).
+    # On the H200 f16 wgmma sums are correctly rounded in >= 98 % of outputs (fp4sim.kernels.wgmma_probe).
     _check(out, _emulate(q, k, v, cfg, scale), cfg, o_rtol=2.0**-10)
 
 
