@@ -100,3 +100,12 @@ def test_gpu_path_table_json_and_budget(monkeypatch, capsys, tmp_path):
     info = json.loads(out.read_text())
     assert info["results"] == [] and info["not_run_time_budget"] == ["a", "b"]
     assert "not run: time budget" in text
+
+
+@pytest.mark.slow
+def test_directp_check_runs_in_interpret_mode():
+    """validate's Direct-P check, at a small size, in GPU interpret mode (about 30 s)."""
+    ok, detail, n = harness.interpret(checks.attention_directp_check(128, 1, 64),
+                                      detect_races=False)
+    assert ok, detail
+    assert n == 128 * 64
