@@ -92,6 +92,7 @@ import numpy as np
 from fp4sim import _checks
 from fp4sim.attention.recipe import Normalization
 from fp4sim.kernels.attention_common import ceil_f32 as _ceil_f32
+from fp4sim.kernels.attention_common import check_qkv_shapes as _check_qkv_shapes
 from fp4sim.kernels.attention_common import floor_f32 as _floor_f32
 from fp4sim.kernels.attention_common import pow2_f32 as _pow2_f32
 
@@ -312,23 +313,6 @@ def quantize_operands(q: Any, k: Any, v: Any) -> FP8Operands:
     as_f8 = lambda c: lax.bitcast_convert_type(c, f8)  # noqa: E731
     return FP8Operands(q_codes=jnp.swapaxes(as_f8(qc), 1, 2), k_codes=jnp.swapaxes(as_f8(kc), 1, 2),
                        vt_codes=jnp.swapaxes(as_f8(vc), 2, 3), q_exp=qe, k_exp=ke, v_exp=ve)
-
-
-def _check_qkv_shapes(qs: tuple, ks: tuple, vs: tuple) -> None:
-    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
-        raise ValueError(f"q, k, v must be 4-D (B, T, H, D); got shapes {qs}, {ks}, {vs}")
-    if tuple(ks) != tuple(vs):
-        raise ValueError(f"k shape {ks} and v shape {vs} must match")
-    b, t, hq, d = qs
-    if ks[0] != b or ks[3] != d:
-        raise ValueError(f"k shape {ks} must share batch and head_dim with q shape {qs}")
-    if hq % ks[2]:
-        raise ValueError(f"q heads {hq} must be a multiple of kv heads {ks[2]} (GQA)")
-    if d not in (64, 128):
-        raise ValueError(f"head_dim={d} is not supported; allowed: 64, 128")
-    for name, n in (("q tokens", t), ("kv tokens", ks[1])):
-        if n < 1:
-            raise ValueError(f"{name}={n} must be at least 1")
 
 
 # --- the exact, exp-free P converter -----------------------------------------------------------
