@@ -7,7 +7,8 @@ default), both compiled and warmed up, median wall time of ``--repeats`` calls m
 (target for the Direct-P route: at most 2x). ``--device gpu`` runs the same jitted emulator on
 the GPU and compares it with cuDNN's bf16 attention
 (``jax.nn.dot_product_attention(implementation="cudnn")``) and the float32 ``jnp`` attention
-there. ``--errors`` adds, for every preset in ``fp4sim.attention.recipe.PRESETS``, the output
+there; ``--check-cpu`` also runs the emulator on the CPU backend and compares O and LSE bit
+for bit. ``--errors`` adds, for every preset in ``fp4sim.attention.recipe.PRESETS``, the output
 error against the float64 reference on the same Gaussian inputs (cosine, relative L2). Results
 are printed as a table (last) and optionally written as JSON (``--json``), updated after every
 measurement so a run cut short keeps what it measured.
@@ -38,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--errors", action="store_true",
                         help="also measure every preset's error against the float64 reference")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default 0)")
+    parser.add_argument("--check-cpu", action="store_true",
+                        help="with --device gpu: also run the jitted emulator on the CPU backend "
+                             "(same process, same inputs; compiled while the GPU side compiles) "
+                             "and compare O and LSE bit for bit")
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
 
 
@@ -89,8 +94,15 @@ def run(args: argparse.Namespace) -> int:
         return jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(sc, axis=-1), v)
 
     emu = emulator(recipe)
+    cpu_job = None
+    if args.check_cpu and platform == "gpu":
+        import concurrent.futures
+
+        cpu_args = tuple(jax.device_put(a, jax.devices("cpu")[0]) for a in (qn, kn, vn))
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        cpu_job = pool.submit(lambda: emulator(recipe).lower(*cpu_args).compile())
     t0 = time.perf_counter()
-    jax.block_until_ready(emu(q, k, v))
+    gpu_out = jax.block_until_ready(emu(q, k, v))
     result["compile_s"] = time.perf_counter() - t0
     jax.block_until_ready(plain(q, k, v))
     sides = {"emulator": lambda: jax.block_until_ready(emu(q, k, v)),
@@ -125,6 +137,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:28s} {e['cosine']:10.6f} {e['rel_l2']:10.4e}")
     print(f"{'side':28s} {'median ms':>10s} {'emulator / side':>16s}")
     for side, sec in t.items():
-        print(f"{side:28s} {sec * 1e3:10.3f} {t['emulator'] / sec:16.2f}")
+        print(f"{side:28s} {sec * 1e3:10.3f} {t['emulator'] / sec:16.2f}", flush=True)
     save()
+    if cpu_job is not None:
+        cpu_out = jax.block_until_ready(cpu_job.result()(*cpu_args))
+        pool.shutdown()
+        bad = {name: int(np.count_nonzero(np.asarray(a).view(np.uint32)
+                                          != np.asarray(b).view(np.uint32)))
+               for name, a, b in zip(("out", "lse"), gpu_out, cpu_out)}
+        result["cpu_check_mismatches"] = bad
+        print(f"emulator O and LSE on the GPU vs the CPU backend: "
+              f"{'bit-identical' if not any(bad.values()) else 'DIFFER'} {bad}")
+        save()
     return 0
