@@ -17,12 +17,27 @@ import sys
 
 # subcommand -> (module, one-line help)
 _COMMANDS: dict[str, tuple[str, str]] = {
-    "reproduce": ("fp4sim.report.cli", "recompute the published tables on the emulator; write a Markdown report and figures"),
-    "golden": ("fp4sim.golden.cli", "write or check the golden vectors (check: the set shipped with fp4sim)"),
+    "reproduce": (
+        "fp4sim.report.cli",
+        "recompute the published tables on the emulator; write a Markdown report and figures",
+    ),
+    "golden": (
+        "fp4sim.golden.cli",
+        "write or check the golden vectors (check: the set shipped with fp4sim)",
+    ),
     "figures": ("fp4sim.report.figures", "regenerate every figure (into ./figures or --out)"),
-    "bench": ("fp4sim.benchmarks.cli", "benchmarks: formats, microscaling, attention, training (CPU) and gpu (H200)"),
-    "train": ("fp4sim.train.cli", "training study: a small transformer trained with emulated low-precision attention"),
-    "validate": ("fp4sim.validate", "run every kernel this GPU supports against the emulator; verdict table + JSON"),
+    "bench": (
+        "fp4sim.benchmarks.cli",
+        "benchmarks: formats, microscaling, attention, training (CPU) and gpu (H200)",
+    ),
+    "train": (
+        "fp4sim.train.cli",
+        "training study: a small transformer trained with emulated low-precision attention",
+    ),
+    "validate": (
+        "fp4sim.validate",
+        "run every kernel this GPU supports against the emulator; verdict table + JSON",
+    ),
 }
 
 
@@ -38,8 +53,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="python -m fp4sim",
         description="fp4sim: bit-exact FP4/FP8 microscaled attention emulation and GPU kernels.",
     )
-    parser.add_argument("--version", action="version", version=f"fp4sim {__version__}",
-                        help="print fp4sim's version and exit")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"fp4sim {__version__}",
+        help="print fp4sim's version and exit",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in _COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

@@ -28,8 +28,17 @@ import numpy as np
 
 from fp4sim._xp import adopt, is_foreign
 
-__all__ = ["check_int", "check_real", "check_bool", "check_static", "softmax_scale",
-           "as_float_array", "as_f32", "check_same_shape", "FLOAT_DTYPES"]
+__all__ = [
+    "check_int",
+    "check_real",
+    "check_bool",
+    "check_static",
+    "softmax_scale",
+    "as_float_array",
+    "as_f32",
+    "check_same_shape",
+    "FLOAT_DTYPES",
+]
 
 FLOAT_DTYPES = "float32, bfloat16, float16, float64"
 
@@ -39,8 +48,9 @@ def _is_jax(x: object) -> bool:
     return jax is not None and isinstance(x, jax.Array)
 
 
-def check_int(owner: str, name: str, value: object, lo: int, hi: int | None = None, *,
-              multiple: int = 1) -> int:
+def check_int(
+    owner: str, name: str, value: object, lo: int, hi: int | None = None, *, multiple: int = 1
+) -> int:
     """``value`` if it is an int (not a bool) in ``lo..hi`` (``hi`` None: no upper bound) and a
     multiple of ``multiple``; the messages name ``owner.name``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
@@ -48,13 +58,21 @@ def check_int(owner: str, name: str, value: object, lo: int, hi: int | None = No
     if multiple != 1 and (value < lo or value % multiple):
         raise ValueError(f"{owner}.{name}={value!r} must be >= {lo} and a multiple of {multiple}")
     if value < lo or (hi is not None and value > hi):
-        raise ValueError(f"{owner}.{name}={value!r} out of range; allowed "
-                         f"{lo}..{hi if hi is not None else 'inf'}")
+        raise ValueError(
+            f"{owner}.{name}={value!r} out of range; allowed "
+            f"{lo}..{hi if hi is not None else 'inf'}"
+        )
     return int(value)
 
 
-def check_real(name: str, value: object, *, lo: float | None = None, positive: bool = False,
-               finite: bool = True) -> float:
+def check_real(
+    name: str,
+    value: object,
+    *,
+    lo: float | None = None,
+    positive: bool = False,
+    finite: bool = True,
+) -> float:
     """``value`` as a Python float if it is a real number (Python or NumPy int or float, not a
     bool, not a string, not an array): ``TypeError`` otherwise; ``ValueError`` when it is not
     finite (``finite``), not > 0 (``positive``) or below ``lo``."""
@@ -86,9 +104,11 @@ def check_static(name: str, value: object, kind: type | tuple[type, ...], exampl
         return
     kinds = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
     if _is_jax(value):
-        raise TypeError(f"{name} is a traced jax value ({type(value).__name__}), not a {kinds}: "
-                        f"under jax.jit pass {name} as a static argument "
-                        f"(jax.jit(f, static_argnames='{name}')) or close over it")
+        raise TypeError(
+            f"{name} is a traced jax value ({type(value).__name__}), not a {kinds}: "
+            f"under jax.jit pass {name} as a static argument "
+            f"(jax.jit(f, static_argnames='{name}')) or close over it"
+        )
     article = "an" if kinds[0] in "AEIOU" else "a"
     raise TypeError(f"{name}={value!r} must be {article} {kinds} (e.g. {example})")
 
@@ -111,8 +131,9 @@ def _is_float_dtype(dt: np.dtype) -> bool:
     return dt.kind == "f" or dt.name == "bfloat16"
 
 
-def as_float_array(name: str, x: Any, xp: Any = np, *, allowed: str = FLOAT_DTYPES,
-                   ints: bool = False) -> Any:
+def as_float_array(
+    name: str, x: Any, xp: Any = np, *, allowed: str = FLOAT_DTYPES, ints: bool = False
+) -> Any:
     """``x`` as a float array of its namespace (jax arrays and tracers are returned as they are;
     everything else becomes a NumPy array in native byte order). ``TypeError`` naming ``name``
     for strings, integer (unless ``ints``), bool and object data; ``allowed`` is what the
@@ -129,21 +150,26 @@ def as_float_array(name: str, x: Any, xp: Any = np, *, allowed: str = FLOAT_DTYP
                 try:
                     x = np.asarray(x)
                 except (TypeError, ValueError, RuntimeError) as e:  # torch: bf16, CUDA, grad
-                    raise TypeError(f"{name} ({type(x).__name__}) cannot be converted to a "
-                                    f"NumPy array: {e}; pass a NumPy or jax array (for a GPU "
-                                    f"tensor: jax.numpy.from_dlpack(x))") from None
+                    raise TypeError(
+                        f"{name} ({type(x).__name__}) cannot be converted to a "
+                        f"NumPy array: {e}; pass a NumPy or jax array (for a GPU "
+                        f"tensor: jax.numpy.from_dlpack(x))"
+                    ) from None
             else:
-                raise TypeError(f"{name}={x!r} ({type(x).__name__}) must be an array of "
-                                f"{allowed}")
+                raise TypeError(f"{name}={x!r} ({type(x).__name__}) must be an array of {allowed}")
         dt = x.dtype
         if not dt.isnative:
             x = x.astype(dt.newbyteorder("="))
             dt = x.dtype
     if not _is_float_dtype(dt) and not (ints and dt.kind in "iu"):
         what = {"U": "strings", "S": "bytes", "O": "Python objects", "b": "booleans"}.get(
-            dt.kind, f"dtype {dt}")
-        extra = " (integer arrays are codes: use decode)" if dt.kind in "iu" and \
-            name == "values" else ""
+            dt.kind, f"dtype {dt}"
+        )
+        extra = (
+            " (integer arrays are codes: use decode)"
+            if dt.kind in "iu" and name == "values"
+            else ""
+        )
         raise TypeError(f"{name} has {what}; allowed: {allowed}{extra}")
     if xp is not np and not _is_jax(x):
         x = xp.asarray(x)
@@ -162,6 +188,9 @@ def check_same_shape(**arrays: Any) -> tuple[int, ...]:
     """The common shape of the named arrays; ``ValueError`` naming them all otherwise."""
     shapes = {n: tuple(np.shape(a)) for n, a in arrays.items()}
     if len(set(shapes.values())) > 1:
-        raise ValueError("shapes differ: " + ", ".join(f"{n} {s}" for n, s in shapes.items())
-                         + "; they must be equal")
+        raise ValueError(
+            "shapes differ: "
+            + ", ".join(f"{n} {s}" for n, s in shapes.items())
+            + "; they must be equal"
+        )
     return next(iter(shapes.values()))

@@ -34,9 +34,25 @@ import numpy.typing
 if TYPE_CHECKING:
     import jax
 
-__all__ = ["Array", "namespace", "is_jax", "is_traced", "bitcast", "bitcast_in_kernel",
-           "asarray_like", "to_numpy", "materialize", "canonical_nan", "NoDerivativeError",
-           "no_derivative", "straight_through", "is_torch", "is_foreign", "adopt", "like_caller"]
+__all__ = [
+    "Array",
+    "namespace",
+    "is_jax",
+    "is_traced",
+    "bitcast",
+    "bitcast_in_kernel",
+    "asarray_like",
+    "to_numpy",
+    "materialize",
+    "canonical_nan",
+    "NoDerivativeError",
+    "no_derivative",
+    "straight_through",
+    "is_torch",
+    "is_foreign",
+    "adopt",
+    "like_caller",
+]
 
 type Array = np.ndarray | jax.Array
 """A NumPy array or a jax array (also a tracer under ``jax.jit``): what every emulator takes and
@@ -126,7 +142,8 @@ def canonical_nan(x: Array) -> Array:
 DIFFERENTIABLE_ENTRY_POINTS = (
     "fp4sim.round_trip(x, fmt, ...) (decode(encode(x)) or dequantize(quantize(x)) with a "
     "straight-through derivative) and fp4sim.emulated_attention(q, k, v, training_recipe) (the "
-    "emulated backward)")
+    "emulated backward)"
+)
 
 
 class NoDerivativeError(TypeError):
@@ -139,7 +156,9 @@ def _no_derivative_jvp(what: str):
         raise NoDerivativeError(
             f"{what} has no derivative: fp4sim's emulators compute on float bit patterns, for "
             f"which JAX would silently return zero gradients. Differentiable entry points: "
-            f"{DIFFERENTIABLE_ENTRY_POINTS}.")
+            f"{DIFFERENTIABLE_ENTRY_POINTS}."
+        )
+
     return jvp
 
 
@@ -178,6 +197,8 @@ def straight_through(fn: Any, x: Array, *aux: Any) -> Array:
 
     f.defjvp(jvp)
     return f(x, *aux)
+
+
 def is_torch(x: object) -> bool:
     """True for PyTorch tensors (without importing torch when it is not loaded)."""
     torch = sys.modules.get("torch")
@@ -193,10 +214,15 @@ def is_foreign(x: object) -> bool:
 
 
 # torch dtypes NumPy cannot hold, by the ml_dtypes dtype of the same bits
-_TORCH_BITS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "float8_e4m3fn"),
-               "float8_e5m2": ("uint8", "float8_e5m2"), "float8_e4m3fnuz": ("uint8", "float8_e4m3fnuz"),
-               "float8_e5m2fnuz": ("uint8", "float8_e5m2fnuz"), "float8_e8m0fnu": ("uint8", "float8_e8m0fnu"),
-               "float4_e2m1fn_x2": ("uint8", None)}
+_TORCH_BITS = {
+    "bfloat16": ("int16", "bfloat16"),
+    "float8_e4m3fn": ("uint8", "float8_e4m3fn"),
+    "float8_e5m2": ("uint8", "float8_e5m2"),
+    "float8_e4m3fnuz": ("uint8", "float8_e4m3fnuz"),
+    "float8_e5m2fnuz": ("uint8", "float8_e5m2fnuz"),
+    "float8_e8m0fnu": ("uint8", "float8_e8m0fnu"),
+    "float4_e2m1fn_x2": ("uint8", None),
+}
 
 
 def _torch_to_numpy(t: Any, name: str) -> np.ndarray:
@@ -217,8 +243,9 @@ def _torch_to_numpy(t: Any, name: str) -> np.ndarray:
     try:
         return t.numpy()
     except (TypeError, RuntimeError) as exc:
-        raise TypeError(f"{name}: a torch tensor of dtype {t.dtype} cannot be read as a NumPy "
-                        f"array ({exc})") from exc
+        raise TypeError(
+            f"{name}: a torch tensor of dtype {t.dtype} cannot be read as a NumPy array ({exc})"
+        ) from exc
 
 
 def adopt(x: Any, name: str = "x") -> Any:
@@ -232,9 +259,11 @@ def adopt(x: Any, name: str = "x") -> Any:
     try:
         return np.from_dlpack(x)
     except (TypeError, RuntimeError, BufferError, ValueError) as exc:
-        raise TypeError(f"{name}: {type(x).__name__} object cannot be read through DLPack as a "
-                        f"NumPy array ({exc}); pass a NumPy array, a jax array or a PyTorch "
-                        "tensor") from exc
+        raise TypeError(
+            f"{name}: {type(x).__name__} object cannot be read through DLPack as a "
+            f"NumPy array ({exc}); pass a NumPy array, a jax array or a PyTorch "
+            "tensor"
+        ) from exc
 
 
 def like_caller(result: Any, caller: Any) -> Any:

@@ -22,12 +22,24 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="F.json", help="also write the results as JSON here")
-    parser.add_argument("--only", action="append", metavar="CHECK",
-                        help="run only this check (repeatable; see --list)")
-    parser.add_argument("--list", action="store_true",
-                        help="list every check and the architectures that run it, then exit")
-    parser.add_argument("--time-budget-s", type=float, default=None, metavar="S",
-                        help="start no check after S seconds (those left are listed as not run)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="CHECK",
+        help="run only this check (repeatable; see --list)",
+    )
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="list every check and the architectures that run it, then exit",
+    )
+    parser.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="start no check after S seconds (those left are listed as not run)",
+    )
 
 
 def _write(path: str | None, info: dict[str, Any], quiet: bool = False) -> None:
@@ -58,12 +70,19 @@ def run(args: argparse.Namespace) -> int:
     import jax
 
     arch = device_arch()
-    info: dict[str, Any] = {"jax": jax.__version__, "host": platform.node(), "gpu": None,
-                            "arch": None, "results": []}
+    info: dict[str, Any] = {
+        "jax": jax.__version__,
+        "host": platform.node(),
+        "gpu": None,
+        "arch": None,
+        "results": [],
+    }
     if arch is None:
         info["verdict"] = "no GPU"
-        print(f"fp4sim validate: no GPU: jax {jax.__version__} sees no NVIDIA GPU here "
-              f"(backend {jax.default_backend()}); nothing to validate. On a GPU these run:")
+        print(
+            f"fp4sim validate: no GPU: jax {jax.__version__} sees no NVIDIA GPU here "
+            f"(backend {jax.default_backend()}); nothing to validate. On a GPU these run:"
+        )
         for c in checks.CHECKS:
             print(f"  {c.name:34} {_arch_text(c)}")
         _write(args.out, info)
@@ -71,8 +90,11 @@ def run(args: argparse.Namespace) -> int:
     dev = next((d for d in jax.devices() if d.platform == "gpu"), None)
     info.update(gpu=str(getattr(dev, "device_kind", dev)), arch=f"sm_{arch[0]}{arch[1]}")
     todo = checks.supported(arch)
-    print(f"fp4sim validate: {info['gpu']} ({info['arch']}), jax {jax.__version__}: "
-          f"{len(todo)} checks for this architecture", flush=True)
+    print(
+        f"fp4sim validate: {info['gpu']} ({info['arch']}), jax {jax.__version__}: "
+        f"{len(todo)} checks for this architecture",
+        flush=True,
+    )
 
     skipped = [c.name for c in checks.CHECKS if not c.runs_on(arch)]
     info["not_for_this_arch"] = skipped
@@ -84,12 +106,12 @@ def run(args: argparse.Namespace) -> int:
         info["results"] = [x.to_json() for x in done]
         _write(args.out, info, quiet=True)  # a run cut short still leaves what it found
 
-    results = checks.run_checks(arch, args.only, progress=show,
-                                time_budget_s=args.time_budget_s)
+    results = checks.run_checks(arch, args.only, progress=show, time_budget_s=args.time_budget_s)
     info["results"] = [r.to_json() for r in results]
     ran = {r.name for r in results}
-    info["not_run_time_budget"] = [c.name for c in todo if c.name not in ran
-                                   and (not args.only or c.name in args.only)]
+    info["not_run_time_budget"] = [
+        c.name for c in todo if c.name not in ran and (not args.only or c.name in args.only)
+    ]
     counts = {v.name: sum(r.verdict is v for r in results) for v in checks.Verdict}
     info["verdict"] = "pass" if results and counts["PASS"] == len(results) else "fail"
     if info["verdict"] == "pass" and info["not_run_time_budget"]:
@@ -102,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name:34} {'(not run: time budget)':44} {'':52} -")
     for name in skipped:
         print(f"{name:34} {'(not for ' + info['arch'] + ')':44} {'':52} -")
-    print(f"\n{counts['PASS']} passed, {counts['FAIL']} failed, {counts['ERROR']} errors "
-          f"on {info['gpu']} ({info['arch']})")
+    print(
+        f"\n{counts['PASS']} passed, {counts['FAIL']} failed, {counts['ERROR']} errors "
+        f"on {info['gpu']} ({info['arch']})"
+    )
     _write(args.out, info)
     return 0 if info["verdict"].startswith("pass") else 1

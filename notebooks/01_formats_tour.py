@@ -31,8 +31,10 @@ import fp4sim
 SMALL = os.environ.get("FP4SIM_SMALL") == "1"
 for fmt in fp4sim.ALL_FORMATS:
     info = fp4sim.finfo(fmt)
-    print(f"{fmt.name:6s} bits={info.bits} max={info.max:<12g} min_normal={info.min_normal:<10.4g} "
-          f"min_subnormal={info.min_subnormal:<10.4g} inf={info.has_inf!s:5s} nan={info.has_nan}")
+    print(
+        f"{fmt.name:6s} bits={info.bits} max={info.max:<12g} min_normal={info.min_normal:<10.4g} "
+        f"min_subnormal={info.min_subnormal:<10.4g} inf={info.has_inf!s:5s} nan={info.has_nan}"
+    )
 
 # %% [markdown]
 # ## E2M1: the 16 codes
@@ -63,15 +65,26 @@ print([f"{a:g} -> {b:g}" for a, b in zip(x, fp4sim.decode(c, fp4sim.E2M1))])
 
 # %%
 for rounding in (fp4sim.Rounding.NEAREST_AWAY, fp4sim.Rounding.TOWARD_ZERO, fp4sim.Rounding.UP):
-    got = fp4sim.decode(fp4sim.encode(x[:7], fp4sim.E2M1, fp4sim.Policy(rounding=rounding)), fp4sim.E2M1)
+    got = fp4sim.decode(
+        fp4sim.encode(x[:7], fp4sim.E2M1, fp4sim.Policy(rounding=rounding)), fp4sim.E2M1
+    )
     print(f"{rounding.name:13s}", got.tolist())
 
 rng = np.random.default_rng(0)
 n = 2_000 if SMALL else 200_000
 xs = np.full(n, 2.25, dtype=np.float32)  # a quarter of the way from 2 to 3
-sr = fp4sim.decode(fp4sim.encode(xs, fp4sim.E2M1, fp4sim.Policy(rounding=fp4sim.Rounding.STOCHASTIC),
-                                 random_bits=rng.integers(0, 2**32, n, dtype=np.uint32)), fp4sim.E2M1)
-print(f"stochastic rounding of 2.25: mean {sr.mean():.4f} (unbiased: 2.25), P(3) = {(sr == 3).mean():.3f}")
+sr = fp4sim.decode(
+    fp4sim.encode(
+        xs,
+        fp4sim.E2M1,
+        fp4sim.Policy(rounding=fp4sim.Rounding.STOCHASTIC),
+        random_bits=rng.integers(0, 2**32, n, dtype=np.uint32),
+    ),
+    fp4sim.E2M1,
+)
+print(
+    f"stochastic rounding of 2.25: mean {sr.mean():.4f} (unbiased: 2.25), P(3) = {(sr == 3).mean():.3f}"
+)
 
 # %% [markdown]
 # ## FP8 and the overflow policies
@@ -82,7 +95,9 @@ print(f"stochastic rounding of 2.25: mean {sr.mean():.4f} (unbiased: 2.25), P(3)
 # %%
 big = np.array([300.0, 464.0, 500.0, 1e6], dtype=np.float32)
 for overflow in (fp4sim.Overflow.SATURATE, fp4sim.Overflow.NAN):
-    got = fp4sim.decode(fp4sim.encode(big, fp4sim.E4M3, fp4sim.Policy(overflow=overflow)), fp4sim.E4M3)
+    got = fp4sim.decode(
+        fp4sim.encode(big, fp4sim.E4M3, fp4sim.Policy(overflow=overflow)), fp4sim.E4M3
+    )
     print(f"E4M3 {overflow.name:8s}", got.tolist())
 print("ml_dtypes cast      ", big.astype(ml_dtypes.float8_e4m3fn).astype(np.float32).tolist())
 
@@ -127,13 +142,17 @@ x[0, :4] = [500.0, 3.0, -0.75, 1e-3]
 for rule in (blocks.ScaleRule.FLOOR, blocks.ScaleRule.RCEIL):
     q = blocks.quantize(x, blocks.MXFP8, rule=rule)
     scale = fp4sim.decode(q.scales, fp4sim.UE8M0)[0, 0]
-    print(f"MXFP8 {rule.name:5s} scale 2^{int(np.log2(scale))}: {blocks.dequantize(q)[0, :4].tolist()}")
+    print(
+        f"MXFP8 {rule.name:5s} scale 2^{int(np.log2(scale))}: {blocks.dequantize(q)[0, :4].tolist()}"
+    )
 
 y = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
 for fmt in (blocks.MXFP4, blocks.NVFP4):
     q = blocks.quantize(y, fmt)
     err = np.linalg.norm(blocks.dequantize(q) - y) / np.linalg.norm(y)
-    print(f"{fmt.name:6s} codes {q.codes.shape} {q.codes.dtype}, scales {q.scales.shape}, rel. error {err:.3f}")
+    print(
+        f"{fmt.name:6s} codes {q.codes.shape} {q.codes.dtype}, scales {q.scales.shape}, rel. error {err:.3f}"
+    )
 
 # %% [markdown]
 # Two FP4 codes per byte (the even-indexed element in the low nibble) is an explicit step:

@@ -58,7 +58,10 @@ for name in list(converters)[1:]:
 # boundary.
 
 # %%
-codes = {name: fp4sim.direct_p_payload(converters[name], x) for name in ("exact", "Mitchell, boundary shift")}
+codes = {
+    name: fp4sim.direct_p_payload(converters[name], x)
+    for name in ("exact", "Mitchell, boundary shift")
+}
 wrong = codes["Mitchell, boundary shift"] != codes["exact"]
 edges = np.flatnonzero(np.diff(wrong.astype(np.int8)))
 for a, b in zip(edges[::2], edges[1::2]):
@@ -82,6 +85,8 @@ exact_tile = fp4sim.convert_tile(fp4sim.HW_FP4_DIRECT_P.replace(converter=fp4sim
 for name in ("affine (1.5x + 1.2)", "Mitchell, boundary shift"):
     tile = fp4sim.convert_tile(fp4sim.HW_FP4_DIRECT_P.replace(converter=converters[name]), t)
     same = np.mean(np.asarray(tile.codes) == np.asarray(exact_tile.codes))
-    print(f"{name:26s} {100 * same:6.2f} % of P codes equal, "
-          f"block exponents identical: {np.array_equal(tile.k, exact_tile.k)}")
+    print(
+        f"{name:26s} {100 * same:6.2f} % of P codes equal, "
+        f"block exponents identical: {np.array_equal(tile.k, exact_tile.k)}"
+    )
 print(f"exact codes that are 0: {100 * np.mean(np.asarray(exact_tile.codes) == 0):.1f} %")

@@ -41,8 +41,10 @@ payload = fp4sim.decode(fp4sim.direct_p_payload(fp4sim.ExactP(), x), fp4sim.E2M1
 represented = payload / 6
 print("payloads", payload, "represented", represented)
 for v in ([2.0, 2.0], [0.0, 6.0]):
-    outs = {n.name.lower(): float(fp4sim.normalize(w, represented, np.array(v), n).out)
-            for n in fp4sim.Normalization}
+    outs = {
+        n.name.lower(): float(fp4sim.normalize(w, represented, np.array(v), n).out)
+        for n in fp4sim.Normalization
+    }
     print(f"V = {v}: " + ", ".join(f"{k} {val:.6f}" for k, val in outs.items()))
 
 # %% [markdown]

@@ -43,8 +43,10 @@ if SMALL:  # one configuration of each class
 print(f"{'configuration':46s} {'leak_O':>10s} {'leak_dQ':>10s}  bitwise  vacuous")
 for name in names:
     rep = fp4sim.leak_probe(fp4sim.LEAK_TABLE[name], n_tokens=128)
-    print(f"{name:46s} {rep.leak_o:10.3g} {rep.leak_dq:10.3g}  {str(rep.bitwise_o and rep.bitwise_dq):7s}  "
-          f"{rep.vacuous}")
+    print(
+        f"{name:46s} {rep.leak_o:10.3g} {rep.leak_dq:10.3g}  {str(rep.bitwise_o and rep.bitwise_dq):7s}  "
+        f"{rep.vacuous}"
+    )
 
 # %% [markdown]
 # ## The perturbation must move a shared scale
@@ -55,9 +57,14 @@ for name in names:
 # did as vacuous.
 
 # %%
-leaky = fp4sim.LEAK_TABLE["V per-tensor pow2"] if "V per-tensor pow2" in fp4sim.LEAK_TABLE \
+leaky = (
+    fp4sim.LEAK_TABLE["V per-tensor pow2"]
+    if "V per-tensor pow2" in fp4sim.LEAK_TABLE
     else fp4sim.LEAK_TABLE[names[-1]]
+)
 for gain in (1.3, 4.0):
     rep = fp4sim.leak_probe(leaky, n_tokens=128, gain=gain)
-    print(f"gain {gain}: leak_O={rep.leak_o:.3g} leak_dQ={rep.leak_dq:.3g} "
-          f"scales changed in {rep.changed_operands} vacuous={rep.vacuous}")
+    print(
+        f"gain {gain}: leak_O={rep.leak_o:.3g} leak_dQ={rep.leak_dq:.3g} "
+        f"scales changed in {rep.changed_operands} vacuous={rep.vacuous}"
+    )

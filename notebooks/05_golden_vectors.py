@@ -52,7 +52,9 @@ for name in sorted(golden.CASES)[:12]:
 scratch = Path(tempfile.mkdtemp(prefix="fp4sim-golden-"))
 names = ["formats.e2m1.all_codes", "formats.e2m1.ties", "formats.e4m3.specials"]
 if not SMALL:
-    names += [n for n in sorted(golden.CASES) if n.startswith(("attention.", "formats.mx", "formats.nv"))]
+    names += [
+        n for n in sorted(golden.CASES) if n.startswith(("attention.", "formats.mx", "formats.nv"))
+    ]
 manifest = golden.write(scratch, names)
 print(json.dumps(manifest["cases"]["formats.e2m1.all_codes"], indent=1)[:900])
 
@@ -69,7 +71,9 @@ table = sorted(zip(inputs.tolist(), rne.tolist()))
 print("E2M1 round-to-nearest-even on the tie midpoints (input -> code):")
 for x, c in table:
     if x in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0):
-        print(f"  {x:5.2f} -> 0x{c:X} = {float(fp4sim.decode(np.array([c], np.uint8), fp4sim.E2M1)[0]):g}")
+        print(
+            f"  {x:5.2f} -> 0x{c:X} = {float(fp4sim.decode(np.array([c], np.uint8), fp4sim.E2M1)[0]):g}"
+        )
 
 # %% [markdown]
 # A consumer can verify one array without trusting the ZIP layer: the manifest's array hash is

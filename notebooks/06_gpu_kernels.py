@@ -59,10 +59,13 @@ q = jax.random.normal(kq, (B, T, H, D), jnp.bfloat16)
 k = jax.random.normal(kk, (B, T, H, D), jnp.bfloat16)
 v = jax.random.normal(kv, (B, T, H, D), jnp.bfloat16)
 
-config = kernels.FP8AttentionConfig(conversion=kernels.PConversion.EXACT, out_type=kernels.OutType.FLOAT32)
+config = kernels.FP8AttentionConfig(
+    conversion=kernels.PConversion.EXACT, out_type=kernels.OutType.FLOAT32
+)
 attn = jax.jit(lambda q, k, v: kernels.attention_fp8(q, k, v, config=config))
 out, lse2 = attn(q, k, v)
 out.block_until_ready()
+
 
 def timeit(fn, *args, n=10):
     fn(*args)[0].block_until_ready()
@@ -72,14 +75,17 @@ def timeit(fn, *args, n=10):
     r[0].block_until_ready()
     return (time.perf_counter() - t0) / n
 
+
 flops = 4 * B * H * T * T * D
 t_fp8 = timeit(attn, q, k, v)
 print(f"FP8 kernel: {t_fp8 * 1e3:.3f} ms, {flops / t_fp8 / 1e12:.0f} TFLOP/s")
 
 cudnn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="cudnn"))
 t_cudnn = timeit(lambda *a: (cudnn(*a),), q, k, v)
-print(f"cuDNN bf16: {t_cudnn * 1e3:.3f} ms, {flops / t_cudnn / 1e12:.0f} TFLOP/s "
-      f"(FP8 kernel / cuDNN time: {t_fp8 / t_cudnn:.2f})")
+print(
+    f"cuDNN bf16: {t_cudnn * 1e3:.3f} ms, {flops / t_cudnn / 1e12:.0f} TFLOP/s "
+    f"(FP8 kernel / cuDNN time: {t_fp8 / t_cudnn:.2f})"
+)
 
 # %% [markdown]
 # ## Checks at a small shape
@@ -93,11 +99,15 @@ ts = 256
 qs, ks, vs = (x[:, :ts, :2] for x in (q, k, v))
 o = np.asarray(attn(qs, ks, vs)[0], dtype=np.float64)
 ops = kernels.quantize_operands(qs, ks, vs)
-ref = kernels.reference_forward(jax.tree.map(np.asarray, ops), softmax_scale=1 / math.sqrt(D), config=config)
+ref = kernels.reference_forward(
+    jax.tree.map(np.asarray, ops), softmax_scale=1 / math.sqrt(D), config=config
+)
 err = np.abs(o - ref["o"]).max() / np.abs(ref["o"]).max()
 print(f"max |O_kernel - O_reference| / max |O_reference| = {err:.2e}")
 
-exact = fp4sim.attention_reference(*(np.swapaxes(np.asarray(x, np.float64), 1, 2) for x in (qs, ks, vs)))
+exact = fp4sim.attention_reference(
+    *(np.swapaxes(np.asarray(x, np.float64), 1, 2) for x in (qs, ks, vs))
+)
 exact_o = np.swapaxes(np.asarray(exact.out), 1, 2)
 o_cudnn = np.asarray(cudnn(qs, ks, vs), dtype=np.float64)
 for name, o_ in (("fp4sim FP8 kernel", o), ("cuDNN bf16", o_cudnn)):

@@ -27,8 +27,13 @@ def main() -> int:
     groups: dict[str, list[int]] = collections.defaultdict(list)
     for name, m in mods.items():
         parts = name.split(".")
-        key = ".".join(parts[:2]) if len(parts) > 1 and f"{parts[0]}.{parts[1]}" in mods \
-            and mods[f"{parts[0]}.{parts[1]}"].is_package else "fp4sim (root modules)"
+        key = (
+            ".".join(parts[:2])
+            if len(parts) > 1
+            and f"{parts[0]}.{parts[1]}" in mods
+            and mods[f"{parts[0]}.{parts[1]}"].is_package
+            else "fp4sim (root modules)"
+        )
         groups[key].append(m.lines)
     for key in sorted(groups):
         print(f"  {key}: {len(groups[key])} modules, {sum(groups[key])} lines")

@@ -39,8 +39,9 @@ def main() -> int:
                 jax.jit(lambda *xs, fn=fn: fn(*xs)).trace(*structs).lower().compile()
                 print(f"{cfg}: compiled", flush=True)
             except Exception as e:  # expected on Hopper once the sm_100a cubin is loaded
-                print(f"{cfg}: compile/load stopped: {type(e).__name__}: {str(e)[:300]}",
-                      flush=True)
+                print(
+                    f"{cfg}: compile/load stopped: {type(e).__name__}: {str(e)[:300]}", flush=True
+                )
     finally:
         mgpu_utils._infer_arch = old
     ptxas = ptx_check.find_ptxas()
@@ -50,12 +51,17 @@ def main() -> int:
     for f in files:
         text = f.read_text()
         target = next((ln for ln in text.splitlines() if ln.startswith(".target")), "?")
-        proc = subprocess.run([ptxas, "-arch=sm_100a", str(f), "-o", str(f.with_suffix(".cubin"))],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [ptxas, "-arch=sm_100a", str(f), "-o", str(f.with_suffix(".cubin"))],
+            capture_output=True,
+            text=True,
+        )
         ok = proc.returncode == 0
         bad += not ok
-        print(f"{'OK  ' if ok else 'FAIL'} {f.name} ({target}, tcgen05.mma: "
-              f"{text.count('tcgen05.mma')}) {proc.stderr.strip()[:400]}")
+        print(
+            f"{'OK  ' if ok else 'FAIL'} {f.name} ({target}, tcgen05.mma: "
+            f"{text.count('tcgen05.mma')}) {proc.stderr.strip()[:400]}"
+        )
     return 1 if bad or not files else 0
 
 

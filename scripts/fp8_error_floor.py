@@ -47,11 +47,14 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args()
-    cases = {"Q and K in E4M3": lambda q, k, v: attention(token_block(q), token_block(k), v),
-             "V in E4M3": lambda q, k, v: attention(q, k, token_block(v)),
-             "P in E4M3": lambda q, k, v: attention(q, k, v, p_e4m3=True),
-             "all four in E4M3": lambda q, k, v: attention(token_block(q), token_block(k),
-                                                           token_block(v), p_e4m3=True)}
+    cases = {
+        "Q and K in E4M3": lambda q, k, v: attention(token_block(q), token_block(k), v),
+        "V in E4M3": lambda q, k, v: attention(q, k, token_block(v)),
+        "P in E4M3": lambda q, k, v: attention(q, k, v, p_e4m3=True),
+        "all four in E4M3": lambda q, k, v: attention(
+            token_block(q), token_block(k), token_block(v), p_e4m3=True
+        ),
+    }
     errs: dict[str, list[float]] = {name: [] for name in cases}
     for seed in range(args.seeds):
         rng = np.random.default_rng(seed)
@@ -61,8 +64,10 @@ def main() -> None:
             out = f(q, k, v)
             errs[name].append(float(np.linalg.norm(out - ref) / np.linalg.norm(ref)))
     target = CUDNN_FP8_REL_L2 / 3
-    print(f"S{args.seq} D{args.head_dim}, Gaussian q/k/v, {args.seeds} seeds; relative L2 of O "
-          f"against float64 (min..max over seeds); target {target:.3e}")
+    print(
+        f"S{args.seq} D{args.head_dim}, Gaussian q/k/v, {args.seeds} seeds; relative L2 of O "
+        f"against float64 (min..max over seeds); target {target:.3e}"
+    )
     for name, e in errs.items():
         verdict = "above the target" if min(e) > target else "within the target"
         print(f"  {name:18s} {min(e):.3e} .. {max(e):.3e}   {verdict}")

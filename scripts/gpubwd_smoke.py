@@ -44,15 +44,17 @@ def run(name: str, t_override: int | None = None) -> str:
     do = jnp.asarray(rng.standard_normal((b, t, hq, d)).astype(np.float32))
     scale = 1.0 / math.sqrt(d)
     ops = am.quantize_operands(q, k, v)
-    o, lse = am.attention_fp8_quantized(ops, softmax_scale=scale,
-                                        config=am.FP8AttentionConfig(causal=cfg.causal))
+    o, lse = am.attention_fp8_quantized(
+        ops, softmax_scale=scale, config=am.FP8AttentionConfig(causal=cfg.causal)
+    )
     res = bw.BackwardResiduals(ops, o, lse)
     t0 = time.perf_counter()
     out = bw.attention_fp8_backward(res, do, softmax_scale=scale, config=cfg)
     out[0].block_until_ready()
     t_first = time.perf_counter() - t0
-    npres = bw.BackwardResiduals(am.FP8Operands(*(np.asarray(x) for x in ops)), np.asarray(o),
-                                 np.asarray(lse))
+    npres = bw.BackwardResiduals(
+        am.FP8Operands(*(np.asarray(x) for x in ops)), np.asarray(o), np.asarray(lse)
+    )
     ref = bw.reference_backward(npres, np.asarray(do), softmax_scale=scale, causal=cfg.causal)
     msg = [f"first call {t_first:.1f} s"]
     ok = True
@@ -69,12 +71,15 @@ def run(name: str, t_override: int | None = None) -> str:
             for kh in range(hkv):
                 for kt in range(t // cfg.block_kv):
                     for tile, scaling, codes, sc_ in (
-                            (dbg.p, bw.P_SQUARE_RCEIL, dbg.p_codes, dbg.p_scale),
-                            (dbg.ds, sc.DS_SQUARE_RCEIL, dbg.ds_codes, dbg.ds_scale)):
+                        (dbg.p, bw.P_SQUARE_RCEIL, dbg.p_codes, dbg.p_scale),
+                        (dbg.ds, sc.DS_SQUARE_RCEIL, dbg.ds_codes, dbg.ds_scale),
+                    ):
                         x = np.asarray(tile)[bi, kh, kt].T
                         want = np.asarray(sc.fake_quantize(x, scaling), np.float32)
-                        got = (np.asarray(codes)[bi, kh, kt].T.astype(np.float32)
-                               * np.asarray(sc_)[bi, kh, kt].T)
+                        got = (
+                            np.asarray(codes)[bi, kh, kt].T.astype(np.float32)
+                            * np.asarray(sc_)[bi, kh, kt].T
+                        )
                         bad += int(np.sum(got != want))
         ok &= bad == 0
         msg.append(f"debug tiles: {bad} codes differ from the emulator's quantizer")

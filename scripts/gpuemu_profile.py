@@ -44,9 +44,15 @@ def build(args):
         from fp4sim.attention.autodiff import emulated_attention, training_preset
 
         rec = training_preset(args.training_recipe)
-        fn = jax.jit(jax.grad(lambda q, k, v: jnp.sum(jax.vmap(
-            lambda a, b, c: emulated_attention(a, b, c, rec, causal=True))(q, k, v) * do),
-            argnums=(0, 1, 2)))
+        fn = jax.jit(
+            jax.grad(
+                lambda q, k, v: jnp.sum(
+                    jax.vmap(lambda a, b, c: emulated_attention(a, b, c, rec, causal=True))(q, k, v)
+                    * do
+                ),
+                argnums=(0, 1, 2),
+            )
+        )
     return fn, (q, k, v)
 
 
@@ -73,8 +79,10 @@ def summarize(trace_dir: str, top: int) -> dict:
             rows = sorted(agg.items(), key=lambda kv: -kv[1][0])[:top]
             out[f"{plane.name} :: {line.name}"] = {
                 "total_ms": total / 1e6,
-                "top": [{"name": n, "ms": t / 1e6, "share": t / total, "count": c}
-                        for n, (t, c) in rows]}
+                "top": [
+                    {"name": n, "ms": t / 1e6, "share": t / total, "count": c} for n, (t, c) in rows
+                ],
+            }
     return out
 
 
@@ -103,14 +111,18 @@ def row_chunks(args) -> int:
                 jax.block_until_ready(fn(*xs))
                 ts.append(time.perf_counter() - t0)
             res[chunk] = {"median_ms": statistics.median(ts) * 1e3, "first_call_s": comp}
-            print(f"row chunk {chunk:5d}: {res[chunk]['median_ms']:8.3f} ms (first call "
-                  f"{comp:.1f} s)", flush=True)
+            print(
+                f"row chunk {chunk:5d}: {res[chunk]['median_ms']:8.3f} ms (first call "
+                f"{comp:.1f} s)",
+                flush=True,
+            )
             got = [np.asarray(a) for a in jax.device_get(first)]
             if ref is None:
                 ref = got
             else:
-                same = all(np.array_equal(a.view(np.uint32), b.view(np.uint32))
-                           for a, b in zip(got, ref))
+                same = all(
+                    np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(got, ref)
+                )
                 print(f"  bits equal to the first chunk size's: {same}", flush=True)
     finally:
         forward._GPU_ROW_CHUNK = default
@@ -151,8 +163,10 @@ def main() -> int:
     with jax.profiler.trace(trace_dir):
         for _ in range(args.calls):
             jax.block_until_ready(fn(*xs))
-    print(f"{args.calls} traced calls: {(time.perf_counter() - t0) * 1e3 / args.calls:.3f} ms "
-          f"each (with the profiler's overhead)")
+    print(
+        f"{args.calls} traced calls: {(time.perf_counter() - t0) * 1e3 / args.calls:.3f} ms "
+        f"each (with the profiler's overhead)"
+    )
     summary = summarize(trace_dir, args.top)
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
@@ -162,8 +176,10 @@ def main() -> int:
             continue
         print(f"\n== {line}: {s['total_ms'] / args.calls:.3f} ms per call")
         for r in s["top"]:
-            print(f"  {r['ms'] / args.calls:9.4f} ms {100 * r['share']:5.1f} %  x{r['count']:<5d} "
-                  f"{r['name'][:110]}")
+            print(
+                f"  {r['ms'] / args.calls:9.4f} ms {100 * r['share']:5.1f} %  x{r['count']:<5d} "
+                f"{r['name'][:110]}"
+            )
     return 0
 
 

@@ -35,8 +35,11 @@ if not args.no_peers:
     args8, call8, _ = ga._cudnn_fp8(q, k, v, scale, args.causal)
     call8 = jax.jit(call8)
     qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
-    cud = jax.jit(lambda a, b_, c_: jax.nn.dot_product_attention(
-        a, b_, c_, scale=scale, is_causal=args.causal, implementation="cudnn"))
+    cud = jax.jit(
+        lambda a, b_, c_: jax.nn.dot_product_attention(
+            a, b_, c_, scale=scale, is_causal=args.causal, implementation="cudnn"
+        )
+    )
     runs += [("cudnn_fp8", lambda: call8(*args8)), ("cudnn_bf16", lambda: cud(qb, kb, vb))]
 for _, f in runs:  # compile and warm up outside the profiled window
     jax.block_until_ready(f())

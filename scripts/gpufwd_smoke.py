@@ -46,10 +46,12 @@ def _cases():
         "fp8_mma_sums_causal_d64": ("fp8", base.replace(block_sums=True, causal=True), d64),
         "fp8_columns_d128": ("fp8", base.replace(scale_blocks=False), d128),
         "fp8_bq128_bkv64_d64": ("fp8", base.replace(block_q=128, block_kv=64), d64),
-        "fp8_mismatched_d128": ("fp8", base.replace(normalization=Normalization.MISMATCHED),
-                                d128),
-        "fp8_exact_causal_debug_d128": ("fp8", base.replace(
-            conversion=am.PConversion.EXACT, causal=True, debug_step=0, out_type=f32), d128),
+        "fp8_mismatched_d128": ("fp8", base.replace(normalization=Normalization.MISMATCHED), d128),
+        "fp8_exact_causal_debug_d128": (
+            "fp8",
+            base.replace(conversion=am.PConversion.EXACT, causal=True, debug_step=0, out_type=f32),
+            d128,
+        ),
         # every input a user sends: odd lengths, T != S, head counts, GQA ratios, zeros, NaN
         "fp8_T1000_causal_H3": ("fp8", base.replace(causal=True), (1, 1000, 1000, 3, 1, 128)),
         "fp8_T300_S777_H4": ("fp8", base, (2, 300, 777, 4, 4, 128)),
@@ -58,8 +60,11 @@ def _cases():
         "fp8_zeros": ("fp8_zeros", base, (1, 256, 256, 2, 1, 128)),
         "fp8_nan_v": ("fp8_nan", base.replace(causal=True), (1, 256, 256, 2, 1, 128)),
         "directp_affine_d128": ("directp", dp.DirectPConfig(), d128),
-        "directp_mitchell_causal_d64": ("directp", dp.DirectPConfig(
-            recipe=HW_FP4_DIRECT_P_MITCHELL, causal=True), d64),
+        "directp_mitchell_causal_d64": (
+            "directp",
+            dp.DirectPConfig(recipe=HW_FP4_DIRECT_P_MITCHELL, causal=True),
+            d64,
+        ),
         "directp_T1000_S777": ("directp", dp.DirectPConfig(), (1, 1000, 777, 2, 1, 128)),
     }
     return cases
@@ -92,8 +97,9 @@ def _run(kind, cfg, shape):
         assert np.all(o == 0), "all-zero inputs must give O = 0"
         return "O == 0"
     if kind == "fp8_nan":
-        assert np.isnan(o[0, 96:]).all() and np.isfinite(o[0, :96]).all(), \
+        assert np.isnan(o[0, 96:]).all() and np.isfinite(o[0, :96]).all(), (
             "NaN at V token 100 must poison rows >= 96 only"
+        )
         return "NaN rows >= 96 only"
     ref = _float_attention(q, k, v, causal)
     if not np.isfinite(o).all():

@@ -46,19 +46,23 @@ KINDS = runner.KINDS
 CALLS = ("normal", "chain", "cancel", "wide", "subnormal", "special")
 CHAIN = {"normal": 1, "chain": 4, "cancel": 2, "wide": 2, "subnormal": 1, "special": 1}
 
-_FINITE = {"e4m3": [c for c in range(256) if c & 0x7F != 0x7F],
-           "e5m2": [c for c in range(256) if c & 0x7C != 0x7C],
-           "e2m1": list(range(16))}
-_SUBNORMAL = {"e4m3": [c | s for c in range(0, 8) for s in (0, 0x80)],
-              "e5m2": [c | s for c in range(0, 4) for s in (0, 0x80)],
-              "e2m1": [0, 1, 8, 9]}
+_FINITE = {
+    "e4m3": [c for c in range(256) if c & 0x7F != 0x7F],
+    "e5m2": [c for c in range(256) if c & 0x7C != 0x7C],
+    "e2m1": list(range(16)),
+}
+_SUBNORMAL = {
+    "e4m3": [c | s for c in range(0, 8) for s in (0, 0x80)],
+    "e5m2": [c | s for c in range(0, 4) for s in (0, 0x80)],
+    "e2m1": [0, 1, 8, 9],
+}
 _SIGN = {"e4m3": 0x80, "e5m2": 0x80, "e2m1": 0x8}
 
 
 def _torch_codes(torch, x, fmt):
     """float -> element codes via torch's own casts (RNE, E2M1 by table)."""
     if fmt == "e2m1":
-        grid = np.array([0, .5, 1, 1.5, 2, 3, 4, 6])
+        grid = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
         mag = np.abs(x)
         idx = np.argmin(np.abs(mag[..., None] - grid), axis=-1)
         return (idx | np.where(x < 0, 8, 0)).astype(np.uint8)
@@ -100,8 +104,8 @@ def _data(torch, rng, label, fmts, m, n, k, nblk, scale):
         a[:, half:] = a[:, :half] ^ np.uint8(_SIGN[fa])  # the second instruction's A = -first
         b[:, half:] = b[:, :half]
         sa, sb = scales(m, 126, 128), scales(n, 126, 128)
-        sa[:, nblk // 2:] = sa[:, :nblk // 2]
-        sb[:, nblk // 2:] = sb[:, :nblk // 2]
+        sa[:, nblk // 2 :] = sa[:, : nblk // 2]
+        sb[:, nblk // 2 :] = sb[:, : nblk // 2]
         # a few small terms survive the cancellation (they sit far below the largest term)
         rows = rng.integers(0, m, m // 2)
         cols = rng.integers(0, k, m // 2)
@@ -127,8 +131,11 @@ def _data(torch, rng, label, fmts, m, n, k, nblk, scale):
         c = (rng.standard_normal((m, n)) * 8).astype(np.float32)
         q = m // 8
         # rows 0..q: overflow (the largest scales / the largest elements)
-        a[:q] = uniform(q, fa, [x for x in _FINITE[fa] if (x & ~_SIGN[fa]) >= (
-            max(_FINITE[fa]) & ~_SIGN[fa]) - 3])
+        a[:q] = uniform(
+            q,
+            fa,
+            [x for x in _FINITE[fa] if (x & ~_SIGN[fa]) >= (max(_FINITE[fa]) & ~_SIGN[fa]) - 3],
+        )
         if scale == "ue8m0":
             sa[:q] = rng.integers(240, 255, (q, nblk))
             sb[:, :] = np.where(rng.random((n, nblk)) < 0.5, sb, 250).astype(np.uint8)
@@ -137,7 +144,7 @@ def _data(torch, rng, label, fmts, m, n, k, nblk, scale):
             sb[:, :] = np.where(rng.random((n, nblk)) < 0.5, sb, 0x7E).astype(np.uint8)
         # rows q..2q: a NaN scale in one block (or NaN / Inf elements without scales)
         if scale is not None:
-            sa[q:2 * q, 0] = 0xFF if scale == "ue8m0" else 0x7F
+            sa[q : 2 * q, 0] = 0xFF if scale == "ue8m0" else 0x7F
         else:
             bad = {"e4m3": [0x7F, 0xFF], "e5m2": [0x7C, 0xFC, 0x7E]}[fa]
             # one special element per row: +-Inf (a row of Inf, or NaN with an Inf of the other
@@ -146,26 +153,27 @@ def _data(torch, rng, label, fmts, m, n, k, nblk, scale):
             # the largest finite accumulators: round-toward-zero keeps them finite
             c[:q] = np.where(rng.random((q, n)) < 0.5, 3.4028235e38, -3.4028235e38)
         # rows 2q..3q: all elements zero (with large scales), a non-zero accumulator
-        a[2 * q:3 * q] = 0
+        a[2 * q : 3 * q] = 0
         if scale == "ue8m0":
-            sa[2 * q:3 * q] = 200
+            sa[2 * q : 3 * q] = 200
         # rows 3q..4q: the smallest scales (E8M0 2^-127) / zero UE4M3 scales
         if scale == "ue8m0":
-            sa[3 * q:4 * q] = 0
+            sa[3 * q : 4 * q] = 0
         elif scale == "ue4m3":
-            sa[3 * q:4 * q] = np.where(rng.random((q, nblk)) < 0.5, 0, 0x80).astype(np.uint8)
+            sa[3 * q : 4 * q] = np.where(rng.random((q, nblk)) < 0.5, 0, 0x80).astype(np.uint8)
         # rows 4q..5q: exact zeros of the dot product with a zero accumulator
-        c[4 * q:5 * q] = 0
-        a[4 * q:5 * q] = 0
+        c[4 * q : 5 * q] = 0
+        a[4 * q : 5 * q] = 0
         # rows 5q..6q: negative zero accumulators
-        c[5 * q:6 * q] = -0.0
+        c[5 * q : 6 * q] = -0.0
         # rows 6q..7q: float32-subnormal accumulators
-        c[6 * q:7 * q] = (rng.integers(1, 1 << 23, (q, n)).astype(np.uint32)
-                          | np.where(rng.random((q, n)) < 0.5, 0, 1 << 31).astype(np.uint32)
-                          ).view(np.float32)
-        a[6 * q:7 * q] = 0  # zero elements and the smallest scales keep the accumulator
+        c[6 * q : 7 * q] = (
+            rng.integers(1, 1 << 23, (q, n)).astype(np.uint32)
+            | np.where(rng.random((q, n)) < 0.5, 0, 1 << 31).astype(np.uint32)
+        ).view(np.float32)
+        a[6 * q : 7 * q] = 0  # zero elements and the smallest scales keep the accumulator
         if scale is not None:
-            sa[6 * q:7 * q] = 0
+            sa[6 * q : 7 * q] = 0
     if scale is None:
         sa = sb = None
     return a, b, sa, sb, c
@@ -181,8 +189,9 @@ def main(argv=None) -> int:
     src = Path(args.mmasim).resolve()
     mmasim = runner.load_mmasim(str(src))
 
-    commit = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True,
-                            text=True, check=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(SEED)
@@ -210,21 +219,30 @@ def main(argv=None) -> int:
     path = out / "mmasim_vectors.npz"
     np.savez_compressed(path, **arrays)
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    meta = {"mmasim_commit": commit, "torch": torch.__version__, "numpy": np.__version__,
-            "python": platform.python_version(), "seed": SEED, "n": N, "kinds": summary,
-            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "seconds": round(time.time() - t_all, 1)}
+    meta = {
+        "mmasim_commit": commit,
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "seed": SEED,
+        "n": N,
+        "kinds": summary,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "seconds": round(time.time() - t_all, 1),
+    }
     (out / "mmasim_vectors.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     total = sum(v["dot_products"] for v in summary.values())
     rows = "\n".join(
         f"| `{k}` | {KINDS[k][2].format(n=N_WGMMA if k.startswith('wgmma') else N, a='A', b='B')}"
-        f" | {v['dot_products']} |" for k, v in summary.items())
+        f" | {v['dot_products']} |"
+        for k, v in summary.items()
+    )
     (out / "PROVENANCE.md").write_text(f"""# Provenance of the MMA-Sim vectors
 
 Written by `scripts/make_mmasim_vectors.py` (do not edit by hand; rerun the script).
 
 - MMA-Sim: github.com/microsoft/MMA-Sim at commit `{commit}` (arXiv:2511.10909), run on the CPU
-- {meta['date']}; torch {meta['torch']}, numpy {meta['numpy']}, Python {meta['python']}; seed {SEED}
+- {meta["date"]}; torch {meta["torch"]}, numpy {meta["numpy"]}, Python {meta["python"]}; seed {SEED}
 - command: `/work/mmasim-venv/bin/python scripts/make_mmasim_vectors.py --mmasim <checkout> --out fp4sim/golden/data/mmasim`
 - `mmasim_vectors.npz` sha256 `{sha}`: {total} dot products; per call `<kind>.<label>.{{a,b,sa,sb,c,d,formats}}`
   (see the script's docstring); `mmasim_vectors.json`: the same facts as JSON.

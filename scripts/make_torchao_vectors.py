@@ -47,8 +47,10 @@ try:
     )
     from torchao.prototype.mx_formats.utils import from_blocked, to_blocked
 except ImportError as e:  # pragma: no cover - only runs in the side venv
-    sys.exit(f"make_torchao_vectors.py needs torch + torchao (run it in the side venv, see the "
-             f"module docstring): {e}")
+    sys.exit(
+        f"make_torchao_vectors.py needs torch + torchao (run it in the side venv, see the "
+        f"module docstring): {e}"
+    )
 
 SEED = 20261129
 MX_BLOCK = 32
@@ -62,8 +64,12 @@ MX_ELEMS = [
     ("e2m3", DTYPE_FP6_E2M3, ml_dtypes.float6_e2m3fn, 7.5),
     ("e3m2", DTYPE_FP6_E3M2, ml_dtypes.float6_e3m2fn, 28.0),
 ]
-MODES = [ScaleCalculationMode.FLOOR, ScaleCalculationMode.RCEIL, ScaleCalculationMode.CEIL,
-         ScaleCalculationMode.EVEN]
+MODES = [
+    ScaleCalculationMode.FLOOR,
+    ScaleCalculationMode.RCEIL,
+    ScaleCalculationMode.CEIL,
+    ScaleCalculationMode.EVEN,
+]
 
 
 def positive_values(np_dtype) -> np.ndarray:
@@ -93,43 +99,62 @@ def mx_rows(elem_max: float, np_dtype, rng) -> tuple[np.ndarray, list[str]]:
 
     # E8M0 scale-rule disagreements: amax relative to the element max (and the values of the scale-rule table)
     e_m = math.floor(math.log2(elem_max))
-    for rel in (0.5, 0.5833333, 0.75, 0.8333333, 1.0, 1.0166667, 1.0020, 1.1160714, 1.140625,
-                1.1666667, 1.25, 1.5, 1.75, 1.875, 1.9375, 1.99):
+    for rel in (
+        0.5,
+        0.5833333,
+        0.75,
+        0.8333333,
+        1.0,
+        1.0166667,
+        1.0020,
+        1.1160714,
+        1.140625,
+        1.1666667,
+        1.25,
+        1.5,
+        1.75,
+        1.875,
+        1.9375,
+        1.99,
+    ):
         amax = np.float32(rel * elem_max)
         add(f"amax={float(amax):.9g}", row_with_amax(rng, float(amax), MX_BLOCK))
     for amax in (3.5, 5.0, 6.1, 7.0, 449.0, 500.0, 511.9, 957.0):
         add(f"amax_table={amax}", row_with_amax(rng, amax, MX_BLOCK, negative=True))
     # exact power-of-two amax at the element max's binade and just below it
-    add("amax=2^e_M", row_with_amax(rng, 2.0 ** e_m, MX_BLOCK))
-    add("amax=nextbelow(2^(e_M+1))",
-        row_with_amax(rng, float(np.nextafter(np.float32(2.0 ** (e_m + 1)), np.float32(0))),
-                      MX_BLOCK))
+    add("amax=2^e_M", row_with_amax(rng, 2.0**e_m, MX_BLOCK))
+    add(
+        "amax=nextbelow(2^(e_M+1))",
+        row_with_amax(
+            rng, float(np.nextafter(np.float32(2.0 ** (e_m + 1)), np.float32(0))), MX_BLOCK
+        ),
+    )
     # element ties at scale 1: the row's max is the element max, the rest are midpoints
     vals = positive_values(np_dtype)
     mids = ((vals[1:] + vals[:-1]) / 2).astype(np.float32)
     for start in range(0, len(mids), 15):
-        chunk = mids[start:start + 15]
+        chunk = mids[start : start + 15]
         r = np.zeros(MX_BLOCK, np.float32)
         r[0] = elem_max
-        r[1:1 + len(chunk)] = chunk
-        r[16:16 + len(chunk)] = -chunk
+        r[1 : 1 + len(chunk)] = chunk
+        r[16 : 16 + len(chunk)] = -chunk
         add(f"ties_scale1[{start}:{start + len(chunk)}]", r)
         if start >= 60:  # E4M3/E5M2: a sample of the tie table is enough
             break
     # ties one binade up (scale 2): everything doubled
     r = np.zeros(MX_BLOCK, np.float32)
     r[0] = 2 * elem_max
-    r[1:1 + min(15, len(mids))] = 2 * mids[:15]
+    r[1 : 1 + min(15, len(mids))] = 2 * mids[:15]
     add("ties_scale2", r)
     # zeros, signed zeros, tiny and subnormal blocks, huge blocks
     add("all_zero", np.zeros(MX_BLOCK))
     add("all_negzero", np.full(MX_BLOCK, -0.0))
     r = np.zeros(MX_BLOCK, np.float32)
-    r[3] = np.float32(2.0 ** -149)
+    r[3] = np.float32(2.0**-149)
     add("one_min_subnormal", r)
     add("f32_subnormals", rng.uniform(-1e-39, 1e-39, MX_BLOCK))
-    add("amax=2^-126", row_with_amax(rng, 2.0 ** -126, MX_BLOCK))
-    add("amax=2^-120", row_with_amax(rng, 2.0 ** -120, MX_BLOCK))
+    add("amax=2^-126", row_with_amax(rng, 2.0**-126, MX_BLOCK))
+    add("amax=2^-120", row_with_amax(rng, 2.0**-120, MX_BLOCK))
     add("amax=1e-30_mixed_1e-40", np.where(np.arange(MX_BLOCK) % 2 == 0, 1e-30, 1e-40))
     add("amax=3e38", row_with_amax(rng, 3e38, MX_BLOCK))
     add("amax=f32max", row_with_amax(rng, float(np.finfo(np.float32).max), MX_BLOCK))
@@ -166,8 +191,11 @@ def run_mx(x: np.ndarray, elem_dtype, mode) -> dict[str, np.ndarray]:
     scale, data_lp = to_mx(xt, elem_dtype, MX_BLOCK, scaling_mode=mode)
     codes, packed = mx_codes(data_lp, elem_dtype)
     deq = to_dtype(data_lp, scale, elem_dtype, MX_BLOCK, torch.float32)
-    out = {"scales": scale.view(torch.uint8).numpy().reshape(x.shape[0], -1),
-           "codes": codes.reshape(x.shape), "dequant": deq.numpy().astype(np.float32)}
+    out = {
+        "scales": scale.view(torch.uint8).numpy().reshape(x.shape[0], -1),
+        "codes": codes.reshape(x.shape),
+        "dequant": deq.numpy().astype(np.float32),
+    }
     if packed is not None:
         out["packed"] = packed.reshape(x.shape[0], -1)
     return out
@@ -203,7 +231,7 @@ def nv_rows(rng) -> tuple[np.ndarray, list[str]]:
     for amax in (2688.0, 2700.0, 3000.0, 448.0 * 6.5):
         add(f"amax={amax}", row_with_amax(rng, amax, NV_BLOCK))
     # tiny blocks below torchao's 2^-6 clamp, subnormal E4M3 scales, zeros
-    for amax in (6.0 * 2.0 ** -6, 0.05, 0.01, 6.0 * 2.0 ** -9, 1e-6, 1e-30):
+    for amax in (6.0 * 2.0**-6, 0.05, 0.01, 6.0 * 2.0**-9, 1e-6, 1e-30):
         add(f"amax={amax:g}", row_with_amax(rng, amax, NV_BLOCK))
     add("all_zero", np.zeros(NV_BLOCK))
     add("all_negzero", np.full(NV_BLOCK, -0.0))
@@ -221,10 +249,12 @@ def run_nvfp4(x: np.ndarray, per_tensor_scale) -> dict[str, np.ndarray]:
     scales, packed = nvfp4_quantize(xt, NV_BLOCK, pts)
     t = NVFP4Tensor(packed, scales, NV_BLOCK, torch.float32, pts)
     packed_np = packed.view(torch.uint8).contiguous()
-    out = {"scales": scales.view(torch.uint8).numpy().reshape(x.shape[0], -1),
-           "packed": packed_np.numpy().reshape(x.shape[0], -1),
-           "codes": ao_kernels.unpack_uint4(packed_np).numpy().reshape(x.shape),
-           "dequant": t.dequantize(torch.float32).numpy().astype(np.float32)}
+    out = {
+        "scales": scales.view(torch.uint8).numpy().reshape(x.shape[0], -1),
+        "packed": packed_np.numpy().reshape(x.shape[0], -1),
+        "codes": ao_kernels.unpack_uint4(packed_np).numpy().reshape(x.shape),
+        "dequant": t.dequantize(torch.float32).numpy().astype(np.float32),
+    }
     if pts is not None:
         out["per_tensor_scale"] = np.float32(pts.item()).reshape(())
     return out
@@ -232,11 +262,44 @@ def run_nvfp4(x: np.ndarray, per_tensor_scale) -> dict[str, np.ndarray]:
 
 def element_inputs() -> np.ndarray:
     """Crafted float32 inputs for the element casts: every midpoint of every format, specials."""
-    xs = [np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 2.0 ** -149, 1e-39, 1e30, -1e30,
-                    5.9, 6.0, 6.1, 7.0, 7.5, 7.75, 28.0, 30.0, 448.0, 464.0, 465.0, 480.0,
-                    57344.0, 61440.0, 61441.0], dtype=np.float64)]
-    for dt in (ml_dtypes.float4_e2m1fn, ml_dtypes.float6_e2m3fn, ml_dtypes.float6_e3m2fn,
-               ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2):
+    xs = [
+        np.array(
+            [
+                0.0,
+                -0.0,
+                np.nan,
+                np.inf,
+                -np.inf,
+                2.0**-149,
+                1e-39,
+                1e30,
+                -1e30,
+                5.9,
+                6.0,
+                6.1,
+                7.0,
+                7.5,
+                7.75,
+                28.0,
+                30.0,
+                448.0,
+                464.0,
+                465.0,
+                480.0,
+                57344.0,
+                61440.0,
+                61441.0,
+            ],
+            dtype=np.float64,
+        )
+    ]
+    for dt in (
+        ml_dtypes.float4_e2m1fn,
+        ml_dtypes.float6_e2m3fn,
+        ml_dtypes.float6_e3m2fn,
+        ml_dtypes.float8_e4m3fn,
+        ml_dtypes.float8_e5m2,
+    ):
         v = positive_values(dt)
         xs += [v, (v[1:] + v[:-1]) / 2]
     x = np.concatenate(xs)
@@ -273,8 +336,13 @@ def swizzle(rng) -> dict[str, np.ndarray]:
     x = rng.standard_normal((2, 128, 128)).astype(np.float32)
     xt = torch.from_numpy(x)
     plain, _ = to_mx(xt, torch.float8_e4m3fn, MX_BLOCK, scaling_mode=ScaleCalculationMode.RCEIL)
-    swz, _ = to_mx(xt, torch.float8_e4m3fn, MX_BLOCK, scaling_mode=ScaleCalculationMode.RCEIL,
-                   is_swizzled_scales=True)
+    swz, _ = to_mx(
+        xt,
+        torch.float8_e4m3fn,
+        MX_BLOCK,
+        scaling_mode=ScaleCalculationMode.RCEIL,
+        is_swizzled_scales=True,
+    )
     out["mx_batched_x"] = x
     out["mx_batched_scales_plain"] = plain.view(torch.uint8).numpy()
     out["mx_batched_scales_swizzled"] = swz.view(torch.uint8).numpy()
@@ -304,8 +372,9 @@ def save(path: Path, arrays: dict[str, np.ndarray]) -> str:
             assert v.dtype.kind in "uifbU", (k, v.dtype)
             member = io.BytesIO()
             np.lib.format.write_array(member, np.ascontiguousarray(v), allow_pickle=False)
-            zf.writestr(zipfile.ZipInfo(f"{k}.npy", date_time=(1980, 1, 1, 0, 0, 0)),
-                        member.getvalue())
+            zf.writestr(
+                zipfile.ZipInfo(f"{k}.npy", date_time=(1980, 1, 1, 0, 0, 0)), member.getvalue()
+            )
     data = buf.getvalue()
     path.write_bytes(data)
     return hashlib.sha256(data).hexdigest()
@@ -317,8 +386,11 @@ def describe(arrays: dict[str, np.ndarray]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path,
-                    default=Path(__file__).resolve().parent.parent / "fp4sim" / "golden" / "data" / "presets")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parent.parent / "fp4sim" / "golden" / "data" / "presets",
+    )
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(SEED)
@@ -342,32 +414,60 @@ def main(argv=None) -> int:
             for k, v in res.items():
                 arrays[f"special_{k}_{mode.value}"] = v
         name = f"torchao_mx_{tag}.npz"
-        files.append((name, save(args.out / name, arrays), arrays,
-                      f"torchao `to_mx` ({tag.upper()} elements, block 32), scale modes "
-                      f"{', '.join(m.value for m in MODES)}; dequant = `to_dtype(..., float32)`"))
+        files.append(
+            (
+                name,
+                save(args.out / name, arrays),
+                arrays,
+                f"torchao `to_mx` ({tag.upper()} elements, block 32), scale modes "
+                f"{', '.join(m.value for m in MODES)}; dequant = `to_dtype(..., float32)`",
+            )
+        )
 
     x, labels = nv_rows(rng)
-    for tag, pts in (("nvfp4", None),
-                     ("nvfp4_pts", float(per_tensor_amax_to_scale(
-                         torch.tensor(np.abs(x).max())).item()))):
+    for tag, pts in (
+        ("nvfp4", None),
+        ("nvfp4_pts", float(per_tensor_amax_to_scale(torch.tensor(np.abs(x).max())).item())),
+    ):
         arrays = {"x": x, "labels": np.array(labels), "block_size": np.int32(NV_BLOCK)}
         arrays.update(run_nvfp4(x, pts))
         name = f"torchao_{tag}.npz"
-        how = ("single-level (no per-tensor scale)" if pts is None else
-               "two-level, per_tensor_scale = per_tensor_amax_to_scale(amax(|x|)) = amax/2688")
-        files.append((name, save(args.out / name, arrays), arrays,
-                      f"torchao `nvfp4_quantize` {how}; dequant = `NVFP4Tensor.dequantize`"))
+        how = (
+            "single-level (no per-tensor scale)"
+            if pts is None
+            else "two-level, per_tensor_scale = per_tensor_amax_to_scale(amax(|x|)) = amax/2688"
+        )
+        files.append(
+            (
+                name,
+                save(args.out / name, arrays),
+                arrays,
+                f"torchao `nvfp4_quantize` {how}; dequant = `NVFP4Tensor.dequantize`",
+            )
+        )
 
     arrays = elements()
-    files.append(("torchao_elements.npz", save(args.out / "torchao_elements.npz", arrays), arrays,
-                  "element casts: torchao `f32_to_f4_unpacked`, `f32_to_f6_e2m3_unpacked`, "
-                  "`f32_to_f6_e3m2_unpacked`; torch `.to(float8_e4m3fn / float8_e5m2)`"))
+    files.append(
+        (
+            "torchao_elements.npz",
+            save(args.out / "torchao_elements.npz", arrays),
+            arrays,
+            "element casts: torchao `f32_to_f4_unpacked`, `f32_to_f6_e2m3_unpacked`, "
+            "`f32_to_f6_e3m2_unpacked`; torch `.to(float8_e4m3fn / float8_e5m2)`",
+        )
+    )
     arrays = swizzle(rng)
-    files.append(("torchao_to_blocked.npz", save(args.out / "torchao_to_blocked.npz", arrays),
-                  arrays, "torchao `utils.to_blocked` on random uint8 scale matrices "
-                  "(`scales_RxC` → flat `blocked_RxC`), and `to_mx` / `NVFP4Tensor.to_nvfp4` "
-                  "with "
-                  "`is_swizzled_scales=True` on batched/unaligned inputs"))
+    files.append(
+        (
+            "torchao_to_blocked.npz",
+            save(args.out / "torchao_to_blocked.npz", arrays),
+            arrays,
+            "torchao `utils.to_blocked` on random uint8 scale matrices "
+            "(`scales_RxC` → flat `blocked_RxC`), and `to_mx` / `NVFP4Tensor.to_nvfp4` "
+            "with "
+            "`is_swizzled_scales=True` on batched/unaligned inputs",
+        )
+    )
 
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [

@@ -27,8 +27,10 @@ KS = (32, 64, 128, 256, 512)
 def datasets(rng: np.random.Generator, k: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     e4 = ml_dtypes.float8_e4m3fn
     out = {}
-    out["normal"] = ((rng.standard_normal((64, k)) * 2).astype(e4),
-                     (rng.standard_normal((64, k)) * 2).astype(e4))
+    out["normal"] = (
+        (rng.standard_normal((64, k)) * 2).astype(e4),
+        (rng.standard_normal((64, k)) * 2).astype(e4),
+    )
     spread = lambda: rng.standard_normal((64, k)) * np.exp2(rng.uniform(-8, 8, (64, k)))  # noqa
     out["wide"] = (np.clip(spread(), -448, 448).astype(e4), np.clip(spread(), -448, 448).astype(e4))
     a = (rng.standard_normal((64, k)) * 0.05).astype(np.float64)
@@ -55,8 +57,11 @@ def main() -> int:
         for name, (a, b) in datasets(rng, k).items():
             ref = a.astype(np.float64) @ b.astype(np.float64).T
             o8 = np.asarray(jax.block_until_ready(fp8_wgmma(jnp.asarray(a), jnp.asarray(b))))
-            o16 = np.asarray(jax.block_until_ready(
-                f16_wgmma(jnp.asarray(a.astype(np.float16)), jnp.asarray(b.astype(np.float16)))))
+            o16 = np.asarray(
+                jax.block_until_ready(
+                    f16_wgmma(jnp.asarray(a.astype(np.float16)), jnp.asarray(b.astype(np.float16)))
+                )
+            )
             store[f"a_{name}_{k}"] = a.view(np.uint8)
             store[f"b_{name}_{k}"] = b.view(np.uint8)
             store[f"fp8_{name}_{k}"] = o8
@@ -66,13 +71,23 @@ def main() -> int:
             summary[f"{name}_{k}"] = {
                 "fp8_correctly_rounded": float(np.mean(o8 == r32)),
                 "f16_correctly_rounded": float(np.mean(o16 == r32)),
-                "fp8_max_err_rel_to_abs_sum":
-                    float(np.max(np.abs(o8 - ref) / np.maximum(scale, 1e-30))),
+                "fp8_max_err_rel_to_abs_sum": float(
+                    np.max(np.abs(o8 - ref) / np.maximum(scale, 1e-30))
+                ),
             }
             print(name, k, summary[f"{name}_{k}"], flush=True)
-    store["meta"] = np.frombuffer(json.dumps({
-        "device": str(jax.devices()[0]), "jax": jax.__version__, "seed": args.seed,
-        "seconds": time.time() - t0, "summary": summary}).encode(), dtype=np.uint8)
+    store["meta"] = np.frombuffer(
+        json.dumps(
+            {
+                "device": str(jax.devices()[0]),
+                "jax": jax.__version__,
+                "seed": args.seed,
+                "seconds": time.time() - t0,
+                "summary": summary,
+            }
+        ).encode(),
+        dtype=np.uint8,
+    )
     np.savez_compressed(args.out, **store)
     print("wrote", args.out)
     return 0

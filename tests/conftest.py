@@ -10,8 +10,13 @@ import pytest
 try:
     from hypothesis import HealthCheck, settings
 
-    settings.register_profile("ci", derandomize=True, deadline=None, max_examples=60,
-                              suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile(
+        "ci",
+        derandomize=True,
+        deadline=None,
+        max_examples=60,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     settings.register_profile("dev", deadline=None, max_examples=60)
     settings.load_profile("ci" if os.environ.get("CI") else "dev")
 except ImportError:  # pragma: no cover - hypothesis is a dev dependency
@@ -29,7 +34,9 @@ def _has_gpu() -> bool:
 
 def pytest_collection_modifyitems(config, items):
     if any("gpu" in item.keywords for item in items) and not _has_gpu():
-        skip = pytest.mark.skip(reason="needs an NVIDIA GPU (Hopper sm_90a); none is visible to jax here")
+        skip = pytest.mark.skip(
+            reason="needs an NVIDIA GPU (Hopper sm_90a); none is visible to jax here"
+        )
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)

@@ -55,8 +55,9 @@ def load(root: Path, package: str = "fp4sim") -> dict[str, Module]:
         if is_pkg:
             parts = parts[:-1]
         src = path.read_text()
-        out[".".join(parts)] = Module(".".join(parts), path, is_pkg, src.count("\n"),
-                                      ast.parse(src, str(path)))
+        out[".".join(parts)] = Module(
+            ".".join(parts), path, is_pkg, src.count("\n"), ast.parse(src, str(path))
+        )
     return out
 
 
@@ -132,16 +133,23 @@ def private_crossings(mods: dict[str, Module]) -> list[Crossing]:
         for node in ast.walk(mod.tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
                 target = aliases.get(node.value.id)
-                if target and target != mod.name and _private(node.attr) \
-                        and f"{target}.{node.attr}" not in mods:
+                if (
+                    target
+                    and target != mod.name
+                    and _private(node.attr)
+                    and f"{target}.{node.attr}" not in mods
+                ):
                     out.append(Crossing(mod.name, target, node.attr, node.lineno, "attribute"))
     return sorted(set(out), key=lambda c: (c.importer, c.line, c.name))
 
 
 def layer_violations(mods: dict[str, Module], layer: Callable[[str], int]) -> list[Import]:
     """Imports of a module of a higher layer than the importer's."""
-    return [imp for imp in imports(mods)
-            if imp.target in mods and layer(imp.target) > layer(imp.importer)]
+    return [
+        imp
+        for imp in imports(mods)
+        if imp.target in mods and layer(imp.target) > layer(imp.importer)
+    ]
 
 
 def cycles(mods: dict[str, Module]) -> list[list[str]]:

@@ -34,7 +34,9 @@ def test_subpackage_all_is_consistent_and_reexported(package):
     assert len(names) == len(set(names)), f"{package}.__all__ has duplicates"
     assert not [n for n in names if not hasattr(mod, n)], f"{package}.__all__ names missing"
     if package != "fp4sim.kernels":  # kernels are imported explicitly, never re-exported
-        assert not [n for n in names if n not in fp4sim.__all__], f"{package} names not in fp4sim.__all__"
+        assert not [n for n in names if n not in fp4sim.__all__], (
+            f"{package} names not in fp4sim.__all__"
+        )
 
 
 def test_public_names_are_documented():
@@ -43,14 +45,21 @@ def test_public_names_are_documented():
     def needs_doc(obj) -> bool:  # functions and classes (type aliases and constants excluded)
         return inspect.isfunction(obj) or inspect.isclass(obj)
 
-    undocumented = [n for n in fp4sim.__all__ if not n.startswith("__") and needs_doc(getattr(fp4sim, n))
-                    and not (getattr(fp4sim, n).__doc__ or "").strip()]
+    undocumented = [
+        n
+        for n in fp4sim.__all__
+        if not n.startswith("__")
+        and needs_doc(getattr(fp4sim, n))
+        and not (getattr(fp4sim, n).__doc__ or "").strip()
+    ]
     assert not undocumented, f"public functions and classes without a docstring: {undocumented}"
 
 
 def test_every_module_starts_with_a_docstring():
     # Importing every module (kernels included) must work on a CPU-only machine.
-    bare = [name for name in _modules() if not (importlib.import_module(name).__doc__ or "").strip()]
+    bare = [
+        name for name in _modules() if not (importlib.import_module(name).__doc__ or "").strip()
+    ]
     assert not bare, f"modules without a docstring saying what they own: {bare}"
 
 
@@ -67,8 +76,17 @@ def test_import_loads_no_matplotlib_and_no_jax_backend():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
-@pytest.mark.parametrize("module", ["fp4sim", "fp4sim.golden", "fp4sim.golden.store", "fp4sim.report",
-                                    "fp4sim.report.experiments", "fp4sim.report.figures"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "fp4sim",
+        "fp4sim.golden",
+        "fp4sim.golden.store",
+        "fp4sim.report",
+        "fp4sim.report.experiments",
+        "fp4sim.report.figures",
+    ],
+)
 def test_docstring_examples_run(module):
     mod = importlib.import_module(module)
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
@@ -100,8 +118,11 @@ def test_readme_has_one_spec_block_per_format_and_its_numbers_are_the_library_s(
     for fmt in fp4sim.ALL_FORMATS:
         info = fp4sim.finfo(fmt)
         b = blocks[fmt.name]
-        for key, want in (("max", info.max), ("min normal", info.min_normal),
-                          ("min subnormal", info.min_subnormal)):
+        for key, want in (
+            ("max", info.max),
+            ("min normal", info.min_normal),
+            ("min subnormal", info.min_subnormal),
+        ):
             assert float(b[key].split()[0]) == want, (fmt.name, key, b[key], want)
         assert f"bias {fmt.bias}" in b["layout"], (fmt.name, b["layout"])
 

@@ -54,19 +54,25 @@ def test_bench_help_lists_every_suite(capsys):
 
 
 def test_python_m_entry_point():
-    out = subprocess.run([sys.executable, "-m", "fp4sim", "--help"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "fp4sim", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0 and "reproduce" in out.stdout
 
 
-@pytest.mark.parametrize("argv, needle", [
-    ([], "required: COMMAND"),
-    (["frobnicate"], "invalid choice: 'frobnicate'"),
-    (["reproduce", "--quick", "--full"], "not allowed with argument"),
-    (["reproduce", "--section", "nonsense"], "invalid choice: 'nonsense'"),
-    (["golden"], "required: ACTION"),
-    (["golden", "update"], "invalid choice: 'update'"),
-    (["figures", "--out"], "expected one argument"),
-], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        ([], "required: COMMAND"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["reproduce", "--quick", "--full"], "not allowed with argument"),
+        (["reproduce", "--section", "nonsense"], "invalid choice: 'nonsense'"),
+        (["golden"], "required: ACTION"),
+        (["golden", "update"], "invalid choice: 'update'"),
+        (["figures", "--out"], "expected one argument"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
 def test_bad_arguments_exit_2_with_a_message(argv, needle, capsys):
     code, _, err = _run(argv, capsys)
     assert code == 2
@@ -102,7 +108,12 @@ def test_golden_list_and_figures_list(capsys):
 
 
 def test_figures_command_writes_a_png(tmp_path, capsys):
-    assert cli.main(["figures", "--quick", "--no-progress", "--out", str(tmp_path), "--only", "e2m1_grid"]) == 0
+    assert (
+        cli.main(
+            ["figures", "--quick", "--no-progress", "--out", str(tmp_path), "--only", "e2m1_grid"]
+        )
+        == 0
+    )
     png = tmp_path / "e2m1_grid.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert str(png) in capsys.readouterr().out
@@ -125,12 +136,14 @@ def test_commands_write_into_the_working_directory_never_the_package(tmp_path, m
 
 @pytest.mark.parametrize("flag", ["--help", "--version"])
 def test_top_level_help_and_version_import_neither_numpy_nor_jax(flag):
-    code = ("import runpy, sys\n"
-            f"sys.argv = ['fp4sim', {flag!r}]\n"
-            "try:\n    runpy.run_module('fp4sim', run_name='__main__')\n"
-            "except SystemExit as e:\n    assert e.code == 0, e.code\n"
-            "heavy = sorted(m for m in ('numpy', 'jax', 'jaxlib', 'ml_dtypes', 'matplotlib') if m in sys.modules)\n"
-            "print('HEAVY', heavy)\n")
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['fp4sim', {flag!r}]\n"
+        "try:\n    runpy.run_module('fp4sim', run_name='__main__')\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "heavy = sorted(m for m in ('numpy', 'jax', 'jaxlib', 'ml_dtypes', 'matplotlib') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout, out.stdout
@@ -139,7 +152,9 @@ def test_top_level_help_and_version_import_neither_numpy_nor_jax(flag):
 def test_version():
     import fp4sim
 
-    out = subprocess.run([sys.executable, "-m", "fp4sim", "--version"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "fp4sim", "--version"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0 and out.stdout.strip() == f"fp4sim {fp4sim.__version__}"
 
 
@@ -158,8 +173,11 @@ def _all_parsers():
 def test_every_option_has_help():
     import argparse
 
-    missing = [f"{name} {'/'.join(a.option_strings) or a.dest}"
-               for name, parser in _all_parsers() for a in parser._actions
-               if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
-               and (not a.help or a.help == argparse.SUPPRESS)]
+    missing = [
+        f"{name} {'/'.join(a.option_strings) or a.dest}"
+        for name, parser in _all_parsers()
+        for a in parser._actions
+        if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+        and (not a.help or a.help == argparse.SUPPRESS)
+    ]
     assert not missing, f"options without help: {missing}"

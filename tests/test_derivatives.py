@@ -23,52 +23,71 @@ def _grad(f, x, jit):
 
 
 @pytest.mark.parametrize("jit", [False, True])
-@pytest.mark.parametrize("name, f, what", [
-    ("decode(encode)", lambda x: fp4sim.decode(fp4sim.encode(x, fp4sim.E4M3), fp4sim.E4M3),
-     "encode"),
-    ("dequantize(quantize)", lambda x: fp4sim.dequantize(fp4sim.quantize(x, fp4sim.MXFP8)),
-     "quantize"),
-    ("nvfp4", lambda x: fp4sim.dequantize(fp4sim.quantize(x, fp4sim.NVFP4)), "quantize"),
-    ("bf16", lambda x: fp4sim.bf16_values(fp4sim.bf16_round(x)), "computation"),
-    ("exp2_rn", lambda x: fp4sim.exp2_rn(x), "computation"),
-    ("mul_f32", lambda x: fp4sim.mul_f32(x, x), "computation"),
-    ("widen", lambda x: fp4sim.widen_to_f32(x.astype(jnp.bfloat16)), "computation"),
-])
+@pytest.mark.parametrize(
+    "name, f, what",
+    [
+        (
+            "decode(encode)",
+            lambda x: fp4sim.decode(fp4sim.encode(x, fp4sim.E4M3), fp4sim.E4M3),
+            "encode",
+        ),
+        (
+            "dequantize(quantize)",
+            lambda x: fp4sim.dequantize(fp4sim.quantize(x, fp4sim.MXFP8)),
+            "quantize",
+        ),
+        ("nvfp4", lambda x: fp4sim.dequantize(fp4sim.quantize(x, fp4sim.NVFP4)), "quantize"),
+        ("bf16", lambda x: fp4sim.bf16_values(fp4sim.bf16_round(x)), "computation"),
+        ("exp2_rn", lambda x: fp4sim.exp2_rn(x), "computation"),
+        ("mul_f32", lambda x: fp4sim.mul_f32(x, x), "computation"),
+        ("widen", lambda x: fp4sim.widen_to_f32(x.astype(jnp.bfloat16)), "computation"),
+    ],
+)
 def test_bit_level_functions_raise_under_grad(name, f, what, jit):
-    with pytest.raises(NoDerivativeError, match=f"{what}.*no derivative.*round_trip.*"
-                                                f"emulated_attention"):
+    with pytest.raises(
+        NoDerivativeError, match=f"{what}.*no derivative.*round_trip.*emulated_attention"
+    ):
         _grad(f, X, jit)
 
 
-@pytest.mark.parametrize("preset", ["EXACT_F32", "FLAMIA_NVFP4", "HW_FP4_DIRECT_P",
-                                    "CUDNN_FP8_FIXED"])
+@pytest.mark.parametrize(
+    "preset", ["EXACT_F32", "FLAMIA_NVFP4", "HW_FP4_DIRECT_P", "CUDNN_FP8_FIXED"]
+)
 @pytest.mark.parametrize("jit", [False, True])
 def test_attention_forward_raises_naming_emulated_attention(preset, jit):
     recipe = getattr(fp4sim, preset)
     for wrt in range(3):
+
         def f(x, wrt=wrt):
             args = [jnp.asarray(a) for a in (Q, K, V)]
             args[wrt] = x
             return fp4sim.attention_forward(*args, recipe).out
-        with pytest.raises(NoDerivativeError, match="attention_forward has no derivative"
-                                                    ".*emulated_attention"):
+
+        with pytest.raises(
+            NoDerivativeError, match="attention_forward has no derivative.*emulated_attention"
+        ):
             _grad(f, (Q, K, V)[wrt], jit)
     with pytest.raises(NoDerivativeError, match="attention_forward"):
-        jax.jvp(lambda q: fp4sim.attention_forward(q, K, V, recipe).lse, (jnp.asarray(Q),),
-                (jnp.ones_like(Q),))
+        jax.jvp(
+            lambda q: fp4sim.attention_forward(q, K, V, recipe).lse,
+            (jnp.asarray(Q),),
+            (jnp.ones_like(Q),),
+        )
 
 
 def test_gradient_with_respect_to_another_argument_is_unaffected():
     """The guard fires only on what is differentiated: a function of a constant quantized
     operand keeps its ordinary derivative."""
     wq = fp4sim.round_trip(X, fp4sim.MXFP8)
-    g = jax.grad(lambda s: jnp.sum(s * fp4sim.dequantize(fp4sim.quantize(jnp.asarray(X),
-                                                                             fp4sim.MXFP8))))
+    g = jax.grad(
+        lambda s: jnp.sum(s * fp4sim.dequantize(fp4sim.quantize(jnp.asarray(X), fp4sim.MXFP8)))
+    )
     assert float(g(2.0)) == pytest.approx(float(np.sum(wq.astype(np.float64))), rel=1e-6)
 
 
-@pytest.mark.parametrize("fmt", [*fp4sim.BLOCK_FORMATS, fp4sim.E2M1, fp4sim.E4M3, fp4sim.E5M2,
-                                 fp4sim.E3M2])
+@pytest.mark.parametrize(
+    "fmt", [*fp4sim.BLOCK_FORMATS, fp4sim.E2M1, fp4sim.E4M3, fp4sim.E5M2, fp4sim.E3M2]
+)
 def test_round_trip_is_the_two_calls_with_a_straight_through_derivative(fmt):
     x = X.copy()
     x[0, :3] = [np.nan, np.inf, 1e30]  # NaN, Inf, beyond max: the STE is still the identity
@@ -76,8 +95,10 @@ def test_round_trip_is_the_two_calls_with_a_straight_through_derivative(fmt):
         want = fp4sim.dequantize(fp4sim.quantize(x, fmt))
     else:
         want = fp4sim.decode(fp4sim.encode(x, fmt), fmt)
-    for got in (fp4sim.round_trip(x, fmt), jax.jit(fp4sim.round_trip, static_argnums=1)(
-            jnp.asarray(x), fmt)):
+    for got in (
+        fp4sim.round_trip(x, fmt),
+        jax.jit(fp4sim.round_trip, static_argnums=1)(jnp.asarray(x), fmt),
+    ):
         np.testing.assert_array_equal(np.asarray(got).view(np.uint32), want.view(np.uint32))
     w = RNG.standard_normal(x.shape).astype(np.float32)
     for jit in (False, True):
@@ -94,7 +115,8 @@ def test_round_trip_stochastic_and_bad_arguments():
     want = fp4sim.decode(fp4sim.encode(X, fp4sim.E2M1, sr, random_bits=bits), fp4sim.E2M1)
     np.testing.assert_array_equal(np.asarray(got), want)
     g = jax.grad(lambda a: jnp.sum(fp4sim.round_trip(a, fp4sim.E2M1, sr, random_bits=bits)))(
-        jnp.asarray(X))
+        jnp.asarray(X)
+    )
     np.testing.assert_array_equal(np.asarray(g), np.ones_like(X))
     with pytest.raises(TypeError, match="BlockFormat carries its policy"):
         fp4sim.round_trip(X, fp4sim.MXFP4, sr)
@@ -109,11 +131,13 @@ def test_emulated_attention_reverse_mode_works_and_forward_mode_is_explained():
     q, k, v = (jnp.asarray(a) for a in (Q, K, V))
     g = jax.grad(lambda a: jnp.sum(fp4sim.emulated_attention(a, k, v, recipe)))(q)
     assert np.abs(np.asarray(g)).sum() > 0
-    for call in (lambda: jax.jvp(lambda a: fp4sim.emulated_attention(a, k, v, recipe), (q,),
-                                 (q,)),
-                 lambda: jax.jacfwd(lambda a: fp4sim.emulated_attention(a, k, v, recipe)[0, 0, 0])(q),
-                 lambda: jax.jit(lambda a: jax.jvp(
-                     lambda b: fp4sim.emulated_attention(b, k, v, recipe), (a,), (a,)))(q)):
+    for call in (
+        lambda: jax.jvp(lambda a: fp4sim.emulated_attention(a, k, v, recipe), (q,), (q,)),
+        lambda: jax.jacfwd(lambda a: fp4sim.emulated_attention(a, k, v, recipe)[0, 0, 0])(q),
+        lambda: jax.jit(
+            lambda a: jax.jvp(lambda b: fp4sim.emulated_attention(b, k, v, recipe), (a,), (a,))
+        )(q),
+    ):
         with pytest.raises(NoDerivativeError, match="reverse-mode derivative only.*jax.grad"):
             call()
 

@@ -111,7 +111,9 @@ def test_registry_rejects_bad_cases():
         golden.register(CASE, description="dup")(lambda: {"a": np.zeros(1)})
     with pytest.raises(ValueError, match="package.topic.variant"):
         golden.GoldenCase(name="nodots", make=dict, description="")
-    bad = golden.GoldenCase(name="x.y.z", make=lambda: {"a": np.zeros(2, np.float16)}, description="")
+    bad = golden.GoldenCase(
+        name="x.y.z", make=lambda: {"a": np.zeros(2, np.float16)}, description=""
+    )
     with pytest.raises(TypeError, match="float16"):
         bad.generate()
     with pytest.raises(ValueError, match="not a golden case"):
@@ -125,10 +127,14 @@ def test_every_shipped_file_is_package_data():
 
     root = Path(__file__).resolve().parents[1]
     globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "package-data"]["fp4sim.golden"]
+        "package-data"
+    ]["fp4sim.golden"]
     base = Path(golden.__file__).resolve().parent
     files = [p.relative_to(base).as_posix() for p in golden.DATA_DIR.rglob("*") if p.is_file()]
     assert len(files) > len(golden.CASES)
-    left_out = [f for f in files
-                if not any(fnmatch.fnmatch(f, g) and f.count("/") == g.count("/") for g in globs)]
+    left_out = [
+        f
+        for f in files
+        if not any(fnmatch.fnmatch(f, g) and f.count("/") == g.count("/") for g in globs)
+    ]
     assert not left_out, f"files in {golden.DATA_DIR} that the wheel would not carry: {left_out}"

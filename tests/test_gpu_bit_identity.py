@@ -47,34 +47,50 @@ def test_encode_decode_gpu_equals_cpu(name):
     fmt = formats.format_by_name(name)
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(1 << 16) * np.exp2(rng.integers(-40, 20, 1 << 16))).astype(np.float32)
-    x[:8] = [0.0, -0.0, np.inf, -np.inf, 1e-45, -1e-40, 3e38, 2.0 ** -127]
+    x[:8] = [0.0, -0.0, np.inf, -np.inf, 1e-45, -1e-40, 3e38, 2.0**-127]
     if not fmt.signed:
         x = np.abs(x)
     fn = lambda v: formats.decode(formats.encode(v, fmt), fmt)  # noqa: E731
-    _assert_same_bits(_run_on(jax.devices("gpu")[0], fn, x), _run_on(jax.devices("cpu")[0], fn, x), name)
+    _assert_same_bits(
+        _run_on(jax.devices("gpu")[0], fn, x), _run_on(jax.devices("cpu")[0], fn, x), name
+    )
 
 
 @pytest.mark.parametrize("fmt_name", ["MXFP8_E4M3", "MXFP4", "NVFP4"])
 def test_quantize_gpu_equals_cpu(fmt_name):
     fmt = getattr(formats, fmt_name)
     rng = np.random.default_rng(1)
-    x = (rng.standard_normal((64, 256)) * np.exp2(rng.integers(-30, 30, (64, 1)))).astype(np.float32)
+    x = (rng.standard_normal((64, 256)) * np.exp2(rng.integers(-30, 30, (64, 1)))).astype(
+        np.float32
+    )
     x[3, :32] = 0.0
     x[5, 7] = 1e-41
     fn = lambda v: (lambda q: (q.codes, q.scales, formats.dequantize(q)))(formats.quantize(v, fmt))  # noqa: E731
-    _assert_same_bits(_run_on(jax.devices("gpu")[0], fn, x), _run_on(jax.devices("cpu")[0], fn, x), fmt_name)
+    _assert_same_bits(
+        _run_on(jax.devices("gpu")[0], fn, x), _run_on(jax.devices("cpu")[0], fn, x), fmt_name
+    )
 
 
-@pytest.mark.parametrize("preset", ["hw_fp4_direct_p", "hw_fp4_direct_p_mitchell", "hao_log_mxfp8",
-                                    "hw_fp4_fp8_pv",
-                                    "flamia_mxfp8", "exact_f32"])
+@pytest.mark.parametrize(
+    "preset",
+    [
+        "hw_fp4_direct_p",
+        "hw_fp4_direct_p_mitchell",
+        "hao_log_mxfp8",
+        "hw_fp4_fp8_pv",
+        "flamia_mxfp8",
+        "exact_f32",
+    ],
+)
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_forward_gpu_equals_cpu(preset, causal):
     recipe = PRESETS[preset]
     rng = np.random.default_rng(2)
     q, k, v = (rng.standard_normal((2, 256, 128)).astype(np.float32) for _ in range(3))
-    fn = lambda q, k, v: attention_forward(q, k, v, recipe, causal=causal,  # noqa: E731
-                                           return_intermediates=True)
+
+    def fn(q, k, v):
+        return attention_forward(q, k, v, recipe, causal=causal, return_intermediates=True)
+
     gpu = _run_on(jax.devices("gpu")[0], fn, q, k, v)
     cpu = _run_on(jax.devices("cpu")[0], fn, q, k, v)
     _assert_same_bits(gpu.out, cpu.out, f"{preset} O")
@@ -82,9 +98,14 @@ def test_attention_forward_gpu_equals_cpu(preset, causal):
     _assert_same_bits(gpu.intermediates.p_codes, cpu.intermediates.p_codes, f"{preset} P codes")
 
 
-@pytest.mark.parametrize(("recipe_name", "causal"), [("direct_p_fp8_training", True),
-                                                     ("direct_p_fp8_training", False),
-                                                     ("direct_p_fp4_forward", True)])
+@pytest.mark.parametrize(
+    ("recipe_name", "causal"),
+    [
+        ("direct_p_fp8_training", True),
+        ("direct_p_fp8_training", False),
+        ("direct_p_fp4_forward", True),
+    ],
+)
 def test_training_gradients_gpu_equals_cpu(recipe_name, causal):
     """The training route's dQ, dK, dV (jit(grad) through emulated_attention, two heads under
     vmap): on the GPU the ordered sums run on fp4sim.attention.ordered_gpu's kernels, on the
@@ -98,8 +119,15 @@ def test_training_gradients_gpu_equals_cpu(recipe_name, causal):
     q, k, v, do = (rng.standard_normal((2, 256, 64)).astype(np.float32) for _ in range(4))
 
     def grads(q, k, v, do):
-        return jax.grad(lambda q, k, v: jnp.sum(jax.vmap(lambda a, b, c: emulated_attention(
-            a, b, c, recipe, causal=causal))(q, k, v) * do), argnums=(0, 1, 2))(q, k, v)
+        return jax.grad(
+            lambda q, k, v: jnp.sum(
+                jax.vmap(lambda a, b, c: emulated_attention(a, b, c, recipe, causal=causal))(
+                    q, k, v
+                )
+                * do
+            ),
+            argnums=(0, 1, 2),
+        )(q, k, v)
 
     gpu = _run_on(jax.devices("gpu")[0], grads, q, k, v, do)
     cpu = _run_on(jax.devices("cpu")[0], grads, q, k, v, do)
@@ -126,8 +154,10 @@ def test_ordered_kernel_gpu_equals_numpy_chain():
     assert_same_bits(got, want)
 
 
-@pytest.mark.parametrize(("preset", "causal"), [("hw_fp4_direct_p", False), ("hw_fp4_direct_p", True),
-                                                ("hw_fp4_direct_p_mitchell", False)])
+@pytest.mark.parametrize(
+    ("preset", "causal"),
+    [("hw_fp4_direct_p", False), ("hw_fp4_direct_p", True), ("hw_fp4_direct_p_mitchell", False)],
+)
 def test_direct_p_forward_kernels_gpu_equal_cpu(preset, causal, monkeypatch):
     """O and LSE without intermediates: on the GPU the Direct-P family runs on the kernels of
     fp4sim.attention.direct_p_gpu (opt-in: FP4SIM_GPU_KERNELS=all; padded keys: 1000 is not a

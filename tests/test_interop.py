@@ -50,7 +50,9 @@ def test_dlpack_objects_give_the_same_bits_as_numpy():
     q, r = blocks.quantize(DLPackOnly(X), blocks.NVFP4), blocks.quantize(X, blocks.NVFP4)
     assert np.array_equal(q.codes, r.codes) and np.array_equal(q.scales, r.scales)
     qq, kk, vv = (RNG.standard_normal((1, 64, 32)).astype(np.float32) for _ in range(3))
-    a = fp4sim.attention_forward(DLPackOnly(qq), DLPackOnly(kk), DLPackOnly(vv), fp4sim.HW_FP4_DIRECT_P)
+    a = fp4sim.attention_forward(
+        DLPackOnly(qq), DLPackOnly(kk), DLPackOnly(vv), fp4sim.HW_FP4_DIRECT_P
+    )
     b = fp4sim.attention_forward(qq, kk, vv, fp4sim.HW_FP4_DIRECT_P)
     assert np.array_equal(a.out, b.out) and np.array_equal(a.lse, b.lse)
 
@@ -77,8 +79,9 @@ def test_codes_to_ml_dtypes_and_back(fmt):
     assert f is fmt and np.array_equal(back, codes)
 
 
-@pytest.mark.parametrize("fmt", [fp4sim.E2M1, fp4sim.E2M3, fp4sim.E3M2, fp4sim.E4M3, fp4sim.E5M2],
-                         ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fmt", [fp4sim.E2M1, fp4sim.E2M3, fp4sim.E3M2, fp4sim.E4M3, fp4sim.E5M2], ids=lambda f: f.name
+)
 def test_ml_dtypes_casts_read_as_fp4sim_codes(fmt):
     x = np.clip(X, -fmt.max, fmt.max)  # in range: ml_dtypes and fp4sim both round to nearest even
     codes, f = fp4sim.from_ml_dtypes(x.astype(fmt.dtype))
@@ -109,6 +112,7 @@ def test_conversion_errors_name_the_argument():
 
 # --- PyTorch (skipped where torch is not installed) -----------------------------------------------
 
+
 def _torch():
     return pytest.importorskip("torch", reason="torch is not installed")
 
@@ -127,7 +131,9 @@ def test_torch_encode_decode_return_tensors(dtype):
     torch = _torch()
     t = torch.from_numpy(X).to(getattr(torch, dtype)).requires_grad_(True)
     codes = fp4sim.encode(t, fp4sim.E4M3)
-    assert isinstance(codes, torch.Tensor) and codes.dtype == torch.uint8 and codes.device == t.device
+    assert (
+        isinstance(codes, torch.Tensor) and codes.dtype == torch.uint8 and codes.device == t.device
+    )
     ref = fp4sim.encode(t.detach().float().numpy(), fp4sim.E4M3)
     assert np.array_equal(codes.numpy(), ref)
     vals = fp4sim.decode(codes, fp4sim.E4M3)
@@ -135,7 +141,9 @@ def test_torch_encode_decode_return_tensors(dtype):
     assert np.array_equal(vals.numpy(), fp4sim.decode(ref, fp4sim.E4M3))
 
 
-@pytest.mark.parametrize("fmt", [fp4sim.E4M3, fp4sim.E5M2, fp4sim.UE8M0, fp4sim.E2M1], ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fmt", [fp4sim.E4M3, fp4sim.E5M2, fp4sim.UE8M0, fp4sim.E2M1], ids=lambda f: f.name
+)
 def test_torch_low_precision_tensors_round_trip(fmt):
     torch = _torch()
     codes = fp4sim.encode(np.abs(X) if not fmt.signed else X, fmt)

@@ -31,8 +31,7 @@ def test_attention_nan_bits_are_canonical_and_equal_on_both_backends(name, where
     a[where][0, 9, 60] = -special
     with np.errstate(all="ignore"):
         want = fp4sim.attention_forward(*a, recipe, return_intermediates=False)
-    got = jax.jit(lambda *x: fp4sim.attention_forward(*x, recipe))(
-        *map(jnp.asarray, a))
+    got = jax.jit(lambda *x: fp4sim.attention_forward(*x, recipe))(*map(jnp.asarray, a))
     for field in ("out", "lse"):
         w = np.asarray(getattr(want, field)).view(np.uint32)
         g = np.asarray(getattr(got, field)).view(np.uint32)

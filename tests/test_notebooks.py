@@ -40,9 +40,17 @@ def test_is_a_percent_format_notebook(path):
 def test_executes_at_small_size(path, tmp_path):
     scratch = tmp_path / "tmp"  # the notebook's temporary folder: nothing of fp4sim's may remain
     scratch.mkdir()
-    env = dict(os.environ, FP4SIM_SMALL="1", MPLBACKEND="Agg", JAX_PLATFORMS="cpu", TMPDIR=str(scratch))
-    out = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=300)
+    env = dict(
+        os.environ, FP4SIM_SMALL="1", MPLBACKEND="Agg", JAX_PLATFORMS="cpu", TMPDIR=str(scratch)
+    )
+    out = subprocess.run(
+        [sys.executable, str(path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, f"{path.name} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     assert out.stdout.strip(), f"{path.name} printed nothing"
     left = sorted(p.name for p in scratch.iterdir() if p.name.startswith("fp4sim"))
@@ -53,6 +61,12 @@ def test_executes_at_small_size(path, tmp_path):
 @pytest.mark.parametrize("path", GPU_NOTEBOOKS, ids=lambda p: p.stem)
 def test_gpu_notebook_executes(path, tmp_path):
     env = dict(os.environ, FP4SIM_SMALL="1", MPLBACKEND="Agg")
-    out = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, f"{path.name} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"

@@ -25,10 +25,26 @@ from fp4sim.formats.presets import BLOCK_PRESETS
 
 SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 
-SPECIAL_BITS = np.uint32([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF,  # NaN, both signs
-                          0x7F800000, 0xFF800000, 0x00000000, 0x80000000,  # ±Inf, ±0
-                          0x00000001, 0x807FFFFF, 0x00400000, 0x80000100,  # subnormals
-                          0x7F7FFFFF, 0xFF7FFFFF, 0x4F000000, 0xCB000000])  # beyond max
+SPECIAL_BITS = np.uint32(
+    [
+        0x7FC00000,
+        0xFFC00000,
+        0x7F800001,
+        0xFFFFFFFF,  # NaN, both signs
+        0x7F800000,
+        0xFF800000,
+        0x00000000,
+        0x80000000,  # ±Inf, ±0
+        0x00000001,
+        0x807FFFFF,
+        0x00400000,
+        0x80000100,  # subnormals
+        0x7F7FFFFF,
+        0xFF7FFFFF,
+        0x4F000000,
+        0xCB000000,
+    ]
+)  # beyond max
 
 
 def _values(shape, seed, n_special, zero_rows, scale_exp):
@@ -52,8 +68,15 @@ def _outcome(f, *args):
     except (TypeError, ValueError) as e:
         return ("error", ValueError if isinstance(e, ValueError) else TypeError, str(e))
     leaves = jax.tree_util.tree_leaves(out)
-    return ("ok", [np.asarray(a).view(f"u{np.asarray(a).dtype.itemsize}")
-                   if np.asarray(a).dtype.kind == "f" else np.asarray(a) for a in leaves])
+    return (
+        "ok",
+        [
+            np.asarray(a).view(f"u{np.asarray(a).dtype.itemsize}")
+            if np.asarray(a).dtype.kind == "f"
+            else np.asarray(a)
+            for a in leaves
+        ],
+    )
 
 
 def _same(a, b):
@@ -84,13 +107,19 @@ def _checkified(f):
 # --- element codec --------------------------------------------------------------------------
 @st.composite
 def policies(draw, fmt):
-    overflows = [fp4sim.Overflow.SATURATE] + ([fp4sim.Overflow.NAN] if fmt.has_nan else []) + \
-        ([fp4sim.Overflow.INF] if fmt.has_inf else [])
-    return fp4sim.Policy(rounding=draw(st.sampled_from(list(fp4sim.Rounding))),
-                         overflow=draw(st.sampled_from(overflows)),
-                         nan=draw(st.sampled_from(list(fp4sim.NanPolicy))),
-                         signed_zero=draw(st.sampled_from(list(fp4sim.SignedZero))),
-                         flush_inputs=draw(st.booleans()), flush_outputs=draw(st.booleans()))
+    overflows = (
+        [fp4sim.Overflow.SATURATE]
+        + ([fp4sim.Overflow.NAN] if fmt.has_nan else [])
+        + ([fp4sim.Overflow.INF] if fmt.has_inf else [])
+    )
+    return fp4sim.Policy(
+        rounding=draw(st.sampled_from(list(fp4sim.Rounding))),
+        overflow=draw(st.sampled_from(overflows)),
+        nan=draw(st.sampled_from(list(fp4sim.NanPolicy))),
+        signed_zero=draw(st.sampled_from(list(fp4sim.SignedZero))),
+        flush_inputs=draw(st.booleans()),
+        flush_outputs=draw(st.booleans()),
+    )
 
 
 @functools.cache
@@ -99,9 +128,14 @@ def _jit_encode(fmt, policy):
 
 
 @settings(max_examples=40, **SETTINGS)
-@given(data=st.data(), fmt=st.sampled_from(fp4sim.ALL_FORMATS),
-       shape=st.sampled_from([(0,), (1,), (64,), (3, 32)]), seed=st.integers(0, 2**16),
-       n_special=st.integers(0, 12), scale_exp=st.integers(-140, 120))
+@given(
+    data=st.data(),
+    fmt=st.sampled_from(fp4sim.ALL_FORMATS),
+    shape=st.sampled_from([(0,), (1,), (64,), (3, 32)]),
+    seed=st.integers(0, 2**16),
+    n_special=st.integers(0, 12),
+    scale_exp=st.integers(-140, 120),
+)
 def test_encode_and_decode(data, fmt, shape, seed, n_special, scale_exp):
     policy = data.draw(policies(fmt))
     x = _values(shape, seed, n_special, 0, scale_exp)
@@ -109,12 +143,15 @@ def test_encode_and_decode(data, fmt, shape, seed, n_special, scale_exp):
     if policy.rounding is fp4sim.Rounding.STOCHASTIC:
         rb = np.random.default_rng(seed).integers(0, 2**32, shape, dtype=np.uint32)
     want = _outcome(lambda v, r: fp4sim.encode(v, fmt, policy, random_bits=r), x, rb)
-    got = _outcome(_jit_encode(fmt, policy), jnp.asarray(x), None if rb is None
-                   else jnp.asarray(rb))
+    got = _outcome(
+        _jit_encode(fmt, policy), jnp.asarray(x), None if rb is None else jnp.asarray(rb)
+    )
     _same(want, got)
     codes = np.random.default_rng(seed).integers(0, 256, shape, dtype=np.uint8)  # beyond, too
-    _same(_outcome(fp4sim.decode, codes, fmt),
-          _outcome(jax.jit(fp4sim.decode, static_argnums=1), jnp.asarray(codes), fmt))
+    _same(
+        _outcome(fp4sim.decode, codes, fmt),
+        _outcome(jax.jit(fp4sim.decode, static_argnums=1), jnp.asarray(codes), fmt),
+    )
 
 
 # --- block quantization ---------------------------------------------------------------------
@@ -125,9 +162,16 @@ BLOCKS = list(fp4sim.BLOCK_FORMATS) + list(BLOCK_PRESETS.values())
 def block_formats(draw):
     fmt = draw(st.sampled_from(BLOCKS))
     if fmt.scale is not None:
-        rules = ([fp4sim.ScaleRule.RCEIL, fp4sim.ScaleRule.FLOOR, fp4sim.ScaleRule.CEIL,
-                  fp4sim.ScaleRule.EVEN] if fmt.pow2 else
-                 [fp4sim.ScaleRule.NEAREST, fp4sim.ScaleRule.RCEIL])
+        rules = (
+            [
+                fp4sim.ScaleRule.RCEIL,
+                fp4sim.ScaleRule.FLOOR,
+                fp4sim.ScaleRule.CEIL,
+                fp4sim.ScaleRule.EVEN,
+            ]
+            if fmt.pow2
+            else [fp4sim.ScaleRule.NEAREST, fp4sim.ScaleRule.RCEIL]
+        )
         fmt = fmt.replace(rule=draw(st.sampled_from(rules)))
     if draw(st.booleans()):
         fmt = fmt.replace(policy=draw(policies(fmt.elem)))
@@ -146,15 +190,28 @@ def _jit_quantize(fmt, geometry, axis, kw):
 
 
 @settings(max_examples=32, **SETTINGS)
-@given(fmt=block_formats(),
-       geo=st.sampled_from([(fp4sim.Geometry.BLOCK, -1), (fp4sim.Geometry.BLOCK, -1),
-                            (fp4sim.Geometry.PER_ROW, -1), (fp4sim.Geometry.SQUARE, -1),
-                            (fp4sim.Geometry.TOKEN_BLOCK, -2)]),
-       rows=st.sampled_from([0, 1, 32]), cols=st.sampled_from([32, 64]),
-       seed=st.integers(0, 2**16), n_special=st.integers(0, 10), zero_rows=st.integers(0, 2),
-       scale_exp=st.integers(-140, 120), const=st.sampled_from([None, 1.0, 0.25, 0.0, -1.0]))
-def test_quantize_and_dequantize(fmt, geo, rows, cols, seed, n_special, zero_rows, scale_exp,
-                                 const):
+@given(
+    fmt=block_formats(),
+    geo=st.sampled_from(
+        [
+            (fp4sim.Geometry.BLOCK, -1),
+            (fp4sim.Geometry.BLOCK, -1),
+            (fp4sim.Geometry.PER_ROW, -1),
+            (fp4sim.Geometry.SQUARE, -1),
+            (fp4sim.Geometry.TOKEN_BLOCK, -2),
+        ]
+    ),
+    rows=st.sampled_from([0, 1, 32]),
+    cols=st.sampled_from([32, 64]),
+    seed=st.integers(0, 2**16),
+    n_special=st.integers(0, 10),
+    zero_rows=st.integers(0, 2),
+    scale_exp=st.integers(-140, 120),
+    const=st.sampled_from([None, 1.0, 0.25, 0.0, -1.0]),
+)
+def test_quantize_and_dequantize(
+    fmt, geo, rows, cols, seed, n_special, zero_rows, scale_exp, const
+):
     geometry, axis = geo
     x = _values((rows, cols), seed, n_special, zero_rows, scale_exp)
     kw = ()
@@ -169,8 +226,11 @@ def test_quantize_and_dequantize(fmt, geo, rows, cols, seed, n_special, zero_row
         return q, fp4sim.dequantize(q)
 
     want = _outcome(f, x, rb)
-    got = _outcome(_jit_quantize(fmt, geometry, axis, kw), jnp.asarray(x),
-                   None if rb is None else jnp.asarray(rb))
+    got = _outcome(
+        _jit_quantize(fmt, geometry, axis, kw),
+        jnp.asarray(x),
+        None if rb is None else jnp.asarray(rb),
+    )
     _same(want, got)
 
 
@@ -181,13 +241,26 @@ def _jit_forward(recipe):
 
 
 @settings(max_examples=6, **SETTINGS)
-@given(name=st.sampled_from(sorted(fp4sim.PRESETS)), seed=st.integers(0, 2**16),
-       where=st.sampled_from([0, 1, 2]), n_special=st.integers(0, 3),
-       zero_rows=st.integers(0, 32), scale_exp=st.integers(-20, 20))
+@given(
+    name=st.sampled_from(sorted(fp4sim.PRESETS)),
+    seed=st.integers(0, 2**16),
+    where=st.sampled_from([0, 1, 2]),
+    n_special=st.integers(0, 3),
+    zero_rows=st.integers(0, 32),
+    scale_exp=st.integers(-20, 20),
+)
 def test_attention_forward(name, seed, where, n_special, zero_rows, scale_exp):
     recipe = fp4sim.PRESETS[name]
-    qkv = [_values((32, 64), seed + i, n_special if i == where else 0,
-                   zero_rows if i == where else 0, scale_exp) for i in range(3)]
+    qkv = [
+        _values(
+            (32, 64),
+            seed + i,
+            n_special if i == where else 0,
+            zero_rows if i == where else 0,
+            scale_exp,
+        )
+        for i in range(3)
+    ]
     with np.errstate(all="ignore"):
         want = _outcome(lambda *a: tuple(fp4sim.attention_forward(*a, recipe))[:2], *qkv)
     got = _outcome(_jit_forward(recipe), *map(jnp.asarray, qkv))

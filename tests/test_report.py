@@ -42,11 +42,31 @@ def test_writes_every_section_table_and_figure(quick_run):
 
 def test_sizes_are_validated():
     with pytest.raises(ValueError, match="grid_points"):
-        report.Sizes(name="x", grid_points=0, attn_rows=1, attn_keys=1, head_dim=1, seq_lens=(1,),
-                     block_sizes=(1,), scale_blocks=1, leak_tokens=1, jit_presets=1)
+        report.Sizes(
+            name="x",
+            grid_points=0,
+            attn_rows=1,
+            attn_keys=1,
+            head_dim=1,
+            seq_lens=(1,),
+            block_sizes=(1,),
+            scale_blocks=1,
+            leak_tokens=1,
+            jit_presets=1,
+        )
     with pytest.raises(ValueError, match="seq_lens"):
-        report.Sizes(name="x", grid_points=1, attn_rows=1, attn_keys=1, head_dim=1, seq_lens=[1],
-                     block_sizes=(1,), scale_blocks=1, leak_tokens=1, jit_presets=1)
+        report.Sizes(
+            name="x",
+            grid_points=1,
+            attn_rows=1,
+            attn_keys=1,
+            head_dim=1,
+            seq_lens=[1],
+            block_sizes=(1,),
+            scale_blocks=1,
+            leak_tokens=1,
+            jit_presets=1,
+        )
     with pytest.raises(TypeError, match="sizes"):
         report.reproduce("/nonexistent", sizes="quick")
     with pytest.raises(ValueError, match="sections"):
@@ -66,6 +86,7 @@ def test_default_out_dir_is_fresh(tmp_path, monkeypatch):
 
 # --- the report's numbers are the library's numbers ------------------------------------------------
 
+
 def test_formats_numbers(quick_run):
     nums = quick_run[2]["sections"]["formats"]["numbers"]
     codes = fp4sim.all_codes(fp4sim.E2M1)
@@ -82,8 +103,11 @@ def _section(quick_run, key):
 def test_code_match_numbers(quick_run):
     nums = _section(quick_run, "code_match")
     x = fp4sim.uniform_grid(report.QUICK.grid_points)
-    for name, conv in (("affine", fp4sim.AffineP()), ("mitchell_boundary", fp4sim.MitchellP()),
-                       ("mitchell_s0", fp4sim.MitchellP(shift=0.0))):
+    for name, conv in (
+        ("affine", fp4sim.AffineP()),
+        ("mitchell_boundary", fp4sim.MitchellP()),
+        ("mitchell_s0", fp4sim.MitchellP(shift=0.0)),
+    ):
         assert nums["grid"][name] == fp4sim.code_match_rate(conv, fp4sim.ExactP(), x)
     # and they are the published grid rates to within the grid's resolution
     assert abs(nums["grid"]["affine"] - 0.632884) < 2e-4
@@ -96,7 +120,9 @@ def test_route_error_numbers(quick_run):
     q, k, v = report.gaussian_qkv(s, report.QUICK.head_dim, report.QUICK.seed + s)
     ref = fp4sim.attention_reference(*(a.astype(np.float64) for a in (q, k, v))).out
     for name in ("hw_fp4_direct_p", "hao_log_mxfp8"):
-        e = fp4sim.error_summary(fp4sim.attention_forward(q, k, v, fp4sim.attention.PRESETS[name]).out, ref)
+        e = fp4sim.error_summary(
+            fp4sim.attention_forward(q, k, v, fp4sim.attention.PRESETS[name]).out, ref
+        )
         got = nums["by_len"][name][str(s)]
         assert got["cosine"] == float(e.cosine) and got["rel_l2"] == float(e.rel_l2)
 
@@ -128,11 +154,19 @@ def test_normalization_numbers(quick_run):
     for v, want in (([2.0, 2.0], (2.0, 2.0, 40 / 21)), ([0.0, 6.0], (12 / 7, 1.5, 10 / 7))):
         got = nums["outputs"][str(v)]
         for name, w in zip(("EXACT", "CONSISTENT", "MISMATCHED"), want):
-            assert got[name] == float(fp4sim.normalize(np.array([1.0, 0.4]), np.array([1.0, 1 / 3]),
-                                                        np.array(v), fp4sim.Normalization[name]).out)
+            assert got[name] == float(
+                fp4sim.normalize(
+                    np.array([1.0, 0.4]),
+                    np.array([1.0, 1 / 3]),
+                    np.array(v),
+                    fp4sim.Normalization[name],
+                ).out
+            )
             assert abs(got[name] - w) < 1e-12
     assert nums["denominators"]["PER_ELEMENT"] == 0.0
-    assert nums["denominators"]["PAYLOAD_SUM_FIRST"] == float(np.float32(8 / 6) * np.float32(2.0 ** -126))
+    assert nums["denominators"]["PAYLOAD_SUM_FIRST"] == float(
+        np.float32(8 / 6) * np.float32(2.0**-126)
+    )
 
 
 def test_leak_numbers(quick_run):
@@ -148,7 +182,11 @@ def test_consistency_numbers(quick_run):
     nums = _section(quick_run, "consistency")
     assert nums["two_key_sums"]["CONSISTENT"] == 0.0
     assert abs(nums["two_key_sums"]["MISMATCHED"] - 0.068027) < 1e-6
-    matched = [c for c in nums["checks"] if c["variant"] == "matched" and c["normalization"] != "MISMATCHED"]
+    matched = [
+        c
+        for c in nums["checks"]
+        if c["variant"] == "matched" and c["normalization"] != "MISMATCHED"
+    ]
     assert matched and all(c["ok"] for c in matched)
     assert all(not c["ok"] or c["noop"] for c in nums["checks"] if c["variant"] != "matched")
 
@@ -166,7 +204,9 @@ def test_readme_table_is_the_report_summary(quick_run):
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     body = readme.split("## What fp4sim reproduces", 1)[1].split("\n## ", 1)[0]
-    listed = [m.group(1).strip() for m in re.finditer(r"^\| (.+?) \| .+ \| .+ \|$", body, flags=re.M)]
+    listed = [
+        m.group(1).strip() for m in re.finditer(r"^\| (.+?) \| .+ \| .+ \|$", body, flags=re.M)
+    ]
     numbers = {k: v["numbers"] for k, v in quick_run[2]["sections"].items()}
     assert listed[1:] == [what for what, _, _ in report.summary_rows(numbers)]  # [0] is the header
 
@@ -174,7 +214,10 @@ def test_readme_table_is_the_report_summary(quick_run):
 def test_bit_identity_numbers(quick_run):
     nums = _section(quick_run, "bit_identity")
     assert nums["all_identical"] is True
-    assert len([r for r in nums["rows"] if r["what"].startswith("attention_forward")]) == report.QUICK.jit_presets
+    assert (
+        len([r for r in nums["rows"] if r["what"].startswith("attention_forward")])
+        == report.QUICK.jit_presets
+    )
 
 
 def test_repository_figures_are_present_and_indexed():
@@ -187,7 +230,11 @@ def test_repository_figures_are_present_and_indexed():
     for name, spec in FIGURES.items():
         assert (repo_figures / spec.filename).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
         assert f"`fp4sim.report.figures.{spec.draw.__name__}`" in index
-    stray = {p.name for p in repo_figures.iterdir()} - {f.filename for f in FIGURES.values()} - {"INDEX.md"}
+    stray = (
+        {p.name for p in repo_figures.iterdir()}
+        - {f.filename for f in FIGURES.values()}
+        - {"INDEX.md"}
+    )
     assert not stray, f"files in figures/ that no figure function makes: {stray}"
 
 
@@ -197,7 +244,11 @@ def test_library_numbers(quick_run):
     rows = {(r["preset"], r["reference"]): r for r in _section(quick_run, "libraries")["rows"]}
     x = report.library_inputs(report.QUICK)
     ref, ocp = (blocks.quantize(x, presets.preset(n)) for n in ("TE_MXFP8", "OCP_MXFP8_E4M3"))
-    assert rows[("OCP_MXFP8_E4M3", "TE_MXFP8")]["scales_differ"] == np.mean(ocp.scales != ref.scales) > 0
+    assert (
+        rows[("OCP_MXFP8_E4M3", "TE_MXFP8")]["scales_differ"]
+        == np.mean(ocp.scales != ref.scales)
+        > 0
+    )
     assert rows[("TORCHAO_MXFP8_E4M3_RCEIL", "TE_MXFP8")]["values_differ"] == 0.0
 
 
@@ -207,7 +258,10 @@ def test_provenance_in_the_report_and_the_json(quick_run):
     import fp4sim
 
     prov = quick_run[2]["provenance"]
-    assert prov["versions"]["jax"] == jax.__version__ and prov["versions"]["fp4sim"] == fp4sim.__version__
+    assert (
+        prov["versions"]["jax"] == jax.__version__
+        and prov["versions"]["fp4sim"] == fp4sim.__version__
+    )
     assert prov["git"]["revision"] and prov["jax"]["backend"] == jax.default_backend()
     assert set(prov) >= {"git", "versions", "platform", "jax", "flags", "argv"}
     text = quick_run[1]
@@ -225,7 +279,10 @@ def test_git_revision_falls_back_to_the_environment(monkeypatch):
     assert prov.git_revision()["revision"] == "unknown"
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
     p = prov.provenance(["fp4sim", "reproduce"])
-    assert p["flags"]["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false" and p["argv"] == ["fp4sim", "reproduce"]
+    assert p["flags"]["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false" and p["argv"] == [
+        "fp4sim",
+        "reproduce",
+    ]
     assert "`--xla_cpu_enable_fast_math=false`" in prov.provenance_markdown(p)
 
 

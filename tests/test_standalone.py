@@ -27,22 +27,47 @@ FORBIDDEN: tuple[tuple[str, str], ...] = (
     (r"reference/[a-z_]+\.md", "a document outside the repository"),
     (r"seed[ _-]articles?", "internal jargon: cite the paper"),
     (r"\bfounders?\b", "internal jargon"),
-    (r"\[(B|R|I)\]|\[B,|\[C(:[a-z]+)?[],]", "internal provenance tags: say 'claimed' (with a link) or 'expected'"),
+    (
+        r"\[(B|R|I)\]|\[B,|\[C(:[a-z]+)?[],]",
+        "internal provenance tags: say 'claimed' (with a link) or 'expected'",
+    ),
     (r"\bseed \d{3}\b|\bseed\d{3}", "internal jargon: cite the paper"),
     (r"\*Seed:\*", "internal jargon"),
-    (r"\bseeds?'s? (claim|report|article|table|number|size|rate|grid|class|rule|bound|example|say)",
-     "internal jargon ('seed' means a random seed only)"),
-    (r"\bthe seeds? (claim|report|say|state|use|do )", "internal jargon ('seed' means a random seed only)"),
+    (
+        r"\bseeds?'s? (claim|report|article|table|number|size|rate|grid|class|rule|bound|example|say)",
+        "internal jargon ('seed' means a random seed only)",
+    ),
+    (
+        r"\bthe seeds? (claim|report|say|state|use|do )",
+        "internal jargon ('seed' means a random seed only)",
+    ),
     (r"§ ?\d", "a section of a document outside the repository (name the source instead)"),
 )
 
-_TEXT_SUFFIXES = {".py", ".md", ".toml", ".txt", ".json", ".yml", ".yaml", ".cfg", ".sh", ".ipynb", ""}
+_TEXT_SUFFIXES = {
+    ".py",
+    ".md",
+    ".toml",
+    ".txt",
+    ".json",
+    ".yml",
+    ".yaml",
+    ".cfg",
+    ".sh",
+    ".ipynb",
+    "",
+}
 
 
 def _files() -> list[Path]:
     try:
-        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
-                             capture_output=True, text=True, check=True).stdout.split("\n")
+        out = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\n")
         paths = [ROOT / p for p in out if p]
     except (OSError, subprocess.CalledProcessError):
         paths = [p for p in ROOT.rglob("*") if ".git" not in p.parts and ".venv" not in p.parts]
@@ -77,23 +102,55 @@ def test_no_reference_to_documents_outside_the_repository_and_no_jargon():
     assert not hits, "\n".join(hits[:50])
 
 
-@pytest.mark.parametrize("bad", ["see seed_algorithms.md", "the seed article says", "63 % [B]",
-                                 "cosine [C:doc]", "the founders' scripts", "(§6.3)",
-                                 "the seeds' tables", "seed 000's example"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "see seed_algorithms.md",
+        "the seed article says",
+        "63 % [B]",
+        "cosine [C:doc]",
+        "the founders' scripts",
+        "(§6.3)",
+        "the seeds' tables",
+        "seed 000's example",
+    ],
+)
 def test_the_scan_catches_each_pattern(bad):
     assert any(re.search(p, bad) for p, _ in FORBIDDEN), bad
 
 
-@pytest.mark.parametrize("fine", ["3 seeds trained side by side", "seed=0", "paired by seed",
-                                  "the seeds differ", "rng = np.random.default_rng(seed)"])
+@pytest.mark.parametrize(
+    "fine",
+    [
+        "3 seeds trained side by side",
+        "seed=0",
+        "paired by seed",
+        "the seeds differ",
+        "rng = np.random.default_rng(seed)",
+    ],
+)
 def test_random_seeds_are_not_jargon(fine):
     assert not any(re.search(p, fine) for p, _ in FORBIDDEN), fine
 
 
 # every method or library the README names is linked (inline or by reference) at least once
-README_METHODS = ("Direct-P", "Mitchell-P", "FLAMIA", "SageAttention3", "HAO", "torchao", "TransformerEngine",
-                  "cuDNN", "MMA-Sim", "FlashAttention-3", "FlashAttention-4", "Attn-QAT", "microxcaling",
-                  "ml_dtypes", "OCP")
+README_METHODS = (
+    "Direct-P",
+    "Mitchell-P",
+    "FLAMIA",
+    "SageAttention3",
+    "HAO",
+    "torchao",
+    "TransformerEngine",
+    "cuDNN",
+    "MMA-Sim",
+    "FlashAttention-3",
+    "FlashAttention-4",
+    "Attn-QAT",
+    "microxcaling",
+    "ml_dtypes",
+    "OCP",
+)
 
 
 def test_every_method_in_the_readme_links_its_source():

@@ -42,11 +42,17 @@ def test_list_and_bad_only(capsys):
 def test_registry_per_architecture():
     hopper = {c.name for c in checks.supported((9, 0))}
     blackwell = {c.name for c in checks.supported((10, 0))}
-    assert {"wgmma_probe.fp8", "attention_fp8.exact_debug",
-            "attention_directp.float_inputs"} <= hopper
+    assert {
+        "wgmma_probe.fp8",
+        "attention_fp8.exact_debug",
+        "attention_directp.float_inputs",
+    } <= hopper
     assert not any(n.startswith("blackwell_matmul") for n in hopper)
-    assert {"blackwell_matmul.mxfp8_e4m3", "blackwell_matmul.mxfp4",
-            "blackwell_matmul.nvfp4"} <= blackwell
+    assert {
+        "blackwell_matmul.mxfp8_e4m3",
+        "blackwell_matmul.mxfp4",
+        "blackwell_matmul.nvfp4",
+    } <= blackwell
     assert "wgmma_probe.fp8" not in blackwell  # wgmma is sm_90a only
     quant = {c.name for c in checks.CHECKS if c.name.startswith("quantize.")}
     assert quant and quant <= hopper and quant <= blackwell
@@ -57,10 +63,14 @@ def test_verdicts(monkeypatch):
     def boom():
         raise RuntimeError("kernel failed to build")
 
-    fake = tuple(checks.KernelCheck(name=n, kernel="k", contract="c", min_arch=(9, 0),
-                                    majors=None, run=r)
-                 for n, r in (("ok", lambda: (True, "fine", 3)), ("bad", lambda: (False, "x", 3)),
-                              ("err", boom)))
+    fake = tuple(
+        checks.KernelCheck(name=n, kernel="k", contract="c", min_arch=(9, 0), majors=None, run=r)
+        for n, r in (
+            ("ok", lambda: (True, "fine", 3)),
+            ("bad", lambda: (False, "x", 3)),
+            ("err", boom),
+        )
+    )
     monkeypatch.setattr(checks, "CHECKS", fake)
     res = {r.name: r for r in checks.run_checks((9, 0))}
     assert res["ok"].verdict is checks.Verdict.PASS and res["ok"].compared == 3
@@ -79,12 +89,32 @@ def test_quantize_check_runs_in_interpret_mode():
 def test_gpu_path_table_json_and_budget(monkeypatch, capsys, tmp_path):
     """The GPU path with a pretend Hopper and stand-in checks: table, JSON, exit status, the
     time budget, the checks of other architectures listed as such."""
-    fake = (checks.KernelCheck(name="a", kernel="ka", contract="bitwise", min_arch=(9, 0),
-                               majors=None, run=lambda: (True, "0 differ", 5)),
-            checks.KernelCheck(name="b", kernel="kb", contract="bound", min_arch=(9, 0),
-                               majors=(9,), run=lambda: (False, "too far", 5)),
-            checks.KernelCheck(name="c", kernel="kc", contract="bitwise", min_arch=(10, 0),
-                               majors=(10,), run=lambda: (True, "", 1)))
+    fake = (
+        checks.KernelCheck(
+            name="a",
+            kernel="ka",
+            contract="bitwise",
+            min_arch=(9, 0),
+            majors=None,
+            run=lambda: (True, "0 differ", 5),
+        ),
+        checks.KernelCheck(
+            name="b",
+            kernel="kb",
+            contract="bound",
+            min_arch=(9, 0),
+            majors=(9,),
+            run=lambda: (False, "too far", 5),
+        ),
+        checks.KernelCheck(
+            name="c",
+            kernel="kc",
+            contract="bitwise",
+            min_arch=(10, 0),
+            majors=(10,),
+            run=lambda: (True, "", 1),
+        ),
+    )
     monkeypatch.setattr(checks, "CHECKS", fake)
     monkeypatch.setattr(harness, "device_arch", lambda: (9, 0))
     out = tmp_path / "v.json"
@@ -105,7 +135,8 @@ def test_gpu_path_table_json_and_budget(monkeypatch, capsys, tmp_path):
 @pytest.mark.slow
 def test_directp_check_runs_in_interpret_mode():
     """validate's Direct-P check, at a small size, in GPU interpret mode (about 30 s)."""
-    ok, detail, n = harness.interpret(checks.attention_directp_check(128, 1, 64),
-                                      detect_races=False)
+    ok, detail, n = harness.interpret(
+        checks.attention_directp_check(128, 1, 64), detect_races=False
+    )
     assert ok, detail
     assert n == 128 * 64

@@ -25,8 +25,14 @@ import numpy as np
 from fp4sim._xp import Array, bitcast, is_jax, materialize, namespace
 from fp4sim.formats import f32
 
-__all__ = ["OperandStats", "operand_stats", "quantized_stats", "plain_sum_is_exact",
-           "plain_or_chain", "ordered_product"]
+__all__ = [
+    "OperandStats",
+    "operand_stats",
+    "quantized_stats",
+    "plain_sum_is_exact",
+    "plain_or_chain",
+    "ordered_product",
+]
 
 
 class OperandStats(NamedTuple):
@@ -102,16 +108,26 @@ def quantized_stats(exps: Array, live: Array, nonfinite: Array, elem: Any) -> Op
     any_live = e_lo < big
     lo_exp = e_lo + np.int32(c_min_exp)
     normal = lo_exp >= -126
-    lo = xp.where(any_live, xp.where(normal, f32.pow2(xp.clip(lo_exp, -126, 127), e),
-                                     np.float32(0.0)), np.float32(np.inf))
-    lsb = xp.where(any_live, xp.where(normal, np.float32(2.0 ** (23 - elem.mbits)),
-                                      np.float32(1.0)), np.float32(2.0**23))
+    lo = xp.where(
+        any_live,
+        xp.where(normal, f32.pow2(xp.clip(lo_exp, -126, 127), e), np.float32(0.0)),
+        np.float32(np.inf),
+    )
+    lsb = xp.where(
+        any_live,
+        xp.where(normal, np.float32(2.0 ** (23 - elem.mbits)), np.float32(1.0)),
+        np.float32(2.0**23),
+    )
     with np.errstate(over="ignore"):
         top = np.float32(c_max) * f32.pow2(xp.clip(e_hi, -126, 127), e)
-    hi = xp.where(xp.asarray(nonfinite), np.float32(np.inf),
-                  xp.where(any_live, top, np.float32(0.0)))
-    return OperandStats(xp.asarray(lo, dtype=np.float32), xp.asarray(hi, dtype=np.float32),
-                        xp.asarray(lsb, dtype=np.float32))
+    hi = xp.where(
+        xp.asarray(nonfinite), np.float32(np.inf), xp.where(any_live, top, np.float32(0.0))
+    )
+    return OperandStats(
+        xp.asarray(lo, dtype=np.float32),
+        xp.asarray(hi, dtype=np.float32),
+        xp.asarray(lsb, dtype=np.float32),
+    )
 
 
 def plain_sum_is_exact(a_stats: OperandStats, b_stats: OperandStats, k: int) -> Array:
@@ -169,21 +185,31 @@ def plain_or_chain(plain: Callable, chain: Callable) -> Callable:
 
     @fn.def_vmap
     def _rule(axis_size, in_batched, a, b, a_stats, b_stats, *extra):
-        arrays = [x if batched else jax.numpy.broadcast_to(x, (axis_size,) + x.shape)
-                  for x, batched in zip((a, b) + extra, in_batched[:2] + in_batched[4:])]
+        arrays = [
+            x if batched else jax.numpy.broadcast_to(x, (axis_size,) + x.shape)
+            for x, batched in zip((a, b) + extra, in_batched[:2] + in_batched[4:])
+        ]
         stats = []
         for st, batched in zip((a_stats, b_stats), in_batched[2:4]):
             lo, hi, lsb = st
             lo_b, hi_b, lsb_b = batched
-            stats.append((lo.min(0) if lo_b else lo, hi.max(0) if hi_b else hi,
-                          lsb.min(0) if lsb_b else lsb))
+            stats.append(
+                (lo.min(0) if lo_b else lo, hi.max(0) if hi_b else hi, lsb.min(0) if lsb_b else lsb)
+            )
         return fn(arrays[0], arrays[1], *stats, *arrays[2:]), True
 
     return fn
 
 
-def ordered_product(plain: Callable, chain: Callable, a: Array, b: Array, a_stats: OperandStats,
-                    b_stats: OperandStats, *extra: Array) -> Array:
+def ordered_product(
+    plain: Callable,
+    chain: Callable,
+    a: Array,
+    b: Array,
+    a_stats: OperandStats,
+    b_stats: OperandStats,
+    *extra: Array,
+) -> Array:
     """``plain(a, b, *extra)`` when :func:`plain_sum_is_exact` holds for the stats (of every
     element of ``a`` and ``b``; the contraction length is ``b.shape[-2]``), else
     ``chain(a, b, *extra)``: a Python branch on NumPy, :func:`plain_or_chain` under jax."""

@@ -112,7 +112,9 @@ class SavedForward:
     k_hat: Array  # (..., Skv, D)
     v_hat: Array  # (..., Skv, Dv): the quantized V as the forward multiplied it
     out: Array  # (..., Sq, Dv) float32 O
-    out_hp: Array | None  # (..., Sq, Dv) O from the unquantized p (only for DeltaSource.HIGH_PRECISION_OUTPUT)
+    out_hp: (
+        Array | None
+    )  # (..., Sq, Dv) O from the unquantized p (only for DeltaSource.HIGH_PRECISION_OUTPUT)
     lse: Array  # (..., Sq) natural-log LSE
     m: Array  # (..., Sq) final running max (log2 units, scaled scores)
     l: Array  # noqa: E741  (..., Sq) final normalizer, converter units
@@ -128,14 +130,32 @@ class SavedForward:
     tile_anchors: Array | None = None  # (..., Sq, n_tiles) the forward's anchor per key tile
 
 
-_SAVED_DATA = ("q_op", "k_op", "q_hat", "k_hat", "v_hat", "out", "out_hp", "lse", "m", "l", "fwd_codes",
-               "fwd_scales", "fwd_k", "fwd_anchors", "segment_ids", "tile_anchors")
+_SAVED_DATA = (
+    "q_op",
+    "k_op",
+    "q_hat",
+    "k_hat",
+    "v_hat",
+    "out",
+    "out_hp",
+    "lse",
+    "m",
+    "l",
+    "fwd_codes",
+    "fwd_scales",
+    "fwd_k",
+    "fwd_anchors",
+    "segment_ids",
+    "tile_anchors",
+)
 try:  # jax is a hard dependency; keep NumPy-only use working without it
     import jax as _jax
 
     _jax.tree_util.register_dataclass(
-        SavedForward, data_fields=list(_SAVED_DATA),
-        meta_fields=["qk_block", "qk_exact", "softmax_scale", "causal"])
+        SavedForward,
+        data_fields=list(_SAVED_DATA),
+        meta_fields=["qk_block", "qk_exact", "softmax_scale", "causal"],
+    )
 except ImportError:  # pragma: no cover
     pass
 
@@ -208,9 +228,16 @@ def _per_key(xp: ModuleType, a: Array, width: int) -> Array:
     return xp.repeat(a, width, axis=-1)
 
 
-def training_forward(q: Array, k: Array, v: Array, recipe: TrainingRecipe, *,
-                     softmax_scale: float | None = None, causal: bool = True,
-                     segment_ids: Array | None = None) -> tuple[Array, SavedForward]:
+def training_forward(
+    q: Array,
+    k: Array,
+    v: Array,
+    recipe: TrainingRecipe,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    segment_ids: Array | None = None,
+) -> tuple[Array, SavedForward]:
     """O (..., Sq, Dv) of ``recipe``'s forward and the :class:`SavedForward` state.
 
     Self-attention shapes: ``segment_ids`` (..., S) label packed documents (queries and keys
@@ -218,39 +245,69 @@ def training_forward(q: Array, k: Array, v: Array, recipe: TrainingRecipe, *,
     check_static("recipe", recipe, TrainingRecipe, "fp4sim.TRAINING_PRESETS['float32']")
     causal = check_bool("causal", causal)
     xp = namespace(q, k, v, segment_ids)
-    q, k, v = (no_derivative(xp.asarray(as_float_array(n, x, xp), dtype=np.float32),
-                             "training_forward") for n, x in (("q", q), ("k", k), ("v", v)))
+    q, k, v = (
+        no_derivative(xp.asarray(as_float_array(n, x, xp), dtype=np.float32), "training_forward")
+        for n, x in (("q", q), ("k", k), ("v", v))
+    )
     scale = _softmax_scale(q.shape[-1], softmax_scale)
     fq = _quantizer(segment_ids, recipe.segment_aligned)
-    if segment_ids is not None and recipe.segment_aligned and \
-            sc.shares_scales_across_tokens(recipe.qk):
-        raise ValueError(f"recipe {recipe.name!r}: Q/K format {recipe.forward.qk.name} shares "
-                         f"scales across tokens and the forward's Q/K quantizer cannot split "
-                         f"them at document boundaries; use a per-token Q/K format or "
-                         f"segment_aligned=False")
+    if (
+        segment_ids is not None
+        and recipe.segment_aligned
+        and sc.shares_scales_across_tokens(recipe.qk)
+    ):
+        raise ValueError(
+            f"recipe {recipe.name!r}: Q/K format {recipe.forward.qk.name} shares "
+            f"scales across tokens and the forward's Q/K quantizer cannot split "
+            f"them at document boundaries; use a per-token Q/K format or "
+            f"segment_aligned=False"
+        )
     v_hat = fq(v, recipe.v)
-    res = attention_forward(q, k, v_hat, recipe.forward, causal=causal,
-                            q_segment_ids=segment_ids, softmax_scale=scale,
-                            return_intermediates=True)
+    res = attention_forward(
+        q,
+        k,
+        v_hat,
+        recipe.forward,
+        causal=causal,
+        q_segment_ids=segment_ids,
+        softmax_scale=scale,
+        return_intermediates=True,
+    )
     it = res.intermediates
     out_hp = None
     if recipe.delta is DeltaSource.HIGH_PRECISION_OUTPUT:
-        hp = recipe.forward.replace(converter=ExactP(), p_format=PFormat.FLOAT32,
-                                    normalization=Normalization.EXACT)
-        out_hp = attention_forward(q, k, v_hat, hp, causal=causal, q_segment_ids=segment_ids,
-                                   softmax_scale=scale).out
+        hp = recipe.forward.replace(
+            converter=ExactP(), p_format=PFormat.FLOAT32, normalization=Normalization.EXACT
+        )
+        out_hp = attention_forward(
+            q, k, v_hat, hp, causal=causal, q_segment_ids=segment_ids, softmax_scale=scale
+        ).out
     tile = recipe.forward.block_kv
     skv = k.shape[-2]
     q_op = _slice_tokens(it.q, q.shape[-2])
     k_op = _slice_tokens(it.k, skv)
     saved = SavedForward(
-        q_op=q_op, k_op=k_op, q_hat=_dequantized(xp, q_op, it.q.block),
-        k_hat=_dequantized(xp, k_op, it.k.block), v_hat=v_hat, out=res.out, out_hp=out_hp,
+        q_op=q_op,
+        k_op=k_op,
+        q_hat=_dequantized(xp, q_op, it.q.block),
+        k_hat=_dequantized(xp, k_op, it.k.block),
+        v_hat=v_hat,
+        out=res.out,
+        out_hp=out_hp,
         lse=res.lse,
-        m=it.anchors[..., -1], l=it.normalizer, fwd_codes=it.p_codes, fwd_scales=it.p_scales,
-        fwd_k=it.p_k, fwd_anchors=_per_key(xp, it.anchors, tile), segment_ids=segment_ids,
-        qk_block=it.q.block, qk_exact=bool(it.q.exact), softmax_scale=scale, causal=causal,
-        tile_anchors=it.anchors)
+        m=it.anchors[..., -1],
+        l=it.normalizer,
+        fwd_codes=it.p_codes,
+        fwd_scales=it.p_scales,
+        fwd_k=it.p_k,
+        fwd_anchors=_per_key(xp, it.anchors, tile),
+        segment_ids=segment_ids,
+        qk_block=it.q.block,
+        qk_exact=bool(it.q.exact),
+        softmax_scale=scale,
+        causal=causal,
+        tile_anchors=it.anchors,
+    )
     return res.out, saved
 
 
@@ -260,7 +317,7 @@ def _tile_anchors(xp: ModuleType, u: Array, recipe: AttentionRecipe) -> list[Arr
     m = xp.full(u.shape[:-1], -np.inf, dtype=np.float32)
     out = []
     for i in range(u.shape[-1] // tile):
-        ut = u[..., i * tile:(i + 1) * tile]
+        ut = u[..., i * tile : (i + 1) * tile]
         mt = xp.max(xp.where(xp.isnan(ut), np.float32(-np.inf), ut), axis=-1)
         if recipe.rescale_threshold == 0:
             m = xp.maximum(m, mt)
@@ -271,8 +328,9 @@ def _tile_anchors(xp: ModuleType, u: Array, recipe: AttentionRecipe) -> list[Arr
     return out
 
 
-def _mask(xp: ModuleType, sq: int, skv: int, skv_pad: int, is_causal: bool,
-          segment_ids: Array | None) -> Array:
+def _mask(
+    xp: ModuleType, sq: int, skv: int, skv_pad: int, is_causal: bool, segment_ids: Array | None
+) -> Array:
     rows = xp.arange(sq, dtype=np.int32)[:, None]
     cols = xp.arange(skv_pad, dtype=np.int32)[None, :]
     ok = cols < skv
@@ -285,8 +343,9 @@ def _mask(xp: ModuleType, sq: int, skv: int, skv_pad: int, is_causal: bool,
     return ok
 
 
-def rebuild_p(saved: SavedForward, recipe: AttentionRecipe, *,
-              high_precision: bool = False) -> RebuiltP:
+def rebuild_p(
+    saved: SavedForward, recipe: AttentionRecipe, *, high_precision: bool = False
+) -> RebuiltP:
     """P̃ from the saved quantized Q/K and row statistics with ``recipe``'s converter and tiling
     (module docstring). Bit-identical to the forward's P when ``recipe`` is the forward's."""
     check_static("saved", saved, SavedForward, "fp4sim.training_forward(q, k, v, recipe)[1]")
@@ -300,6 +359,7 @@ def rebuild_p(saved: SavedForward, recipe: AttentionRecipe, *,
     skv_pad = n_tiles * tile
     k_op = saved.k_op
     if skv_pad != skv:
+
         def pad(a, axis):
             if a is None:
                 return None
@@ -318,8 +378,11 @@ def rebuild_p(saved: SavedForward, recipe: AttentionRecipe, *,
     # every tile at once: t (..., Sq, n_tiles, tile), one converter call (it works per tile)
     ut = xp.reshape(u, u.shape[:-1] + (n_tiles, tile))
     finite = anchors > -np.inf
-    t = xp.where(finite[..., None], ut - xp.where(finite, anchors, np.float32(0.0))[..., None],
-                 np.float32(-np.inf))
+    t = xp.where(
+        finite[..., None],
+        ut - xp.where(finite, anchors, np.float32(0.0))[..., None],
+        np.float32(-np.inf),
+    )
     pt = convert_tile(recipe, materialize(t))
     p, anc = _normalized(xp, saved, recipe, pt, anchors, skv)
 
@@ -331,13 +394,22 @@ def rebuild_p(saved: SavedForward, recipe: AttentionRecipe, *,
     if high_precision:
         lse2 = f32.mul_ftz(saved.lse, np.float32(math.log2(math.e)))
         ok = xp.isfinite(lse2)[..., None]
-        p_hp = xp.where(ok, exp2_rn(xp.where(ok, u[..., :skv] - lse2[..., None],
-                                             np.float32(-np.inf))), np.float32(0.0))
+        p_hp = xp.where(
+            ok,
+            exp2_rn(xp.where(ok, u[..., :skv] - lse2[..., None], np.float32(-np.inf))),
+            np.float32(0.0),
+        )
     return RebuiltP(p, codes, scales, ks, anc, p_hp)
 
 
-def _normalized(xp: ModuleType, saved: SavedForward, recipe: AttentionRecipe, pt: Array,
-                anchors: Array, skv: int) -> tuple[Array, Array]:
+def _normalized(
+    xp: ModuleType,
+    saved: SavedForward,
+    recipe: AttentionRecipe,
+    pt: Array,
+    anchors: Array,
+    skv: int,
+) -> tuple[Array, Array]:
     """``P̃_ij = fl(fl(w̃_ij · 2^(m_tile − m)) / L)`` (module docstring) from the converter's
     tiles ``pt`` ((..., Sq, n_tiles, tile) values, block exponents) and the anchor of each
     tile; also the anchors per key (..., Sq, Skv_pad)."""
@@ -355,15 +427,18 @@ def _normalized(xp: ModuleType, saved: SavedForward, recipe: AttentionRecipe, pt
     if not mism and pt.pdiv != 1:
         w = f32.div_ftz(w, np.float32(pt.pdiv))
     live = finite & fin[..., None]
-    r = xp.where(live, exp2_rn(xp.where(live, anchors - m_fin[..., None], np.float32(0.0))),
-                 np.float32(0.0))
+    r = xp.where(
+        live, exp2_rn(xp.where(live, anchors - m_fin[..., None], np.float32(0.0))), np.float32(0.0)
+    )
     # a barrier: the per-tile exp2 computed once, not re-fused into every key (4x slower)
     r = materialize(r)
 
     def norm(w: Array, rows: slice, tiles: slice) -> Array:  # these rows and tiles
-        return xp.where(pos[..., rows, None, None],
-                        f32.div_ftz(f32.mul_ftz(w, r[..., rows, tiles, None]),
-                                 l_safe[..., rows, :, :]), np.float32(0.0))
+        return xp.where(
+            pos[..., rows, None, None],
+            f32.div_ftz(f32.mul_ftz(w, r[..., rows, tiles, None]), l_safe[..., rows, :, :]),
+            np.float32(0.0),
+        )
 
     sq, n_tiles = w.shape[-3], w.shape[-2]
     spans = _causal_spans(recipe, saved.causal, sq, skv, n_tiles)
@@ -381,8 +456,10 @@ def _normalized(xp: ModuleType, saved: SavedForward, recipe: AttentionRecipe, pt
         p = parts[0] if len(parts) == 1 else xp.concatenate(parts, axis=-3)
     p = xp.reshape(p, p.shape[:-2] + (p.shape[-2] * p.shape[-1],))
     p = materialize(p[..., :skv])
-    anc = xp.reshape(xp.broadcast_to(anchors[..., None], anchors.shape + (tile,)),
-                     anchors.shape[:-1] + (anchors.shape[-1] * tile,))
+    anc = xp.reshape(
+        xp.broadcast_to(anchors[..., None], anchors.shape + (tile,)),
+        anchors.shape[:-1] + (anchors.shape[-1] * tile,),
+    )
     return p, anc
 
 
@@ -398,8 +475,9 @@ def _masked_tile_is_zero(recipe: AttentionRecipe) -> bool:
     return masked_tile(recipe, recipe.block_kv, mism) is not None
 
 
-def _causal_spans(recipe: AttentionRecipe, is_causal: bool, sq: int, skv: int,
-                  n_tiles: int) -> list[tuple[int, int, int]] | None:
+def _causal_spans(
+    recipe: AttentionRecipe, is_causal: bool, sq: int, skv: int, n_tiles: int
+) -> list[tuple[int, int, int]] | None:
     """Row spans ``(r0, r1, ntu)`` of a causal P̃ (end-aligned: query i sees keys
     j ≤ i + skv − sq): rows r0..r1−1 see only the first ``ntu`` key tiles, so every later tile
     is masked for each of them. There its MMA values are +0 (:func:`_masked_tile_is_zero`;
@@ -425,8 +503,9 @@ def _causal_spans(recipe: AttentionRecipe, is_causal: bool, sq: int, skv: int,
     return spans
 
 
-def _values_from_codes(xp: ModuleType, recipe: AttentionRecipe, codes: Array,
-                       scales: Array | None) -> Array:
+def _values_from_codes(
+    xp: ModuleType, recipe: AttentionRecipe, codes: Array, scales: Array | None
+) -> Array:
     """The float32 MMA values of P codes (the converters' ``values``): the decoded payload,
     times the decoded UE4M3 block scale for NVFP4 P (exact)."""
     fmt = recipe.p_format
@@ -469,8 +548,17 @@ def p_from_forward(saved: SavedForward, recipe: AttentionRecipe) -> RebuiltP:
     values = _values_from_codes(xp, recipe, codes, tiles(saved.fwd_scales))
     exps = tiles(saved.fwd_k) if fmt.block_exponents else None
     # the constants the converter and the P format declare (what convert_tile puts in its PTile)
-    pt = PTile(codes, None, values, exps, fmt.block, recipe.converter.factor_exp(fmt),
-               fmt.divisor, None, None)
+    pt = PTile(
+        codes,
+        None,
+        values,
+        exps,
+        fmt.block,
+        recipe.converter.factor_exp(fmt),
+        fmt.divisor,
+        None,
+        None,
+    )
     anchors = saved.tile_anchors
     if anchors is None:
         anchors = saved.fwd_anchors[..., ::tile]
@@ -496,8 +584,14 @@ class TrainingTrace(NamedTuple):
         return getattr(self.backward, name)
 
 
-def training_backward(saved: SavedForward, d_out: Array, recipe: TrainingRecipe, *,
-                      forward_p_codes: bool = False, grads_only: bool = False) -> TrainingTrace:
+def training_backward(
+    saved: SavedForward,
+    d_out: Array,
+    recipe: TrainingRecipe,
+    *,
+    forward_p_codes: bool = False,
+    grads_only: bool = False,
+) -> TrainingTrace:
     """dQ, dK, dV (and every intermediate) of ``recipe``'s backward from ``saved``.
 
     P̃ is rebuilt from the saved quantized Q/K (:func:`rebuild_p`); with ``forward_p_codes``
@@ -511,45 +605,70 @@ def training_backward(saved: SavedForward, d_out: Array, recipe: TrainingRecipe,
     xp = namespace(saved.q_hat, d_out)
     d_out = xp.asarray(d_out, dtype=np.float32)
     if d_out.shape != saved.out.shape:
-        raise ValueError(f"d_out.shape={d_out.shape} must equal the output's shape "
-                         f"{saved.out.shape}")
+        raise ValueError(
+            f"d_out.shape={d_out.shape} must equal the output's shape {saved.out.shape}"
+        )
     hp = recipe.ds_probabilities is DsProbabilities.HIGH_PRECISION
     if forward_p_codes and reuses_forward_p(recipe) and saved.fwd_codes is not None:
         rebuilt = p_from_forward(saved, recipe.forward)
     else:
         rebuilt = rebuild_p(saved, recipe.rebuild_recipe, high_precision=hp)
     trace = emulated_backward(
-        rebuilt.p, saved.q_hat, saved.k_hat, saved.v_hat, saved.out, d_out,
-        softmax_scale=saved.softmax_scale, d_out_scaling=recipe.d_out,
-        p_scaling=recipe.p_backward, ds_scaling=recipe.ds, delta=recipe.delta,
-        accumulation=recipe.accumulation, p_ds=rebuilt.p_hp if hp else None,
+        rebuilt.p,
+        saved.q_hat,
+        saved.k_hat,
+        saved.v_hat,
+        saved.out,
+        d_out,
+        softmax_scale=saved.softmax_scale,
+        d_out_scaling=recipe.d_out,
+        p_scaling=recipe.p_backward,
+        ds_scaling=recipe.ds,
+        delta=recipe.delta,
+        accumulation=recipe.accumulation,
+        p_ds=rebuilt.p_hp if hp else None,
         dq_scaling=recipe.dq,
         out_delta=saved.out_hp if recipe.delta is DeltaSource.HIGH_PRECISION_OUTPUT else None,
         quantize=_quantizer(saved.segment_ids, recipe.segment_aligned),
-        dp_only_where_p=grads_only)
+        dp_only_where_p=grads_only,
+    )
     return TrainingTrace(trace.grads, rebuilt.p, rebuilt, trace)
 
 
 # --- jax.custom_vjp ---------------------------------------------------------------------------
 @functools.cache
-def _vjp_function(recipe: TrainingRecipe, softmax_scale: float, is_causal: bool,
-                  segmented: bool):
+def _vjp_function(recipe: TrainingRecipe, softmax_scale: float, is_causal: bool, segmented: bool):
     import jax
 
     def primal(q, k, v, seg):
-        out, _ = training_forward(q, k, v, recipe, softmax_scale=softmax_scale, causal=is_causal,
-                                  segment_ids=seg if segmented else None)
+        out, _ = training_forward(
+            q,
+            k,
+            v,
+            recipe,
+            softmax_scale=softmax_scale,
+            causal=is_causal,
+            segment_ids=seg if segmented else None,
+        )
         return out
 
     def fwd(q, k, v, seg):
-        out, saved = training_forward(q, k, v, recipe, softmax_scale=softmax_scale,
-                                      causal=is_causal, segment_ids=seg if segmented else None)
+        out, saved = training_forward(
+            q,
+            k,
+            v,
+            recipe,
+            softmax_scale=softmax_scale,
+            causal=is_causal,
+            segment_ids=seg if segmented else None,
+        )
         # matched recipes keep the forward's P codes (the backward's P̃ without converting the
         # scores again, same bits); per-key anchors serve only the consistency checks
         if reuses_forward_p(recipe):
             return out, dataclasses.replace(saved, fwd_anchors=None)
-        return out, dataclasses.replace(saved, fwd_codes=None, fwd_scales=None, fwd_k=None,
-                                        fwd_anchors=None, tile_anchors=None)
+        return out, dataclasses.replace(
+            saved, fwd_codes=None, fwd_scales=None, fwd_k=None, fwd_anchors=None, tile_anchors=None
+        )
 
     def bwd(saved, g):
         grads = training_backward(saved, g, recipe, forward_p_codes=True, grads_only=True).grads
@@ -562,9 +681,16 @@ def _vjp_function(recipe: TrainingRecipe, softmax_scale: float, is_causal: bool,
     return f
 
 
-def emulated_attention(q: Array, k: Array, v: Array, recipe: TrainingRecipe, *,
-                       softmax_scale: float | None = None, causal: bool = True,
-                       segment_ids: Array | None = None) -> Array:
+def emulated_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    recipe: TrainingRecipe,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    segment_ids: Array | None = None,
+) -> Array:
     """O of ``recipe``'s training forward; ``jax.grad`` through it runs the emulated backward.
 
     jax arrays (under ``jit``/``vmap``/``grad``); ``recipe``, ``softmax_scale`` and ``causal``
@@ -579,13 +705,16 @@ def emulated_attention(q: Array, k: Array, v: Array, recipe: TrainingRecipe, *,
 
     check_static("recipe", recipe, TrainingRecipe, "fp4sim.TRAINING_PRESETS['float32']")
     check_bool("causal", causal)
-    q, k, v = (jnp.asarray(as_float_array(n, x, jnp), dtype=jnp.float32)
-               for n, x in (("q", q), ("k", k), ("v", v)))
+    q, k, v = (
+        jnp.asarray(as_float_array(n, x, jnp), dtype=jnp.float32)
+        for n, x in (("q", q), ("k", k), ("v", v))
+    )
     if any(isinstance(x, ad.JVPTracer) for x in (q, k, v)):
         raise NoDerivativeError(
             "emulated_attention has a reverse-mode derivative only (the emulated backward, a "
             "vector-Jacobian product): use jax.grad, jax.vjp or jax.jacrev; forward mode "
-            "(jax.jvp, jax.jacfwd, jax.hessian) is not defined for it")
+            "(jax.jvp, jax.jacfwd, jax.hessian) is not defined for it"
+        )
     scale = _softmax_scale(q.shape[-1], softmax_scale)
     f = _vjp_function(recipe, scale, causal, segment_ids is not None)
     seg = None if segment_ids is None else jnp.asarray(segment_ids, dtype=jnp.int32)

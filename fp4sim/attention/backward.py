@@ -101,19 +101,27 @@ def softmax_grad(p: Array, dp: Array, delta: Array) -> Array:
     of dS sums to zero; with any other D it sums to ``D·(1 − Σ_j P_ij) + (Σ P dP − D)``.
     """
     xp = _xp.namespace(p, dp, delta)
-    p, dp, delta = (as_float_array(n, a, xp) for n, a in (("p", p), ("dp", dp),
-                                                          ("delta", delta)))
+    p, dp, delta = (as_float_array(n, a, xp) for n, a in (("p", p), ("dp", dp), ("delta", delta)))
     check_same_shape(p=p, dp=dp)
     if tuple(delta.shape) != tuple(p.shape[:-1]):
-        raise ValueError(f"delta has shape {tuple(delta.shape)}; it must be p's shape without "
-                         f"the key axis, {tuple(p.shape[:-1])}")
+        raise ValueError(
+            f"delta has shape {tuple(delta.shape)}; it must be p's shape without "
+            f"the key axis, {tuple(p.shape[:-1])}"
+        )
     return p * (dp - delta[..., None])
 
 
-def attention_grad_reference(q: Array, k: Array, v: Array, d_out: Array, *,
-                             softmax_scale: float | None = None, causal: bool = False,
-                             q_segment_ids: Array | None = None,
-                             kv_segment_ids: Array | None = None) -> Gradients:
+def attention_grad_reference(
+    q: Array,
+    k: Array,
+    v: Array,
+    d_out: Array,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    q_segment_ids: Array | None = None,
+    kv_segment_ids: Array | None = None,
+) -> Gradients:
     """Exact float64 gradients of ``Σ O ∘ d_out`` with respect to q, k, v.
 
     Shapes (..., N, d), (..., M, d), (..., M, dv), (..., N, dv); any leading batch/head axes.
@@ -123,12 +131,18 @@ def attention_grad_reference(q: Array, k: Array, v: Array, d_out: Array, *,
     from fp4sim.attention.reference import attention_reference
 
     d_out = as_float_array("d_out", d_out)
-    ref = attention_reference(q, k, v, causal=causal, q_segment_ids=q_segment_ids,
-                              kv_segment_ids=kv_segment_ids, softmax_scale=softmax_scale)
+    ref = attention_reference(
+        q,
+        k,
+        v,
+        causal=causal,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        softmax_scale=softmax_scale,
+    )
     q, k, v, d_out = (np.asarray(x, dtype=np.float64) for x in (q, k, v, d_out))
     if d_out.shape != ref.out.shape:
-        raise ValueError(f"d_out.shape={d_out.shape} must be {ref.out.shape} (the output's "
-                         f"shape)")
+        raise ValueError(f"d_out.shape={d_out.shape} must be {ref.out.shape} (the output's shape)")
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     p = ref.probs
     dp = d_out @ np.swapaxes(v, -1, -2)
@@ -141,10 +155,16 @@ def attention_grad_reference(q: Array, k: Array, v: Array, d_out: Array, *,
 
 
 # --- the emulated backward --------------------------------------------------------------------
-def _matmul(a: Array, b: Array,
-            accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL, *,
-            a_stats: Any = None, b_stats: Any = None, needed: Any = None,
-            transpose_a: bool = False) -> Array:
+def _matmul(
+    a: Array,
+    b: Array,
+    accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL,
+    *,
+    a_stats: Any = None,
+    b_stats: Any = None,
+    needed: Any = None,
+    transpose_a: bool = False,
+) -> Array:
     """float32 ``a @ b`` of dequantized operands (a (..., I, K), b (..., K, J)); with
     ``transpose_a`` the product ``aᵀ @ b`` of a stored (..., K, I) (no transposed copy is made:
     on XLA CPU a transpose of a 2048² operand costs ~25 ms, more than its product loop).
@@ -193,9 +213,11 @@ def _matmul(a: Array, b: Array,
     seq = _sequential_jax(transpose_a)
     if needed is None:
         return seq(a, b, tuple(a_stats), tuple(b_stats))
-    needed = xp.broadcast_to(xp.asarray(needed, dtype=np.float32),
-                             tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-                             + (a.shape[-1 if transpose_a else -2], b.shape[-1]))
+    needed = xp.broadcast_to(
+        xp.asarray(needed, dtype=np.float32),
+        tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        + (a.shape[-1 if transpose_a else -2], b.shape[-1]),
+    )
     return seq(a, b, tuple(a_stats), tuple(b_stats), needed)
 
 
@@ -232,8 +254,10 @@ def _loop(a: Array, b: Array, plain: bool, needed: Any = None, transposed: bool 
     b = xp.broadcast_to(b, lead + b.shape[-2:])
     n_lead = math.prod(lead)
     cols = max([c for c in range(1, min(n_j, _BLOCK_COLS) + 1) if n_j % c == 0])
-    rows = max([r for r in range(1, n_i + 1)
-                if n_i % r == 0 and r * cols * n_lead <= _BLOCK_ELEMENTS] or [1])
+    rows = max(
+        [r for r in range(1, n_i + 1) if n_i % r == 0 and r * cols * n_lead <= _BLOCK_ELEMENTS]
+        or [1]
+    )
     if (rows, cols) == (n_i, n_j):
         return f32.ftz(_plain_block(a, b, transposed))
     ni, nj = n_i // rows, n_j // cols
@@ -243,8 +267,9 @@ def _loop(a: Array, b: Array, plain: bool, needed: Any = None, transposed: bool 
     # causal mask's zeros): those terms are ±0 (finite operands), skipping them changes only
     # the sign of zeros, which the final flush sets to +0
     if transposed:
-        live = xp.any(xp.reshape(a, lead + (n_k, ni, rows)) != 0,
-                      axis=tuple(range(nl)) + (nl + 2,))  # (K, ni)
+        live = xp.any(
+            xp.reshape(a, lead + (n_k, ni, rows)) != 0, axis=tuple(range(nl)) + (nl + 2,)
+        )  # (K, ni)
         live = xp.swapaxes(live, 0, 1)
     else:
         ab = xp.moveaxis(xp.reshape(a, lead + (ni, rows, n_k)), -3, 0)  # (ni, ..., rows, K)
@@ -267,9 +292,11 @@ def _loop(a: Array, b: Array, plain: bool, needed: Any = None, transposed: bool 
         b_blk = lax.dynamic_index_in_dim(bb, t % nj, keepdims=False)
         if needed is None:
             return _plain_range(a_block(t // nj), b_blk, lo[t // nj], hi[t // nj])
-        return lax.cond(busy[t], lambda: _plain_range(a_block(t // nj), b_blk, lo[t // nj],
-                                                      hi[t // nj]),
-                        lambda: xp.zeros(lead + (rows, cols), dtype=np.float32))
+        return lax.cond(
+            busy[t],
+            lambda: _plain_range(a_block(t // nj), b_blk, lo[t // nj], hi[t // nj]),
+            lambda: xp.zeros(lead + (rows, cols), dtype=np.float32),
+        )
 
     out = lax.map(one, xp.arange(ni * nj, dtype=np.int32))  # (ni*nj, ..., rows, cols)
     out = xp.reshape(out, (ni, nj) + lead + (rows, cols))
@@ -326,8 +353,9 @@ def _sequential_jax(transposed: bool = False):
     predicate stays unbatched under ``vmap`` (:func:`fp4sim.attention._ordered.plain_or_chain`)."""
 
     def plain(a: Any, b: Any, *needed: Any) -> Any:  # on a GPU: the ordered_gpu kernel
-        return ordered_gpu.backward_dispatch(_loop, a, b, True, needed[0] if needed else None,
-                                             transposed)
+        return ordered_gpu.backward_dispatch(
+            _loop, a, b, True, needed[0] if needed else None, transposed
+        )
 
     def chain(a: Any, b: Any, *needed: Any) -> Any:
         return ordered_gpu.backward_dispatch(_loop, a, b, False, None, transposed)
@@ -367,23 +395,37 @@ def _quantized(fq: Any, x: Array, scaling: Any, with_stats: bool) -> tuple[Array
     (:func:`fp4sim.attention._ordered.quantized_stats`)."""
     if not with_stats:
         return fq(x, scaling), None
-    both = operands.fake_quantize_stats if fq is operands.fake_quantize else \
-        getattr(fq, "with_stats", None)
+    both = (
+        operands.fake_quantize_stats
+        if fq is operands.fake_quantize
+        else getattr(fq, "with_stats", None)
+    )
     if both is None:
         y = fq(x, scaling)
         return y, operand_stats(y)
     return both(x, scaling)
 
 
-def emulated_backward(p: Array, q_hat: Array, k_hat: Array, v_hat: Array, out: Array,
-                      d_out: Array, *,
-                      softmax_scale: float, d_out_scaling: operands.OperandScaling,
-                      p_scaling: operands.OperandScaling, ds_scaling: operands.OperandScaling,
-                      delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT,
-                      accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL,
-                      p_ds: Array | None = None, out_delta: Array | None = None,
-                      dq_scaling: operands.OperandScaling | None = None,
-                      quantize: Any = None, dp_only_where_p: bool = False) -> BackwardTrace:
+def emulated_backward(
+    p: Array,
+    q_hat: Array,
+    k_hat: Array,
+    v_hat: Array,
+    out: Array,
+    d_out: Array,
+    *,
+    softmax_scale: float,
+    d_out_scaling: operands.OperandScaling,
+    p_scaling: operands.OperandScaling,
+    ds_scaling: operands.OperandScaling,
+    delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT,
+    accumulation: BackwardAccumulation = BackwardAccumulation.SEQUENTIAL,
+    p_ds: Array | None = None,
+    out_delta: Array | None = None,
+    dq_scaling: operands.OperandScaling | None = None,
+    quantize: Any = None,
+    dp_only_where_p: bool = False,
+) -> BackwardTrace:
     """The backward of one attention call from the forward's saved state (module docstring).
 
     ``p`` is the represented, normalized P̃ (..., N, M) float32 as the forward multiplied it
@@ -401,11 +443,14 @@ def emulated_backward(p: Array, q_hat: Array, k_hat: Array, v_hat: Array, out: A
     differ there (:func:`fp4sim.attention.autodiff.emulated_attention` sets it).
     """
     if not isinstance(accumulation, BackwardAccumulation):
-        raise TypeError(f"accumulation={accumulation!r} must be a BackwardAccumulation; allowed: "
-                        f"{[m.name for m in BackwardAccumulation]}")
+        raise TypeError(
+            f"accumulation={accumulation!r} must be a BackwardAccumulation; allowed: "
+            f"{[m.name for m in BackwardAccumulation]}"
+        )
     if not isinstance(delta, DeltaSource):
-        raise TypeError(f"delta={delta!r} must be a DeltaSource; allowed: "
-                        f"{[m.name for m in DeltaSource]}")
+        raise TypeError(
+            f"delta={delta!r} must be a DeltaSource; allowed: {[m.name for m in DeltaSource]}"
+        )
     fq = operands.fake_quantize if quantize is None else quantize
     xp = _xp.namespace(p, q_hat, k_hat, v_hat, out, d_out)
     d_out = xp.asarray(d_out, dtype=np.float32)
@@ -420,11 +465,20 @@ def emulated_backward(p: Array, q_hat: Array, k_hat: Array, v_hat: Array, out: A
     if seq:  # each operand's statistics once, on its stored layout (not a transposed view)
         st = {name: operand_stats(x) for name, x in (("v", v_hat), ("q", q_hat), ("k", k_hat))}
         st.update(do=do_st, p=p_st)
-    dv = _matmul(p_dv, d_out_q, accumulation, a_stats=st.get("p"), b_stats=st.get("do"),
-                 transpose_a=True)
+    dv = _matmul(
+        p_dv, d_out_q, accumulation, a_stats=st.get("p"), b_stats=st.get("do"), transpose_a=True
+    )
     needed = p_ds if dp_only_where_p and seq and xp is not np else None
-    dp = _xp.materialize(_matmul(d_out_q, _swap(v_hat), accumulation, a_stats=st.get("do"),
-                             b_stats=st.get("v"), needed=needed))
+    dp = _xp.materialize(
+        _matmul(
+            d_out_q,
+            _swap(v_hat),
+            accumulation,
+            a_stats=st.get("do"),
+            b_stats=st.get("v"),
+            needed=needed,
+        )
+    )
     o_d = xp.asarray(out if out_delta is None else out_delta, dtype=np.float32)
     # operands of native float32 operations are read with float32 subnormals as +0 (DAZ, what
     # XLA CPU does by itself), so NumPy and jax agree: f32.ftz on the inputs, too
@@ -436,7 +490,7 @@ def emulated_backward(p: Array, q_hat: Array, k_hat: Array, v_hat: Array, out: A
     dq = f32.mul_ftz(c, _matmul(ds_q, k_hat, accumulation, a_stats=ds_st, b_stats=st.get("k")))
     if dq_scaling is not None:
         dq = fq(dq, dq_scaling)
-    dk = f32.mul_ftz(c, _matmul(ds_q, q_hat, accumulation, a_stats=ds_st, b_stats=st.get("q"),
-                             transpose_a=True))
-    return BackwardTrace(Gradients(dq, dk, dv), d_out_q, d_out_delta, p_dv, p_ds, dp, dlt, ds,
-                         ds_q)
+    dk = f32.mul_ftz(
+        c, _matmul(ds_q, q_hat, accumulation, a_stats=ds_st, b_stats=st.get("q"), transpose_a=True)
+    )
+    return BackwardTrace(Gradients(dq, dk, dv), d_out_q, d_out_delta, p_dv, p_ds, dp, dlt, ds, ds_q)

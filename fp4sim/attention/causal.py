@@ -85,8 +85,11 @@ def token_group_length(scaling: OperandScaling, n_tokens: int) -> int:
         return 1
     fmt = scaling.fmt
     assert fmt is not None
-    if fmt.global_scale is not GlobalScale.NONE or scaling.geometry is Geometry.PER_TENSOR or (
-            scaling.geometry is Geometry.PER_ROW and scaling.axis == -2):
+    if (
+        fmt.global_scale is not GlobalScale.NONE
+        or scaling.geometry is Geometry.PER_TENSOR
+        or (scaling.geometry is Geometry.PER_ROW and scaling.axis == -2)
+    ):
         return n_tokens
     return fmt.block_size
 
@@ -106,8 +109,7 @@ def _segment_ranks(xp: ModuleType, segment_ids: Array, group: int) -> Array:
     return xp.reshape(xp.cumsum(blocked, axis=-1), change.shape)[..., :n]
 
 
-def fake_quantize_segmented(x: Array, scaling: OperandScaling, segment_ids: Array | None
-                            ) -> Array:
+def fake_quantize_segmented(x: Array, scaling: OperandScaling, segment_ids: Array | None) -> Array:
     """:func:`fake_quantize` whose token-spanning scale groups never straddle a document.
 
     ``x`` is (..., tokens, features) and ``segment_ids`` (..., tokens) (documents are contiguous
@@ -132,8 +134,10 @@ def fake_quantize_segmented(x: Array, scaling: OperandScaling, segment_ids: Arra
         return fake_quantize(x, scaling)
     xp = namespace(x, segment_ids)
     if segment_ids.shape[-1] != n:
-        raise ValueError(f"segment_ids.shape={segment_ids.shape} must end in the token count {n} "
-                         f"of x.shape={x.shape}")
+        raise ValueError(
+            f"segment_ids.shape={segment_ids.shape} must end in the token count {n} "
+            f"of x.shape={x.shape}"
+        )
     ranks = _segment_ranks(xp, segment_ids, group)[..., :, None]
     n_ranks = group if is_jax(segment_ids) else int(np.max(ranks)) + 1
     zero = xp.zeros((), x.dtype)
@@ -144,14 +148,16 @@ def fake_quantize_segmented(x: Array, scaling: OperandScaling, segment_ids: Arra
         sel = ranks[None] == xp.arange(n_ranks).reshape((n_ranks,) + (1,) * ranks.ndim)
         pieces = jax.vmap(lambda xi: fake_quantize(xi, scaling))(xp.where(sel, x[None], zero))
     else:
-        pieces = xp.stack([fake_quantize(xp.where(ranks == r, x, zero), scaling)
-                           for r in range(n_ranks)])
+        pieces = xp.stack(
+            [fake_quantize(xp.where(ranks == r, x, zero), scaling) for r in range(n_ranks)]
+        )
     index = xp.broadcast_to(ranks, x.shape)[None]
     return xp.take_along_axis(pieces, index, axis=0)[0]
 
 
-def fake_quantize_segmented_stats(x: Array, scaling: OperandScaling,
-                                  segment_ids: Array | None) -> tuple[Array, Any]:
+def fake_quantize_segmented_stats(
+    x: Array, scaling: OperandScaling, segment_ids: Array | None
+) -> tuple[Array, Any]:
     """``(fake_quantize_segmented(x, scaling, segment_ids), stats)`` with the statistics bounds
     of :func:`fake_quantize_stats` where no scale group spans tokens (the plain quantizer
     runs), else :func:`~fp4sim.attention._ordered.operand_stats` of the result."""
@@ -175,8 +181,9 @@ def shares_scales_across_tokens(scaling: OperandScaling) -> bool:
         or g in (Geometry.PER_TENSOR, Geometry.TOKEN_BLOCK, Geometry.SQUARE)
     )
     has_block_scale = fmt.scale is not None
-    global_spans_rows = (fmt.global_scale is GlobalScale.PER_TENSOR
-                         or (fmt.global_scale is GlobalScale.PER_ROW and scaling.axis == -2))
+    global_spans_rows = fmt.global_scale is GlobalScale.PER_TENSOR or (
+        fmt.global_scale is GlobalScale.PER_ROW and scaling.axis == -2
+    )
     return (has_block_scale and block_spans_rows) or global_spans_rows
 
 
@@ -199,7 +206,15 @@ def leak_class(scaling: OperandScaling) -> LeakClass:
 
 # --- the leak table ---------------------------------------------------------------------------
 V_OPTIONS: tuple[OperandScaling, ...] = (
-    FLOAT32, E4M3_CAST, PER_TOKEN_POW2, TOKEN_BLOCK_POW2, MXFP8_TOKENS_RCEIL, MXFP8_TOKENS_FLOOR,
-    MXFP4_TOKENS_RCEIL, NVFP4_TOKENS, FP8_PER_TENSOR_AMAX, PER_TENSOR_POW2,
+    FLOAT32,
+    E4M3_CAST,
+    PER_TOKEN_POW2,
+    TOKEN_BLOCK_POW2,
+    MXFP8_TOKENS_RCEIL,
+    MXFP8_TOKENS_FLOOR,
+    MXFP4_TOKENS_RCEIL,
+    NVFP4_TOKENS,
+    FP8_PER_TENSOR_AMAX,
+    PER_TENSOR_POW2,
 )
 """The V scalings of the leak table (FLAMIA), safest first."""

@@ -61,31 +61,42 @@ def with_mismatch(recipe: TrainingRecipe, mismatch: Mismatch) -> TrainingRecipe:
     if not isinstance(recipe, TrainingRecipe):
         raise TypeError(f"recipe={recipe!r} must be a TrainingRecipe")
     if not isinstance(mismatch, Mismatch):
-        raise TypeError(f"mismatch={mismatch!r} must be a Mismatch; allowed: "
-                        f"{[m.name for m in Mismatch]}")
+        raise TypeError(
+            f"mismatch={mismatch!r} must be a Mismatch; allowed: {[m.name for m in Mismatch]}"
+        )
     fwd = recipe.forward
     name = f"{recipe.name}+{mismatch.value}"
     if mismatch is Mismatch.BACKWARD_TILING:
-        tile = fwd.block_kv // 2 if fwd.block_kv >= 2 * max(fwd.fragment, fwd.pv_group) \
+        tile = (
+            fwd.block_kv // 2
+            if fwd.block_kv >= 2 * max(fwd.fragment, fwd.pv_group)
             else fwd.block_kv * 2
+        )
         return recipe.replace(name=name, rebuild=fwd.replace(block_kv=tile))
     if mismatch is Mismatch.FORWARD_APPROX_EXP:
-        poly = Exp2Model(kind=Exp2Kind.FA4_POLY, emulate_freq=2, emulate_res=2,
-                         native_last_fragments=0)
-        return recipe.replace(name=name, forward=fwd.replace(exp2=poly),
-                              rebuild=fwd.replace(exp2=Exp2Model()))
+        poly = Exp2Model(
+            kind=Exp2Kind.FA4_POLY, emulate_freq=2, emulate_res=2, native_last_fragments=0
+        )
+        return recipe.replace(
+            name=name, forward=fwd.replace(exp2=poly), rebuild=fwd.replace(exp2=Exp2Model())
+        )
     if mismatch is Mismatch.D_OUT_REPRESENTATION:
         if recipe.d_out.fmt is None or recipe.delta is not DeltaSource.QUANTIZED_D_OUT:
-            raise ValueError(f"Mismatch.D_OUT_REPRESENTATION needs a quantized dO shared by D "
-                             f"and dP; recipe {recipe.name!r} has d_out={recipe.d_out.name}, "
-                             f"delta={recipe.delta.name}")
+            raise ValueError(
+                f"Mismatch.D_OUT_REPRESENTATION needs a quantized dO shared by D "
+                f"and dP; recipe {recipe.name!r} has d_out={recipe.d_out.name}, "
+                f"delta={recipe.delta.name}"
+            )
         return recipe.replace(name=name, delta=DeltaSource.FLOAT_D_OUT)
     # P_BITS
     if fwd.p_format is not PFormat.MXFP4:
-        raise ValueError(f"Mismatch.P_BITS needs a 4-bit (MXFP4) forward P; recipe "
-                         f"{recipe.name!r} has p_format={fwd.p_format.name}")
-    return recipe.replace(name=name, rebuild=fwd.replace(converter=ExactP(),
-                                                         p_format=PFormat.MXFP8))
+        raise ValueError(
+            f"Mismatch.P_BITS needs a 4-bit (MXFP4) forward P; recipe "
+            f"{recipe.name!r} has p_format={fwd.p_format.name}"
+        )
+    return recipe.replace(
+        name=name, rebuild=fwd.replace(converter=ExactP(), p_format=PFormat.MXFP8)
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -111,8 +122,15 @@ class ConsistencyReport:
     @property
     def failed(self) -> tuple[str, ...]:
         """Names of the checks that failed."""
-        return tuple(n for n, ok in (("p_bitwise", self.p_bitwise), ("delta", self.delta_ok),
-                                     ("ds_row_sum", self.ds_row_sum_ok)) if not ok)
+        return tuple(
+            n
+            for n, ok in (
+                ("p_bitwise", self.p_bitwise),
+                ("delta", self.delta_ok),
+                ("ds_row_sum", self.ds_row_sum_ok),
+            )
+            if not ok
+        )
 
 
 def _excess(dev: np.ndarray, bound: np.ndarray) -> float:
@@ -122,26 +140,44 @@ def _excess(dev: np.ndarray, bound: np.ndarray) -> float:
     return float(np.max(r)) if r.size else 0.0
 
 
-def check_consistency(recipe: TrainingRecipe, q: Any, k: Any, v: Any, d_out: Any, *,
-                      softmax_scale: float | None = None, causal: bool = True,
-                      segment_ids: Any = None) -> ConsistencyReport:
+def check_consistency(
+    recipe: TrainingRecipe,
+    q: Any,
+    k: Any,
+    v: Any,
+    d_out: Any,
+    *,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    segment_ids: Any = None,
+) -> ConsistencyReport:
     """Run ``recipe``'s forward and backward on float32 NumPy inputs and check the consistency conditions."""
     from fp4sim.attention.autodiff import forward_p, training_backward, training_forward
 
     if not isinstance(recipe, TrainingRecipe):
         raise TypeError(f"recipe={recipe!r} must be a TrainingRecipe")
-    out, saved = training_forward(q, k, v, recipe, softmax_scale=softmax_scale, causal=causal,
-                                  segment_ids=segment_ids)
+    out, saved = training_forward(
+        q, k, v, recipe, softmax_scale=softmax_scale, causal=causal, segment_ids=segment_ids
+    )
     trace = training_backward(saved, d_out, recipe)
     p_fwd = np.asarray(forward_p(saved, recipe).p)
     p_bwd = np.asarray(trace.p)
     reb = trace.rebuilt
     same_ints = all(
-        (a is None and b is None) or (a is not None and b is not None
-                                      and np.shape(a) == np.shape(b)
-                                      and np.array_equal(np.asarray(a), np.asarray(b)))
-        for a, b in ((reb.codes, saved.fwd_codes), (reb.scales, saved.fwd_scales),
-                     (reb.k, saved.fwd_k), (reb.anchors, saved.fwd_anchors)))
+        (a is None and b is None)
+        or (
+            a is not None
+            and b is not None
+            and np.shape(a) == np.shape(b)
+            and np.array_equal(np.asarray(a), np.asarray(b))
+        )
+        for a, b in (
+            (reb.codes, saved.fwd_codes),
+            (reb.scales, saved.fwd_scales),
+            (reb.k, saved.fwd_k),
+            (reb.anchors, saved.fwd_anchors),
+        )
+    )
     p_bitwise = same_ints and bool(np.array_equal(p_fwd.view(np.uint32), p_bwd.view(np.uint32)))
     p_diff = float(np.max(np.abs(p_fwd.astype(np.float64) - p_bwd))) if p_fwd.size else 0.0
 
@@ -159,6 +195,12 @@ def check_consistency(recipe: TrainingRecipe, q: Any, k: Any, v: Any, d_out: Any
     ds = np.asarray(trace.ds, dtype=f64)
     ds_bound = gamma * np.sum(np.abs(pb) * (np.abs(dp) + np.abs(dlt)[..., None]), axis=-1)
     ds_excess = _excess(np.sum(ds, axis=-1), ds_bound)
-    return ConsistencyReport(recipe=recipe.name, p_bitwise=p_bitwise, p_max_abs_diff=p_diff,
-                             delta_ok=delta_excess <= 1.0, delta_excess=delta_excess,
-                             ds_row_sum_ok=ds_excess <= 1.0, ds_sum_excess=ds_excess)
+    return ConsistencyReport(
+        recipe=recipe.name,
+        p_bitwise=p_bitwise,
+        p_max_abs_diff=p_diff,
+        delta_ok=delta_excess <= 1.0,
+        delta_excess=delta_excess,
+        ds_row_sum_ok=ds_excess <= 1.0,
+        ds_sum_excess=ds_excess,
+    )

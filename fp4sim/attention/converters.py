@@ -71,10 +71,18 @@ from fp4sim.formats import f32
 from fp4sim.formats.codec import bf16_round, bf16_values, decode, encode
 from fp4sim.formats.spec import E2M1, E4M3, UE4M3, NanPolicy, Policy
 
-__all__ = ["PTile", "convert_tile", "direct_p_payload", "direct_p_coordinate", "bf16_round",
-           "block_max_exponent",
-           "mitchell_exp2",
-           "LOG2_6", "LOG2_448", "LOG2_2688"]
+__all__ = [
+    "PTile",
+    "convert_tile",
+    "direct_p_payload",
+    "direct_p_coordinate",
+    "bf16_round",
+    "block_max_exponent",
+    "mitchell_exp2",
+    "LOG2_6",
+    "LOG2_448",
+    "LOG2_2688",
+]
 
 LOG2_6 = np.float32(math.log2(6.0))
 LOG2_448 = np.float32(math.log2(448.0))
@@ -128,8 +136,9 @@ def block_max_exponent(tb: Array) -> Array:
     return _ceil_exp(xp, _block_max(xp, tb))
 
 
-def _group_sum(xp: ModuleType, vals_b: Array, weight: Array | None = None,
-               exps: Array | None = None) -> Array:
+def _group_sum(
+    xp: ModuleType, vals_b: Array, weight: Array | None = None, exps: Array | None = None
+) -> Array:
     """Σ_groups fl(weight_g · tree_sum_g(vals)) (or ``· 2^exps_g``), groups added in key order
     (float32, FTZ)."""
     partial = f32.tree_sum_ftz(vals_b, axis=-1)  # (..., rows, nb)
@@ -164,8 +173,9 @@ def direct_p_coordinate(t: Array, k: Array) -> Array:
     return as_f32("t", t, xp) + bias
 
 
-def direct_p_payload(converter: Any, x: Array, *, exp2: Exp2Model = Exp2Model(),
-                     fragment: int = 32, tile: int = 128) -> Array:
+def direct_p_payload(
+    converter: Any, x: Array, *, exp2: Exp2Model = Exp2Model(), fragment: int = 32, tile: int = 128
+) -> Array:
     """E2M1 payload codes (uint8) of the Direct-P family (ExactP, AffineP, MitchellP) from the
     coordinate ``x`` (float32, any shape; −inf gives code 0)."""
     xp = namespace(x)
@@ -173,13 +183,16 @@ def direct_p_payload(converter: Any, x: Array, *, exp2: Exp2Model = Exp2Model(),
     if isinstance(converter, ExactP):
         value = exp2_model(x, exp2, fragment=fragment, tile=tile) if x.ndim else exp2_rn(x)
     elif isinstance(converter, AffineP):
-        value = xp.maximum(f32.mul_ftz(np.float32(converter.a), x) + np.float32(converter.b),
-                           np.float32(0.0))
+        value = xp.maximum(
+            f32.mul_ftz(np.float32(converter.a), x) + np.float32(converter.b), np.float32(0.0)
+        )
     elif isinstance(converter, MitchellP):
         value = mitchell_exp2(x - np.float32(converter.shift))
     else:
-        raise TypeError(f"converter={converter!r} is not a Direct-P converter; allowed: "
-                        f"ExactP, AffineP, MitchellP")
+        raise TypeError(
+            f"converter={converter!r} is not a Direct-P converter; allowed: "
+            f"ExactP, AffineP, MitchellP"
+        )
     value = xp.where(xp.isnan(x), np.float32(0.0), value)
     return encode(value, E2M1, _E2M1_POLICY)
 
@@ -204,11 +217,18 @@ def _convert_tile(recipe: AttentionRecipe, t: Array, need_mismatched: bool) -> P
     def ex2(v: Array) -> Array:
         return exp2_model(v, recipe.exp2, fragment=recipe.fragment, tile=tile)
 
-    def tile_of(codes: Array, scales: Array | None, values: Array, exps: Array | None,
-                mism: Array | None, k: Array | None) -> PTile:
+    def tile_of(
+        codes: Array,
+        scales: Array | None,
+        values: Array,
+        exps: Array | None,
+        mism: Array | None,
+        k: Array | None,
+    ) -> PTile:
         # the P format's and the converter's declared constants (recipe.PFormat, converters)
-        return PTile(codes, scales, values, exps, fmt.block, conv.factor_exp(fmt), fmt.divisor,
-                     mism, k)
+        return PTile(
+            codes, scales, values, exps, fmt.block, conv.factor_exp(fmt), fmt.divisor, mism, k
+        )
 
     # --- Direct-P family: E2M1 with a power-of-two amplitude per 32 keys -----------------
     if fmt is PFormat.MXFP4:
@@ -226,8 +246,11 @@ def _convert_tile(recipe: AttentionRecipe, t: Array, need_mismatched: bool) -> P
 
     if isinstance(conv, ExactP):
         p = ex2(t)
-        mism = _group_sum(xp, _blocks(xp, p, 32 if tile % 32 == 0 else tile)) \
-            if need_mismatched else None
+        mism = (
+            _group_sum(xp, _blocks(xp, p, 32 if tile % 32 == 0 else tile))
+            if need_mismatched
+            else None
+        )
         if fmt is PFormat.MXFP8:
             tb = _blocks(xp, t, fmt.block)
             e = _ceil_exp(xp, _block_max(xp, tb) - LOG2_448)
@@ -242,8 +265,13 @@ def _convert_tile(recipe: AttentionRecipe, t: Array, need_mismatched: bool) -> P
             pb = _blocks(xp, p, fmt.block)
             sf_codes = encode(f32.div_ftz(_block_max(xp, pb), np.float32(6.0)), UE4M3)
             sf = decode(sf_codes, UE4M3)[..., None]
-            q = encode(xp.where(sf > 0, f32.div_ftz(pb, xp.where(sf > 0, sf, np.float32(1.0))),
-                                np.float32(0.0)), E2M1, _E2M1_POLICY)
+            q = encode(
+                xp.where(
+                    sf > 0, f32.div_ftz(pb, xp.where(sf > 0, sf, np.float32(1.0))), np.float32(0.0)
+                ),
+                E2M1,
+                _E2M1_POLICY,
+            )
             vals = decode(q, E2M1) * sf  # exact: 2 x 4 significant bits
             return tile_of(_unblock(xp, q), sf_codes, _unblock(xp, vals), None, mism, None)
         if fmt is PFormat.FP8:
@@ -273,15 +301,26 @@ def _convert_tile(recipe: AttentionRecipe, t: Array, need_mismatched: bool) -> P
             vals = decode(q, E2M1) * decode(sf_codes, UE4M3)[..., None]
             return tile_of(_unblock(xp, q), sf_codes, _unblock(xp, vals), None, mism, None)
         q = encode(P, E4M3)
-        return tile_of(_unblock(xp, q), (bi + 127).astype(np.uint8),
-                       _unblock(xp, decode(q, E4M3)), bi, mism, bi)
+        return tile_of(
+            _unblock(xp, q),
+            (bi + 127).astype(np.uint8),
+            _unblock(xp, decode(q, E4M3)),
+            bi,
+            mism,
+            bi,
+        )
 
     if isinstance(conv, SageTwoLevelP):
         tb = _blocks(xp, t, fmt.block)
         phat = ex2(tb + LOG2_2688)
         am = exp2_rn(_block_max(xp, tb) + LOG2_448)[..., None]
-        q = encode(xp.where(am > 0, f32.div_ftz(phat, xp.where(am > 0, am, np.float32(1.0))),
-                            np.float32(0.0)), E2M1, _E2M1_POLICY)
+        q = encode(
+            xp.where(
+                am > 0, f32.div_ftz(phat, xp.where(am > 0, am, np.float32(1.0))), np.float32(0.0)
+            ),
+            E2M1,
+            _E2M1_POLICY,
+        )
         sf_codes = encode(am[..., 0], UE4M3)
         vals = decode(q, E2M1) * decode(sf_codes, UE4M3)[..., None]
         mism = _group_sum(xp, phat) if need_mismatched else None
@@ -290,8 +329,11 @@ def _convert_tile(recipe: AttentionRecipe, t: Array, need_mismatched: bool) -> P
     if isinstance(conv, FixedScaleP):
         p = ex2(t)
         codes = encode(p * np.float32(conv.scale), E4M3)  # power-of-two scale: exact
-        mism = _group_sum(xp, _blocks(xp, p, 32 if tile % 32 == 0 else tile)) \
-            if need_mismatched else None
+        mism = (
+            _group_sum(xp, _blocks(xp, p, 32 if tile % 32 == 0 else tile))
+            if need_mismatched
+            else None
+        )
         return tile_of(codes, None, decode(codes, E4M3), None, mism, None)
 
     if isinstance(conv, SchraudolphP):
@@ -310,11 +352,13 @@ def _convert_tile(recipe: AttentionRecipe, t: Array, need_mismatched: bool) -> P
             vals = decode(codes, E4M3)
         mism = None
         if need_mismatched:  # the same piecewise-linear exp2 at float32 resolution
-            y23 = xp.where(y >= np.float32(-126.0), xp.minimum(y, np.float32(127.0)),
-                           np.float32(-127.0))
+            y23 = xp.where(
+                y >= np.float32(-126.0), xp.minimum(y, np.float32(127.0)), np.float32(-127.0)
+            )
             i23 = xp.floor(y23 * np.float32(2.0**23)).astype(np.int32) + np.int32(127 << 23)
-            lin = xp.where(y >= np.float32(-126.0), bitcast(i23.astype(np.uint32), np.float32),
-                           np.float32(0.0))
+            lin = xp.where(
+                y >= np.float32(-126.0), bitcast(i23.astype(np.uint32), np.float32), np.float32(0.0)
+            )
             mism = _group_sum(xp, _blocks(xp, lin, 32 if tile % 32 == 0 else tile))
         return tile_of(codes, None, vals, None, mism, None)
 

@@ -49,8 +49,19 @@ def rows_block(rows: int) -> int:
     return 32 if rows % 32 == 0 else (16 if rows % 16 == 0 else 0)
 
 
-def _log2_scores(q_blocks: list, k_ref: Any, kp_ref: Any, qpost: Any, rows: Any, key0: Any, *,
-                 c: float, skv: int, sq: int, causal: bool) -> Any:
+def _log2_scores(
+    q_blocks: list,
+    k_ref: Any,
+    kp_ref: Any,
+    qpost: Any,
+    rows: Any,
+    key0: Any,
+    *,
+    c: float,
+    skv: int,
+    sq: int,
+    causal: bool,
+) -> Any:
     """``u = fl(z·c)`` of these rows against keys key0 … key0+SUB−1, masked keys −inf: z the
     exact block partials added in block order, times the per-token factors (forward step 1-2)."""
     import jax.numpy as jnp
@@ -60,8 +71,7 @@ def _log2_scores(q_blocks: list, k_ref: Any, kp_ref: Any, qpost: Any, rows: Any,
     z = None
     for b, qb in enumerate(q_blocks):
         kb = k_ref[0, pl.ds(key0, SUB), pl.ds(b * QK_BLOCK, QK_BLOCK)].astype(jnp.bfloat16)
-        part = lax.dot_general(qb, kb, (((1,), (1,)), ((), ())),
-                               preferred_element_type=jnp.float32)
+        part = lax.dot_general(qb, kb, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         z = part if z is None else z + part  # exact partials: never subnormal (forward)
     if qpost is not None:
         kpost = kp_ref[0, pl.ds(key0, SUB)]
@@ -77,12 +87,27 @@ def _q_blocks(q_ref: Any, d: int) -> list:
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
 
-    return [q_ref[0, :, pl.ds(b * QK_BLOCK, QK_BLOCK)].astype(jnp.bfloat16)
-            for b in range(d // QK_BLOCK)]
+    return [
+        q_ref[0, :, pl.ds(b * QK_BLOCK, QK_BLOCK)].astype(jnp.bfloat16)
+        for b in range(d // QK_BLOCK)
+    ]
 
 
-def _maxima_kernel(q_ref: Any, k_ref: Any, qp_ref: Any, kp_ref: Any, ids_ref: Any, mt_ref: Any,
-                   nan_ref: Any, *, d: int, ntu: int, tile: int, post: bool, **score: Any) -> None:
+def _maxima_kernel(
+    q_ref: Any,
+    k_ref: Any,
+    qp_ref: Any,
+    kp_ref: Any,
+    ids_ref: Any,
+    mt_ref: Any,
+    nan_ref: Any,
+    *,
+    d: int,
+    ntu: int,
+    tile: int,
+    post: bool,
+    **score: Any,
+) -> None:
     import jax.numpy as jnp
     from jax import lax
 
@@ -114,11 +139,31 @@ def _tree_sum(x: Any) -> Any:
     return x[..., 0]
 
 
-def _accumulate_kernel(q_ref: Any, k_ref: Any, qp_ref: Any, kp_ref: Any, ids_ref: Any,
-                       v_ref: Any, safe_ref: Any, fin_ref: Any, r_ref: Any, acc_ref: Any,
-                       sums_ref: Any, kb_ref: Any, *, d: int, ntu: int, tile: int, post: bool,
-                       converter: Any, ceil_rule: bool, factor_exp: int, per_group: int,
-                       dv: int, **score: Any) -> None:
+def _accumulate_kernel(
+    q_ref: Any,
+    k_ref: Any,
+    qp_ref: Any,
+    kp_ref: Any,
+    ids_ref: Any,
+    v_ref: Any,
+    safe_ref: Any,
+    fin_ref: Any,
+    r_ref: Any,
+    acc_ref: Any,
+    sums_ref: Any,
+    kb_ref: Any,
+    *,
+    d: int,
+    ntu: int,
+    tile: int,
+    post: bool,
+    converter: Any,
+    ceil_rule: bool,
+    factor_exp: int,
+    per_group: int,
+    dv: int,
+    **score: Any,
+) -> None:
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental import pallas as pl
@@ -147,9 +192,14 @@ def _accumulate_kernel(q_ref: Any, k_ref: Any, qp_ref: Any, kp_ref: Any, ids_ref
             kb_ref[0, i * nsub + s, :] = kb
             pv = f32.ldexp_ftz(vals, (kb + np.int32(factor_exp))[:, None])
             vv = v_ref[0, pl.ds(key0, SUB), :]
-            part = f32.ftz(lax.dot_general(pv.astype(jnp.bfloat16), vv.astype(jnp.bfloat16),
-                                           (((1,), (0,)), ((), ())),
-                                           preferred_element_type=jnp.float32))
+            part = f32.ftz(
+                lax.dot_general(
+                    pv.astype(jnp.bfloat16),
+                    vv.astype(jnp.bfloat16),
+                    (((1,), (0,)), ((), ())),
+                    preferred_element_type=jnp.float32,
+                )
+            )
             g = part if s % per_group == 0 else f32.add_ftz(g, part)
             if s % per_group == per_group - 1:
                 acc = f32.add_ftz(acc, g)
@@ -190,9 +240,21 @@ def _common(qv: Any, kv: Any, qpost: Any, kpost: Any, row_ids: Any) -> tuple:
     return (qv, kv, qpost, kpost, ids), post
 
 
-def tile_maxima(qv: Any, kv: Any, qpost: Any, kpost: Any, row_ids: Any, *, c: float, skv: int,
-                sq: int, causal: bool, tile: int, ntu: int, interpret: bool = False
-                ) -> tuple[Any, Any]:
+def tile_maxima(
+    qv: Any,
+    kv: Any,
+    qpost: Any,
+    kpost: Any,
+    row_ids: Any,
+    *,
+    c: float,
+    skv: int,
+    sq: int,
+    causal: bool,
+    tile: int,
+    ntu: int,
+    interpret: bool = False,
+) -> tuple[Any, Any]:
     """Step 1 (module docstring) for a batch of query rows: ``qv`` (B, R, D) and ``kv``
     (B, Ku, D) NVFP4 values (payload × UE4M3 scale), ``qpost``/``kpost`` (B, R)/(B, Ku) the
     per-token factors or None, ``row_ids`` (R,) the rows' indices. Returns the tile maxima
@@ -204,21 +266,58 @@ def tile_maxima(qv: Any, kv: Any, qpost: Any, kpost: Any, row_ids: Any, *, c: fl
     args, post = _common(qv, kv, qpost, kpost, row_ids)
     nb, rows, d = qv.shape
     bm = rows_block(rows)
-    kern = functools.partial(_maxima_kernel, d=d, ntu=ntu, tile=tile, post=post, c=float(c),
-                             skv=skv, sq=sq, causal=causal)
+    kern = functools.partial(
+        _maxima_kernel,
+        d=d,
+        ntu=ntu,
+        tile=tile,
+        post=post,
+        c=float(c),
+        skv=skv,
+        sq=sq,
+        causal=causal,
+    )
     return pl.pallas_call(
-        kern, grid=(nb, rows // bm), in_specs=_specs(bm, d, kv.shape[-2], post),
-        out_specs=[pl.BlockSpec((1, ntu, bm), lambda n, i: (n, 0, i)),
-                   pl.BlockSpec((1, bm), lambda n, i: (n, i))],
-        out_shape=[jax.ShapeDtypeStruct((nb, ntu, rows), jnp.float32),
-                   jax.ShapeDtypeStruct((nb, rows), jnp.int32)],
-        interpret=interpret, compiler_params=_params(), name="fp4sim_direct_p_maxima")(*args)
+        kern,
+        grid=(nb, rows // bm),
+        in_specs=_specs(bm, d, kv.shape[-2], post),
+        out_specs=[
+            pl.BlockSpec((1, ntu, bm), lambda n, i: (n, 0, i)),
+            pl.BlockSpec((1, bm), lambda n, i: (n, i)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((nb, ntu, rows), jnp.float32),
+            jax.ShapeDtypeStruct((nb, rows), jnp.int32),
+        ],
+        interpret=interpret,
+        compiler_params=_params(),
+        name="fp4sim_direct_p_maxima",
+    )(*args)
 
 
-def accumulate(qv: Any, kv: Any, qpost: Any, kpost: Any, row_ids: Any, vv: Any, safe: Any,
-               finite: Any, r: Any, *, c: float, skv: int, sq: int, causal: bool, tile: int,
-               ntu: int, converter: Any, ceil_rule: bool, factor_exp: int, pv_group: int,
-               interpret: bool = False) -> tuple[Any, Any, Any]:
+def accumulate(
+    qv: Any,
+    kv: Any,
+    qpost: Any,
+    kpost: Any,
+    row_ids: Any,
+    vv: Any,
+    safe: Any,
+    finite: Any,
+    r: Any,
+    *,
+    c: float,
+    skv: int,
+    sq: int,
+    causal: bool,
+    tile: int,
+    ntu: int,
+    converter: Any,
+    ceil_rule: bool,
+    factor_exp: int,
+    pv_group: int,
+    interpret: bool = False,
+) -> tuple[Any, Any, Any]:
     """Step 3 (module docstring): ``vv`` (B, Ku, Dv) the V values with their block scales
     applied (flushed), ``safe``/``finite``/``r`` (B, ntu, R) each tile's anchor (0 where none),
     whether it is finite, and the rescale factor. Returns the numerator A (B, R, Dv) in the
@@ -233,20 +332,39 @@ def accumulate(qv: Any, kv: Any, qpost: Any, kpost: Any, row_ids: Any, vv: Any, 
     ku, dv = vv.shape[-2:]
     bm = rows_block(rows)
     nblk = ntu * tile // SUB
-    kern = functools.partial(_accumulate_kernel, d=d, ntu=ntu, tile=tile, post=post,
-                             converter=converter, ceil_rule=ceil_rule, factor_exp=factor_exp,
-                             per_group=pv_group // SUB, dv=dv, c=float(c), skv=skv, sq=sq,
-                             causal=causal)
+    kern = functools.partial(
+        _accumulate_kernel,
+        d=d,
+        ntu=ntu,
+        tile=tile,
+        post=post,
+        converter=converter,
+        ceil_rule=ceil_rule,
+        factor_exp=factor_exp,
+        per_group=pv_group // SUB,
+        dv=dv,
+        c=float(c),
+        skv=skv,
+        sq=sq,
+        causal=causal,
+    )
     state = pl.BlockSpec((1, ntu, bm), lambda n, i: (n, 0, i))
     return pl.pallas_call(
-        kern, grid=(nb, rows // bm),
-        in_specs=_specs(bm, d, ku, post) + [pl.BlockSpec((1, ku, dv), lambda n, i: (n, 0, 0)),
-                                            state, state, state],
-        out_specs=[pl.BlockSpec((1, bm, dv), lambda n, i: (n, i, 0)),
-                   pl.BlockSpec((1, nblk, bm), lambda n, i: (n, 0, i)),
-                   pl.BlockSpec((1, nblk, bm), lambda n, i: (n, 0, i))],
-        out_shape=[jax.ShapeDtypeStruct((nb, rows, dv), jnp.float32),
-                   jax.ShapeDtypeStruct((nb, nblk, rows), jnp.float32),
-                   jax.ShapeDtypeStruct((nb, nblk, rows), jnp.int32)],
-        interpret=interpret, compiler_params=_params(), name="fp4sim_direct_p_accumulate")(
-        *args, vv, safe, jnp.asarray(finite, jnp.int32), r)
+        kern,
+        grid=(nb, rows // bm),
+        in_specs=_specs(bm, d, ku, post)
+        + [pl.BlockSpec((1, ku, dv), lambda n, i: (n, 0, 0)), state, state, state],
+        out_specs=[
+            pl.BlockSpec((1, bm, dv), lambda n, i: (n, i, 0)),
+            pl.BlockSpec((1, nblk, bm), lambda n, i: (n, 0, i)),
+            pl.BlockSpec((1, nblk, bm), lambda n, i: (n, 0, i)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((nb, rows, dv), jnp.float32),
+            jax.ShapeDtypeStruct((nb, nblk, rows), jnp.float32),
+            jax.ShapeDtypeStruct((nb, nblk, rows), jnp.int32),
+        ],
+        interpret=interpret,
+        compiler_params=_params(),
+        name="fp4sim_direct_p_accumulate",
+    )(*args, vv, safe, jnp.asarray(finite, jnp.int32), r)

@@ -38,8 +38,12 @@ from fp4sim.formats import f32
 
 __all__ = ["exp2_rn", "exp2_fa4", "exp2_model", "fa4_emulated_mask", "log2_f32", "POLY_EX2"]
 
-POLY_EX2 = (np.float32(1.0), np.float32(0.6951461434364319), np.float32(0.22756439447402954),
-            np.float32(0.07711908966302872))
+POLY_EX2 = (
+    np.float32(1.0),
+    np.float32(0.6951461434364319),
+    np.float32(0.22756439447402954),
+    np.float32(0.07711908966302872),
+)
 """FA4's degree-3 ex2 polynomial coefficients c0..c3 (float32)."""
 
 
@@ -74,7 +78,7 @@ def exp2_rn(x: Array) -> Array:
     r = xs - n  # exact, |r| <= 1/2
     j = xp.round(r * np.float32(256.0))  # exact scaling, |j| <= 128
     s = r - j * np.float32(1.0 / 256)  # exact
-    ji = (j.astype(np.int32) + 128)
+    ji = j.astype(np.int32) + 128
     t0, t1, t2 = (xp.asarray(t)[ji] for t in (_T0, _T1, _T2))
 
     # w = s ln2 in double-float32
@@ -82,14 +86,21 @@ def exp2_rn(x: Array) -> Array:
     we = f32.add_ftz(we, f32.mul_ftz(s, _LN2_1))
     # delta = e^w - 1 = w + w^2/2 + w^3/6 + w^4/24 + w^5/120
     q, qe = f32.two_prod_ftz(w, w)
-    tail = f32.mul_ftz(f32.mul_ftz(q, w), f32.add_ftz(_INV6, f32.mul_ftz(w, f32.add_ftz(_INV24, f32.mul_ftz(w, _INV120)))))
-    small = f32.add_ftz(f32.add_ftz(we, f32.add_ftz(f32.mul_ftz(qe, np.float32(0.5)), f32.mul_ftz(w, we))), tail)
+    tail = f32.mul_ftz(
+        f32.mul_ftz(q, w),
+        f32.add_ftz(_INV6, f32.mul_ftz(w, f32.add_ftz(_INV24, f32.mul_ftz(w, _INV120)))),
+    )
+    small = f32.add_ftz(
+        f32.add_ftz(we, f32.add_ftz(f32.mul_ftz(qe, np.float32(0.5)), f32.mul_ftz(w, we))), tail
+    )
     d_hi, d_e = f32.two_sum_ftz(w, f32.mul_ftz(q, np.float32(0.5)))
     d_lo = f32.add_ftz(d_e, small)
     d_hi, d_lo = f32.two_sum_ftz(d_hi, d_lo)
     # 2^r = T (1 + delta)
     m, me = f32.two_prod_ftz(t0, d_hi)
-    c_small = f32.add_ftz(f32.add_ftz(me, f32.mul_ftz(t0, d_lo)), f32.add_ftz(f32.mul_ftz(t1, d_hi), t2))
+    c_small = f32.add_ftz(
+        f32.add_ftz(me, f32.mul_ftz(t0, d_lo)), f32.add_ftz(f32.mul_ftz(t1, d_hi), t2)
+    )
     c_hi, c_e = f32.two_sum_ftz(m, t1)
     c_lo = f32.add_ftz(c_e, c_small)
     s_hi, s_e = f32.two_sum_ftz(t0, c_hi)
@@ -103,8 +114,11 @@ def exp2_rn(x: Array) -> Array:
     out = xp.where(field <= 0, np.float32(0.0), xp.where(field >= 255, np.float32(np.inf), out))
     out = xp.where(x < np.float32(-126.0), np.float32(0.0), out)
     out = xp.where(x >= np.float32(128.0), np.float32(np.inf), out)
-    return xp.where(finite | xp.isnan(x), xp.where(xp.isnan(x), x, out),
-                    xp.where(x > 0, np.float32(np.inf), np.float32(0.0)))
+    return xp.where(
+        finite | xp.isnan(x),
+        xp.where(xp.isnan(x), x, out),
+        xp.where(x > 0, np.float32(np.inf), np.float32(0.0)),
+    )
 
 
 def exp2_fa4(x: Array) -> Array:

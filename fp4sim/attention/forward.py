@@ -102,9 +102,20 @@ from fp4sim.formats import blocks, f32
 from fp4sim.formats.codec import bf16_round, bf16_values, decode
 from fp4sim.formats.spec import E2M1, E4M3
 
-__all__ = ["Operand", "ForwardResult", "ForwardIntermediates", "quantize_qk", "quantize_v",
-           "scores", "log2_scores", "attention_forward", "hadamard", "score_scale",
-           "converter_unit", "masked_tile"]
+__all__ = [
+    "Operand",
+    "ForwardResult",
+    "ForwardIntermediates",
+    "quantize_qk",
+    "quantize_v",
+    "scores",
+    "log2_scores",
+    "attention_forward",
+    "hadamard",
+    "score_scale",
+    "converter_unit",
+    "masked_tile",
+]
 
 _LN2 = np.float32(math.log(2.0))
 _ROW_CHUNK = 128  # query rows per chunk under jax (rows are independent)
@@ -156,8 +167,11 @@ class ForwardResult(NamedTuple):
 
 # --- inputs ---------------------------------------------------------------------------------
 def _as_f32(xp: ModuleType, x: Array, name: str) -> Array:
-    x = xp.asarray(as_float_array(name, x, xp, allowed="float32, bfloat16, float16, float64 "
-                                                      "(rounded to float32)"))
+    x = xp.asarray(
+        as_float_array(
+            name, x, xp, allowed="float32, bfloat16, float16, float64 (rounded to float32)"
+        )
+    )
     if x.dtype == np.float32:
         return x
     return x.astype(np.float32)
@@ -231,8 +245,9 @@ def _quantize_qk(x: Array, recipe: AttentionRecipe) -> Operand:
         g = xp.broadcast_to(xp.reshape(q.global_scale, (1,) * (x.ndim - 1)), x.shape[:-1])
         return Operand(decode(q.codes, E4M3), None, g, None, d, False, 1.0, q)
     if fmt is QKFormat.MXFP8:
-        return Operand(decode(q.codes, E4M3), blocks.scale_exponents(q), None, None, 32, False,
-                       1.0, q)
+        return Operand(
+            decode(q.codes, E4M3), blocks.scale_exponents(q), None, None, 32, False, 1.0, q
+        )
     if fmt is QKFormat.NVFP4:
         vals = decode(q.codes, E2M1) * _expand_last(xp, q.scale_values(), 16)  # exact
         post = None
@@ -240,8 +255,9 @@ def _quantize_qk(x: Array, recipe: AttentionRecipe) -> Operand:
             g = q.global_scale
             if g.ndim == x.ndim:
                 g = g[..., 0]
-            post = xp.broadcast_to(xp.reshape(g, g.shape + (1,) * (x.ndim - 1 - g.ndim)),
-                                   x.shape[:-1])
+            post = xp.broadcast_to(
+                xp.reshape(g, g.shape + (1,) * (x.ndim - 1 - g.ndim)), x.shape[:-1]
+            )
         return Operand(vals, None, post, None, 16, True, 1.0, q)
     # TOKEN_BLOCK_FP8
     pe = xp.repeat(blocks.scale_exponents(q)[..., 0], 32, axis=-1)
@@ -262,8 +278,9 @@ def _quantize_v(v: Array, recipe: AttentionRecipe) -> Operand:
     v = f32.ftz(v)
     vb = recipe.v_block
     if v.shape[-2] % vb:
-        raise ValueError(f"V has {v.shape[-2]} tokens, not a multiple of the {fmt.name} "
-                         f"token block {vb}")
+        raise ValueError(
+            f"V has {v.shape[-2]} tokens, not a multiple of the {fmt.name} token block {vb}"
+        )
     if fmt is VFormat.FLOAT32:
         return Operand(v, None, None, None, 1, False, 1.0, None)
     if fmt is VFormat.BF16:
@@ -283,8 +300,7 @@ def _quantize_v(v: Array, recipe: AttentionRecipe) -> Operand:
         vals = decode(q.codes, E2M1) * xp.repeat(q.scale_values(), 16, axis=-2)
         return Operand(vals, None, None, None, 16, True, 1.0, q)
     # MXFP8_TOKENS, TOKEN_BLOCK_FP8: E4M3 with a power-of-two exponent per block
-    return Operand(decode(q.codes, E4M3), blocks.scale_exponents(q), None, None, 32, False,
-                   1.0, q)
+    return Operand(decode(q.codes, E4M3), blocks.scale_exponents(q), None, None, 32, False, 1.0, q)
 
 
 # --- products -------------------------------------------------------------------------------
@@ -353,8 +369,10 @@ def _scores(q: Operand, k: Operand, kbt: Any) -> Any:
         parts = materialize(_matmul(xp, qb, kbt))  # (..., nb, Sq, Sk)
         parts = [parts[..., b, :, :] for b in range(nb)]
     else:
-        parts = [_seq_dot(q.values[..., b * blk:(b + 1) * blk], k.values[..., b * blk:(b + 1) * blk])
-                 for b in range(nb)]
+        parts = [
+            _seq_dot(q.values[..., b * blk : (b + 1) * blk], k.values[..., b * blk : (b + 1) * blk])
+            for b in range(nb)
+        ]
     acc = None
     for b, part in enumerate(parts):
         if q.exps is not None:
@@ -384,8 +402,17 @@ def log2_scores(z: Array, c: Array, valid: Array) -> Array:
     return xp.where(valid, f32.mul_ftz(z, c), np.float32(-np.inf))
 
 
-def _group_partials(xp: ModuleType, p: PTile, v_vals: Array, v_exps: Array | None, v_block: int,
-                    v_exact: bool, pv_group: int, p_fp4: bool, v_stats: Any = None) -> Array:
+def _group_partials(
+    xp: ModuleType,
+    p: PTile,
+    v_vals: Array,
+    v_exps: Array | None,
+    v_block: int,
+    v_exact: bool,
+    pv_group: int,
+    p_fp4: bool,
+    v_stats: Any = None,
+) -> Array:
     """PV partial products of every tile, summed per ``pv_group`` (module docstring, step 4).
 
     ``p`` holds (..., Sq, n_tiles, T) tiles, ``v_vals`` is (..., n_tiles, T, Dv) and
@@ -423,8 +450,13 @@ def _group_partials(xp: ModuleType, p: PTile, v_vals: Array, v_exps: Array | Non
     # each sub-block's ordered float32 sum: the plain loop where it is proven to give the
     # flushed chain's bits (short significands, no tiny product, no overflow; e.g. E4M3 P
     # times an E4M3 V), else the chain: one predicate per call (per row block under jax)
-    return ordered_product(*_pv_group_sums(per_group), pr, vr, operand_stats(pr),
-                           operand_stats(vr) if v_stats is None else v_stats)
+    return ordered_product(
+        *_pv_group_sums(per_group),
+        pr,
+        vr,
+        operand_stats(pr),
+        operand_stats(vr) if v_stats is None else v_stats,
+    )
 
 
 def _group_sums(parts: Any, per_group: int) -> Any:
@@ -488,11 +520,14 @@ def masked_tile(recipe: AttentionRecipe, tile: int, mism: bool) -> PTile | None:
     running max, the normalizer and the accumulator unchanged (r = 1, or r = 0 while they are
     still 0), except that its fl(0·v) partials are NaN in a column where V holds Inf/NaN."""
     with np.errstate(all="ignore"):
-        p = convert_tile(recipe, np.full((1, tile), -np.inf, dtype=np.float32),
-                         need_mismatched=mism)
+        p = convert_tile(
+            recipe, np.full((1, tile), -np.inf, dtype=np.float32), need_mismatched=mism
+        )
         lt = p.mismatched if mism else _consistent_denominator(np, p, tile)
-    if np.asarray(p.values, dtype=np.float32).view(np.uint32).any() or \
-            np.asarray(lt, dtype=np.float32).view(np.uint32).any():
+    if (
+        np.asarray(p.values, dtype=np.float32).view(np.uint32).any()
+        or np.asarray(lt, dtype=np.float32).view(np.uint32).any()
+    ):
         return None
     return p
 
@@ -544,8 +579,9 @@ class _Problem(NamedTuple):
         return self.k.values.shape[-2] // self.recipe.block_kv
 
 
-def _row_block(pb: _Problem, qo: Operand, qs: Array | None, row_ids: Array, ntu: int,
-               fused: bool = True) -> tuple:
+def _row_block(
+    pb: _Problem, qo: Operand, qs: Array | None, row_ids: Array, ntu: int, fused: bool = True
+) -> tuple:
     """Everything for a set of query rows (module docstring, steps 1-5 and the final output),
     computed on the first ``ntu`` key tiles; the other tiles are masked for all these rows
     (:func:`masked_tile`). On a GPU the Direct-P family runs on the kernels of
@@ -553,8 +589,10 @@ def _row_block(pb: _Problem, qo: Operand, qs: Array | None, row_ids: Array, ntu:
     if fused and _fused_direct_p(pb, qo, qs):
         return ordered_gpu.on_gpu(
             lambda _, interpret: _direct_p_rows(pb, qo, row_ids, ntu, interpret),
-            lambda _: _row_block(pb, qo, qs, row_ids, ntu, fused=False), qo.values,
-            family="direct_p")
+            lambda _: _row_block(pb, qo, qs, row_ids, ntu, fused=False),
+            qo.values,
+            family="direct_p",
+        )
     xp = namespace(qo.values)
     ko, kb, ks = _first_tiles(pb, ntu)
     u, nanf = _row_log2_scores(pb, qo, ko, kb, qs, ks, row_ids, ntu)
@@ -583,14 +621,25 @@ def _first_tiles(pb: _Problem, ntu: int) -> tuple[Operand, Any, Any]:
         return x[(Ellipsis, slice(0, ku)) + (slice(None),) * (-1 - axis)]
 
     k = pb.k
-    ko = k._replace(values=cut(k.values, -2), exps=cut(k.exps, -2), post=cut(k.post, -1),
-                    post_exp=cut(k.post_exp, -1))
+    ko = k._replace(
+        values=cut(k.values, -2),
+        exps=cut(k.exps, -2),
+        post=cut(k.post, -1),
+        post_exp=cut(k.post_exp, -1),
+    )
     return ko, cut(pb.kbt, -1), cut(pb.kseg, -1)
 
 
-def _row_log2_scores(pb: _Problem, qo: Operand, ko: Operand, kb: Array | None, qs: Array | None,
-                     ks: Array | None,
-                     row_ids: Array, ntu: int) -> tuple[Array, Array]:
+def _row_log2_scores(
+    pb: _Problem,
+    qo: Operand,
+    ko: Operand,
+    kb: Array | None,
+    qs: Array | None,
+    ks: Array | None,
+    row_ids: Array,
+    ntu: int,
+) -> tuple[Array, Array]:
     """Steps 1-2: ``u = fl(z·c)`` of these rows against the first ``ntu`` tiles, masked keys
     −inf; and which rows hold a NaN or +Inf score (their output is NaN)."""
     xp = namespace(qo.values)
@@ -612,8 +661,9 @@ def _running_max(pb: _Problem, ut: Array) -> tuple[Array, Array, Array]:
     """Step 2's running max over the tiles of ``ut`` (..., rows, tiles, tile): the anchor
     ``m'`` each tile uses, the anchor before it, and the final one."""
     xp = namespace(ut)
-    return _anchors(pb, xp.max(xp.where(xp.isnan(ut) | (ut == np.inf), np.float32(-np.inf), ut),
-                               axis=-1))
+    return _anchors(
+        pb, xp.max(xp.where(xp.isnan(ut) | (ut == np.inf), np.float32(-np.inf), ut), axis=-1)
+    )
 
 
 def _anchors(pb: _Problem, mt: Any) -> tuple[Any, Any, Any]:
@@ -640,8 +690,14 @@ def _tile_probabilities(pb: _Problem, ut: Array, finite: Array, safe: Array) -> 
     xp = namespace(ut)
     t = xp.where(finite[..., None], ut - safe[..., None], np.float32(-np.inf))
     p = convert_tile(pb.recipe, materialize(t), need_mismatched=pb.mismatched)
-    return p._replace(**dict(zip(("codes", "values", "exps", "mismatched"), materialize(
-        (p.codes, p.values, p.exps, p.mismatched)))))
+    return p._replace(
+        **dict(
+            zip(
+                ("codes", "values", "exps", "mismatched"),
+                materialize((p.codes, p.values, p.exps, p.mismatched)),
+            )
+        )
+    )
 
 
 def _accumulate(pb: _Problem, p: PTile, r: Array, ntu: int) -> tuple[Array, Array]:
@@ -655,10 +711,14 @@ def _accumulate(pb: _Problem, p: PTile, r: Array, ntu: int) -> tuple[Array, Arra
     v_vals = xp.reshape(vop.values[..., :ku, :], (*lead, ntu, tile, dv))
     v_exps = None
     if vop.exps is not None:
-        v_exps = xp.reshape(vop.exps[..., :ku // vop.block, :],
-                            (*lead, ntu, tile // vop.block, vop.exps.shape[-1]))
-    g = materialize(_group_partials(xp, p, v_vals, v_exps, vop.block, vop.exact,
-                                    pb.recipe.pv_group, pb.p_fp4, pb.v_stats))
+        v_exps = xp.reshape(
+            vop.exps[..., : ku // vop.block, :], (*lead, ntu, tile // vop.block, vop.exps.shape[-1])
+        )
+    g = materialize(
+        _group_partials(
+            xp, p, v_vals, v_exps, vop.block, vop.exact, pb.recipe.pv_group, pb.p_fp4, pb.v_stats
+        )
+    )
     lt = p.mismatched if pb.mismatched else _consistent_denominator(xp, p, tile)  # (..., Sq, nt)
     acc = xp.zeros(lead + (nrows, dv), dtype=np.float32)
     den = xp.zeros(lead + (nrows,), dtype=np.float32)
@@ -681,8 +741,7 @@ def _skipped_tiles(pb: _Problem, acc: Any, ntu: int) -> Any:
     vop, ku = pb.v, ntu * pb.tile
     vs = vop.values[..., ku:, :]
     if vop.exps is not None:
-        vs = f32.ldexp_ftz(vs, xp.repeat(vop.exps[..., ku // vop.block:, :], vop.block,
-                                         axis=-2))
+        vs = f32.ldexp_ftz(vs, xp.repeat(vop.exps[..., ku // vop.block :, :], vop.block, axis=-2))
     zs = xp.sum(f32.mul_ftz(np.float32(0.0), vs), axis=-2)  # (..., Dv): +0 or NaN
     return f32.add_ftz(acc, zs[..., None, :])
 
@@ -693,15 +752,28 @@ def _fused_direct_p(pb: _Problem, qo: Operand, qs: Any) -> bool:
     normalization, no segment ids, no intermediates, and shapes the kernels tile."""
     rec, sub = pb.recipe, direct_p_gpu.SUB
     dv, d = pb.dv, qo.values.shape[-1]
-    return (not pb.intermediates and qs is None and pb.kseg is None
-            and rec.qk is QKFormat.NVFP4 and qo.exact and qo.exps is None
-            and qo.post_exp is None and qo.block == direct_p_gpu.QK_BLOCK
-            and rec.p_format is PFormat.MXFP4 and isinstance(rec.converter, (AffineP, MitchellP))
-            and rec.v is VFormat.MXFP4_TOKENS and pb.v.exps is not None and pb.v.block == sub
-            and rec.normalization is Normalization.CONSISTENT
-            and pb.tile % rec.pv_group == 0 and rec.pv_group % sub == 0
-            and direct_p_gpu.rows_block(qo.values.shape[-2]) > 0 and d % 16 == 0
-            and dv >= 16 and dv & (dv - 1) == 0)
+    return (
+        not pb.intermediates
+        and qs is None
+        and pb.kseg is None
+        and rec.qk is QKFormat.NVFP4
+        and qo.exact
+        and qo.exps is None
+        and qo.post_exp is None
+        and qo.block == direct_p_gpu.QK_BLOCK
+        and rec.p_format is PFormat.MXFP4
+        and isinstance(rec.converter, (AffineP, MitchellP))
+        and rec.v is VFormat.MXFP4_TOKENS
+        and pb.v.exps is not None
+        and pb.v.block == sub
+        and rec.normalization is Normalization.CONSISTENT
+        and pb.tile % rec.pv_group == 0
+        and rec.pv_group % sub == 0
+        and direct_p_gpu.rows_block(qo.values.shape[-2]) > 0
+        and d % 16 == 0
+        and dv >= 16
+        and dv & (dv - 1) == 0
+    )
 
 
 def _direct_p_rows(pb: _Problem, qo: Operand, row_ids: Any, ntu: int, interpret: bool) -> tuple:
@@ -720,22 +792,39 @@ def _direct_p_rows(pb: _Problem, qo: Operand, row_ids: Any, ntu: int, interpret:
 
     qv, kv = flat(qo.values, (rows, d)), flat(ko.values, (ku, d))
     qp, kp = flat(qo.post, (rows,)), flat(ko.post, (ku,))
-    consts = dict(c=float(pb.c), skv=pb.skv, sq=pb.sq, causal=pb.causal, tile=tile, ntu=ntu,
-                  interpret=interpret)
+    consts = dict(
+        c=float(pb.c),
+        skv=pb.skv,
+        sq=pb.sq,
+        causal=pb.causal,
+        tile=tile,
+        ntu=ntu,
+        interpret=interpret,
+    )
     mt, nan = direct_p_gpu.tile_maxima(qv, kv, qp, kp, row_ids, **consts)
     anchors, prevs, m = _anchors(pb, jnp.swapaxes(mt, 1, 2))  # (nb, rows, ntu)
     finite = anchors > -np.inf
     safe = jnp.where(finite, anchors, np.float32(0.0))
     r = jnp.where(prevs > -np.inf, exp2_rn(prevs - safe), np.float32(0.0))
     vop = pb.v
-    vv = f32.ldexp_ftz(vop.values[..., :ku, :],
-                       jnp.repeat(vop.exps[..., :ku // vop.block, :], vop.block, axis=-2))
+    vv = f32.ldexp_ftz(
+        vop.values[..., :ku, :], jnp.repeat(vop.exps[..., : ku // vop.block, :], vop.block, axis=-2)
+    )
     fexp = rec.converter.factor_exp(rec.p_format)
     acc, sums, kb = direct_p_gpu.accumulate(
-        qv, kv, qp, kp, row_ids, flat(vv, (ku, pb.dv)), *(jnp.swapaxes(x, 1, 2) for x in
-                                                          (safe, finite, r)),
-        converter=rec.converter, ceil_rule=rec.block_exponent is BlockExponent.BLOCK_MAX_CEIL,
-        factor_exp=fexp, pv_group=rec.pv_group, **consts)
+        qv,
+        kv,
+        qp,
+        kp,
+        row_ids,
+        flat(vv, (ku, pb.dv)),
+        *(jnp.swapaxes(x, 1, 2) for x in (safe, finite, r)),
+        converter=rec.converter,
+        ceil_rule=rec.block_exponent is BlockExponent.BLOCK_MAX_CEIL,
+        factor_exp=fexp,
+        pv_group=rec.pv_group,
+        **consts,
+    )
     nsub = tile // direct_p_gpu.SUB
     sums, kb = (jnp.reshape(jnp.swapaxes(x, 1, 2), (nb, rows, ntu, nsub)) for x in (sums, kb))
     per = block_denominator(sums, kb + np.int32(fexp), rec.p_format.divisor)
@@ -746,8 +835,13 @@ def _direct_p_rows(pb: _Problem, qo: Operand, row_ids: Any, ntu: int, interpret:
     for i in range(ntu):
         den = f32.add_ftz(f32.mul_ftz(den, r[..., i]), lt[..., i])
     acc = _skipped_tiles(pb, jnp.reshape(acc, lead + (rows, pb.dv)), ntu)
-    out, lse = _finish(pb, acc, jnp.reshape(den, lead + (rows,)), jnp.reshape(m, lead + (rows,)),
-                       jnp.reshape(nan != 0, lead + (rows,)))
+    out, lse = _finish(
+        pb,
+        acc,
+        jnp.reshape(den, lead + (rows,)),
+        jnp.reshape(m, lead + (rows,)),
+        jnp.reshape(nan != 0, lead + (rows,)),
+    )
     return materialize((out, lse))
 
 
@@ -774,37 +868,69 @@ def _finish(pb: _Problem, acc: Array, den: Array, m: Array, nanf: Array) -> tupl
     return out, lse
 
 
-def _with_intermediates(pb: _Problem, out: Array, lse: Array, anchors: Array, m: Array, p: PTile,
-                        acc: Array, den: Array, ntu: int) -> tuple:
+def _with_intermediates(
+    pb: _Problem,
+    out: Array,
+    lse: Array,
+    anchors: Array,
+    m: Array,
+    p: PTile,
+    acc: Array,
+    den: Array,
+    ntu: int,
+) -> tuple:
     """The row block's outputs with its intermediates, the skipped tiles filled in."""
     xp = namespace(out)
     n_tiles = pb.n_tiles
 
-    def flat(x: Array | None, fill: Array) -> Array | None:  # (..., Sq, ntu, w) -> (..., Sq, n_tiles*w)
+    def flat(
+        x: Array | None, fill: Array
+    ) -> Array | None:  # (..., Sq, ntu, w) -> (..., Sq, n_tiles*w)
         if x is None:
             return None
         x = xp.reshape(x, x.shape[:-2] + (-1,))
         if ntu == n_tiles:
             return x
-        fill = xp.broadcast_to(xp.asarray(np.tile(fill, n_tiles - ntu)),
-                               x.shape[:-1] + (fill.shape[-1] * (n_tiles - ntu),))
+        fill = xp.broadcast_to(
+            xp.asarray(np.tile(fill, n_tiles - ntu)),
+            x.shape[:-1] + (fill.shape[-1] * (n_tiles - ntu),),
+        )
         return xp.concatenate([x, fill], axis=-1)
 
     if ntu < n_tiles:  # a skipped tile's anchor is the running max, unchanged
         anchors = xp.concatenate(
-            [anchors, xp.broadcast_to(m[..., None], m.shape + (n_tiles - ntu,))], axis=-1)
-    mk = pb.masked if pb.masked is not None else PTile(None, None, None, None, 0, 0, 1.0, None,
-                                                       None)
-    return materialize((out, lse, anchors, flat(p.codes, _row(mk.codes)),
-                        flat(p.scales, _row(mk.scales)), flat(p.k, _row(mk.k)), acc, den))
+            [anchors, xp.broadcast_to(m[..., None], m.shape + (n_tiles - ntu,))], axis=-1
+        )
+    mk = (
+        pb.masked if pb.masked is not None else PTile(None, None, None, None, 0, 0, 1.0, None, None)
+    )
+    return materialize(
+        (
+            out,
+            lse,
+            anchors,
+            flat(p.codes, _row(mk.codes)),
+            flat(p.scales, _row(mk.scales)),
+            flat(p.k, _row(mk.k)),
+            acc,
+            den,
+        )
+    )
 
 
 # --- the forward ----------------------------------------------------------------------------
-def attention_forward(q: Array, k: Array, v: Array, recipe: AttentionRecipe, *,
-                      causal: bool = False,
-                      q_segment_ids: Array | None = None, kv_segment_ids: Array | None = None,
-                      softmax_scale: float | None = None,
-                      return_intermediates: bool = False) -> ForwardResult:
+def attention_forward(
+    q: Array,
+    k: Array,
+    v: Array,
+    recipe: AttentionRecipe,
+    *,
+    causal: bool = False,
+    q_segment_ids: Array | None = None,
+    kv_segment_ids: Array | None = None,
+    softmax_scale: float | None = None,
+    return_intermediates: bool = False,
+) -> ForwardResult:
     """Emulated forward of ``recipe`` (see the module docstring). Returns O, LSE (natural log)
     and, on request, the intermediates. PyTorch tensors (any float dtype, any device) and other
     ``__dlpack__`` arrays are read as NumPy (:func:`fp4sim._xp.adopt`); the results are NumPy.
@@ -812,22 +938,28 @@ def attention_forward(q: Array, k: Array, v: Array, recipe: AttentionRecipe, *,
     :class:`fp4sim.NoDerivativeError`; differentiate :func:`fp4sim.emulated_attention` with a
     ``TrainingRecipe`` (the emulated backward)."""
     q, k, v = adopt(q, "q"), adopt(k, "k"), adopt(v, "v")
-    q_segment_ids, kv_segment_ids = adopt(q_segment_ids, "q_segment_ids"), adopt(kv_segment_ids, "kv_segment_ids")
+    q_segment_ids, kv_segment_ids = (
+        adopt(q_segment_ids, "q_segment_ids"),
+        adopt(kv_segment_ids, "kv_segment_ids"),
+    )
     check_static("recipe", recipe, AttentionRecipe, "fp4sim.PRESETS['flamia_nvfp4']")
     causal = check_bool("causal", causal)
     return_intermediates = check_bool("return_intermediates", return_intermediates)
     xp = namespace(q, k, v, q_segment_ids, kv_segment_ids)
     # no derivative (bit-level arithmetic): jax.grad raises, naming emulated_attention
-    q, k, v = (no_derivative(_as_f32(xp, x, n), "attention_forward") for x, n in
-               ((q, "q"), (k, "k"), (v, "v")))
+    q, k, v = (
+        no_derivative(_as_f32(xp, x, n), "attention_forward")
+        for x, n in ((q, "q"), (k, "k"), (v, "v"))
+    )
     check_qkv_shapes(q, k, v)
     sq, d = q.shape[-2:]
     skv, dv = v.shape[-2:]
     if sq == 0 or skv == 0 or d == 0 or dv == 0:
         raise ValueError(f"empty attention: q {q.shape}, k {k.shape}, v {v.shape}")
     if d % recipe.qk_block:
-        raise ValueError(f"head dim {d} is not a multiple of the {recipe.qk.name} scale block "
-                         f"{recipe.qk_block}")
+        raise ValueError(
+            f"head dim {d} is not a multiple of the {recipe.qk.name} scale block {recipe.qk_block}"
+        )
     c = score_scale(d, softmax_scale)
     if kv_segment_ids is not None and q_segment_ids is None:
         raise ValueError("kv_segment_ids given without q_segment_ids")
@@ -838,8 +970,9 @@ def attention_forward(q: Array, k: Array, v: Array, recipe: AttentionRecipe, *,
         if np.dtype(qseg.dtype).kind not in "iu" or np.dtype(kseg.dtype).kind not in "iu":
             raise TypeError(f"segment ids must be integer arrays; got {qseg.dtype}, {kseg.dtype}")
         if qseg.shape[-1] != sq or kseg.shape[-1] != skv:
-            raise ValueError(f"segment ids must end in ({sq},) and ({skv},); got {qseg.shape} "
-                             f"and {kseg.shape}")
+            raise ValueError(
+                f"segment ids must end in ({sq},) and ({skv},); got {qseg.shape} and {kseg.shape}"
+            )
         qseg = xp.broadcast_to(qseg.astype(np.int32), q.shape[:-1])
         kseg = xp.broadcast_to(kseg.astype(np.int32), k.shape[:-1])
 
@@ -870,9 +1003,24 @@ def attention_forward(q: Array, k: Array, v: Array, recipe: AttentionRecipe, *,
     # causal: the trailing key tiles that every row of a row block masks are skipped (below)
     masked = masked_tile(recipe, tile, mism) if causal else None
 
-    pb = _Problem(recipe=recipe, c=c, causal=causal, sq=sq, skv=skv, dv=dv, lead=lead, k=kop,
-                  kbt=kbt, kseg=kseg, v=vop, v_stats=v_stats, masked=masked, mismatched=mism,
-                  p_fp4=p_fp4, intermediates=return_intermediates)
+    pb = _Problem(
+        recipe=recipe,
+        c=c,
+        causal=causal,
+        sq=sq,
+        skv=skv,
+        dv=dv,
+        lead=lead,
+        k=kop,
+        kbt=kbt,
+        kseg=kseg,
+        v=vop,
+        v_stats=v_stats,
+        masked=masked,
+        mismatched=mism,
+        p_fp4=p_fp4,
+        intermediates=return_intermediates,
+    )
 
     def tiles_needed(r1: int) -> int:
         """Key tiles the rows before ``r1`` can see (all of them unless causal)."""
@@ -891,17 +1039,27 @@ def attention_forward(q: Array, k: Array, v: Array, recipe: AttentionRecipe, *,
         with np.errstate(over="ignore", invalid="ignore"):  # Inf/NaN follow the row policy
             for r0 in range(0, sq, _NP_ROW_CHUNK):
                 sl = slice(r0, min(sq, r0 + _NP_ROW_CHUNK))
-                qo = qop._replace(values=qop.values[..., sl, :],
-                                  exps=None if qop.exps is None else qop.exps[..., sl, :],
-                                  post=None if qop.post is None else qop.post[..., sl],
-                                  post_exp=None if qop.post_exp is None else qop.post_exp[..., sl])
-                outs.append(rows_fn(qo, None if qseg is None else qseg[..., sl],
-                                    np.arange(sl.start, sl.stop, dtype=np.int32),
-                                    tiles_needed(sl.stop)))
+                qo = qop._replace(
+                    values=qop.values[..., sl, :],
+                    exps=None if qop.exps is None else qop.exps[..., sl, :],
+                    post=None if qop.post is None else qop.post[..., sl],
+                    post_exp=None if qop.post_exp is None else qop.post_exp[..., sl],
+                )
+                outs.append(
+                    rows_fn(
+                        qo,
+                        None if qseg is None else qseg[..., sl],
+                        np.arange(sl.start, sl.stop, dtype=np.int32),
+                        tiles_needed(sl.stop),
+                    )
+                )
         nl = len(lead)
-        res = tuple(None if outs[0][j] is None else
-                    np.concatenate([o[j] for o in outs], axis=nl) for j in range(len(outs[0])))
+        res = tuple(
+            None if outs[0][j] is None else np.concatenate([o[j] for o in outs], axis=nl)
+            for j in range(len(outs[0]))
+        )
     else:
+
         def jax_rows(chunk: int) -> tuple:
             if sq <= chunk:
                 return rows_fn(qop, qseg, xp.arange(sq, dtype=np.int32), tiles_needed(sq))
@@ -918,16 +1076,23 @@ def attention_forward(q: Array, k: Array, v: Array, recipe: AttentionRecipe, *,
                 axis = axis % x.ndim
                 if padr:
                     x = xp.pad(x, [(0, 0)] * axis + [(0, padr)] + [(0, 0)] * (x.ndim - axis - 1))
-                x = xp.reshape(x, x.shape[:axis] + (n_chunks, chunk) + x.shape[axis + 1:])
+                x = xp.reshape(x, x.shape[:axis] + (n_chunks, chunk) + x.shape[axis + 1 :])
                 return xp.moveaxis(x, axis, 0)
 
-            parts = (split(qop.values, -2), split(qop.exps, -2), split(qop.post, -1),
-                     split(qop.post_exp, -1), split(qseg, -1),
-                     xp.reshape(xp.arange(n_chunks * chunk, dtype=np.int32), (n_chunks, chunk)))
+            parts = (
+                split(qop.values, -2),
+                split(qop.exps, -2),
+                split(qop.post, -1),
+                split(qop.post_exp, -1),
+                split(qseg, -1),
+                xp.reshape(xp.arange(n_chunks * chunk, dtype=np.int32), (n_chunks, chunk)),
+            )
 
             def one(xs, ntu):
                 qv, qe, qp, qpe, qs, ids = xs
-                return rows_fn(qop._replace(values=qv, exps=qe, post=qp, post_exp=qpe), qs, ids, ntu)
+                return rows_fn(
+                    qop._replace(values=qv, exps=qe, post=qp, post_exp=qpe), qs, ids, ntu
+                )
 
             # row blocks in up to _BUCKETS consecutive groups, each mapped with the key tiles its
             # last block needs (causal: later rows see more tiles; otherwise one group)
@@ -951,13 +1116,18 @@ def attention_forward(q: Array, k: Array, v: Array, recipe: AttentionRecipe, *,
                     outs.append(tuple(None if a is None else a[None] for a in y))
                 else:
                     outs.append(lax.map(lambda xs, ntu=ntu: one(xs, ntu), sub))
-            mapped = outs[0] if len(outs) == 1 else tuple(
-                None if outs[0][j] is None else xp.concatenate([o[j] for o in outs], axis=0)
-                for j in range(len(outs[0])))
+            mapped = (
+                outs[0]
+                if len(outs) == 1
+                else tuple(
+                    None if outs[0][j] is None else xp.concatenate([o[j] for o in outs], axis=0)
+                    for j in range(len(outs[0]))
+                )
+            )
 
             def merge(y: Array) -> Array:  # (n_chunks, ..., chunk, ...) -> (..., Sq, ...)
                 y = xp.moveaxis(y, 0, nl)
-                y = xp.reshape(y, y.shape[:nl] + (n_chunks * chunk,) + y.shape[nl + 2:])
+                y = xp.reshape(y, y.shape[:nl] + (n_chunks * chunk,) + y.shape[nl + 2 :])
                 return y[(slice(None),) * nl + (slice(0, sq),)]
 
             return tuple(None if y is None else merge(y) for y in mapped)
@@ -966,13 +1136,18 @@ def attention_forward(q: Array, k: Array, v: Array, recipe: AttentionRecipe, *,
         if gpu_chunk == chunk or sq <= chunk:
             res = jax_rows(chunk)
         else:  # on a GPU: fewer, larger row chunks (rows are independent: the same bits)
-            res = ordered_gpu.on_gpu(lambda _, interpret: jax_rows(gpu_chunk),
-                                     lambda _: jax_rows(chunk), qop.values, family="rows")
+            res = ordered_gpu.on_gpu(
+                lambda _, interpret: jax_rows(gpu_chunk),
+                lambda _: jax_rows(chunk),
+                qop.values,
+                family="rows",
+            )
     # one NaN on every backend (NumPy and XLA give float arithmetic's NaN different signs)
     out, lse = canonical_nan(res[0]), canonical_nan(res[1])
     if not return_intermediates:
         return ForwardResult(out, lse, None)
     _, _, anchors, codes, scales, ks, acc, den = res
-    inter = ForwardIntermediates(qop, kop, vop, anchors, codes, scales, ks, canonical_nan(acc),
-                                 canonical_nan(den), c)
+    inter = ForwardIntermediates(
+        qop, kop, vop, anchors, codes, scales, ks, canonical_nan(acc), canonical_nan(den), c
+    )
     return ForwardResult(out, lse, inter)

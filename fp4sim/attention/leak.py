@@ -65,12 +65,15 @@ class LeakReport:
 
     def __str__(self) -> str:
         flag = " (VACUOUS: no scale changed)" if self.vacuous else ""
-        return (f"{self.recipe}: leak_O={self.leak_o:.3g} leak_dQ={self.leak_dq:.3g} "
-                f"target={self.target} gain={self.gain}{flag}")
+        return (
+            f"{self.recipe}: leak_O={self.leak_o:.3g} leak_dQ={self.leak_dq:.3g} "
+            f"target={self.target} gain={self.gain}{flag}"
+        )
 
 
-def probe_inputs(n_tokens: int = 128, d_model: int = 64, head_dim: int = 64, *,
-                 seed: int = 0) -> dict[str, np.ndarray]:
+def probe_inputs(
+    n_tokens: int = 128, d_model: int = 64, head_dim: int = 64, *, seed: int = 0
+) -> dict[str, np.ndarray]:
     """The fixed float32 inputs of the probe: ``x``, ``wq``, ``wk``, ``wv``, ``d_out``."""
     for name, value in (("n_tokens", n_tokens), ("d_model", d_model), ("head_dim", head_dim)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -91,8 +94,11 @@ def leak_metric(before: np.ndarray, after: np.ndarray, target: int) -> tuple[flo
     """``(max_{i<target} ‖after_i − before_i‖_∞ / max_{i<target} ‖before_i‖_∞, bitwise equal)``."""
     b = np.asarray(before, dtype=np.float64)[:target]
     a = np.asarray(after, dtype=np.float64)[:target]
-    same = bool(np.array_equal(np.asarray(before)[:target].view(np.uint32),
-                               np.asarray(after)[:target].view(np.uint32)))
+    same = bool(
+        np.array_equal(
+            np.asarray(before)[:target].view(np.uint32), np.asarray(after)[:target].view(np.uint32)
+        )
+    )
     if same:
         return 0.0, True
     denom = float(np.max(np.abs(b)))
@@ -102,8 +108,9 @@ def leak_metric(before: np.ndarray, after: np.ndarray, target: int) -> tuple[flo
     return max(diff / denom, np.finfo(np.float64).tiny), False
 
 
-def _group_scales_changed(x0: np.ndarray, x1: np.ndarray, scaling: operands.OperandScaling,
-                          target: int) -> bool:
+def _group_scales_changed(
+    x0: np.ndarray, x1: np.ndarray, scaling: operands.OperandScaling, target: int
+) -> bool:
     """Did any scale (block code or FP32 factor) covering row ``target`` change?"""
     from fp4sim.formats import blocks
 
@@ -117,8 +124,10 @@ def _group_scales_changed(x0: np.ndarray, x1: np.ndarray, scaling: operands.Oper
         s1 = np.asarray(blocks.expand_scales(np.asarray(q1.scales), q1))
         changed |= bool(np.any(s0[target] != s1[target]))
     if q0.global_scale is not None:
-        g0 = np.broadcast_to(np.asarray(q0.global_scale), np.asarray(q0.scales).shape
-                             if q0.scales is not None else ())
+        g0 = np.broadcast_to(
+            np.asarray(q0.global_scale),
+            np.asarray(q0.scales).shape if q0.scales is not None else (),
+        )
         g1 = np.broadcast_to(np.asarray(q1.global_scale), g0.shape)
         if q0.scales is not None:
             g0 = np.asarray(blocks.expand_scales(np.ascontiguousarray(g0), q0))
@@ -129,9 +138,17 @@ def _group_scales_changed(x0: np.ndarray, x1: np.ndarray, scaling: operands.Oper
     return changed
 
 
-def leak_probe(recipe: TrainingRecipe, *, n_tokens: int = 128, d_model: int = 64,
-               head_dim: int = 64, target: int | None = None, gain: float = 5.0, seed: int = 0,
-               softmax_scale: float | None = None) -> LeakReport:
+def leak_probe(
+    recipe: TrainingRecipe,
+    *,
+    n_tokens: int = 128,
+    d_model: int = 64,
+    head_dim: int = 64,
+    target: int | None = None,
+    gain: float = 5.0,
+    seed: int = 0,
+    softmax_scale: float | None = None,
+) -> LeakReport:
     """Run the probe of the module docstring for ``recipe`` (NumPy, one head, causal)."""
     from fp4sim.attention.autodiff import training_backward, training_forward
 
@@ -141,8 +158,10 @@ def leak_probe(recipe: TrainingRecipe, *, n_tokens: int = 128, d_model: int = 64
     if target is None:
         target = (77 * n_tokens) // 128
     if not (isinstance(target, int) and 0 < target < n_tokens):
-        raise ValueError(f"target={target!r} must be an int in 1..{n_tokens - 1} (it needs "
-                         f"earlier rows to measure)")
+        raise ValueError(
+            f"target={target!r} must be an int in 1..{n_tokens - 1} (it needs "
+            f"earlier rows to measure)"
+        )
     if not (np.isfinite(gain) and gain > 0):
         raise ValueError(f"gain={gain!r} must be a positive finite number")
     x1 = inputs["x"].copy()
@@ -158,10 +177,20 @@ def leak_probe(recipe: TrainingRecipe, *, n_tokens: int = 128, d_model: int = 64
         qkv.append((q, k, v))
 
     changed = tuple(
-        name for name, i, scaling in (("q", 0, recipe.qk), ("k", 1, recipe.qk), ("v", 2, recipe.v))
-        if _group_scales_changed(qkv[0][i], qkv[1][i], scaling, target))
+        name
+        for name, i, scaling in (("q", 0, recipe.qk), ("k", 1, recipe.qk), ("v", 2, recipe.v))
+        if _group_scales_changed(qkv[0][i], qkv[1][i], scaling, target)
+    )
     leak_o, bit_o = leak_metric(results[0][0], results[1][0], target)
     leak_dq, bit_dq = leak_metric(results[0][1], results[1][1], target)
-    return LeakReport(recipe=recipe.name, target=target, gain=float(gain), leak_o=leak_o,
-                      leak_dq=leak_dq, bitwise_o=bit_o, bitwise_dq=bit_dq,
-                      scale_changed=bool(changed), changed_operands=changed)
+    return LeakReport(
+        recipe=recipe.name,
+        target=target,
+        gain=float(gain),
+        leak_o=leak_o,
+        leak_dq=leak_dq,
+        bitwise_o=bit_o,
+        bitwise_dq=bit_dq,
+        scale_changed=bool(changed),
+        changed_operands=changed,
+    )

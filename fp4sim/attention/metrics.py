@@ -36,8 +36,14 @@ def uniform_grid(n: int = 8_000_000, lo: float = -6.0, hi: float = math.log2(6.0
     return (lo + (i + 0.5) * ((hi - lo) / n)).astype(np.float32)
 
 
-def code_match_rate(converter_a: Any, converter_b: Any, x: Any, *,
-                    exp2: Exp2Model = Exp2Model(), chunk: int = 1 << 21) -> float:
+def code_match_rate(
+    converter_a: Any,
+    converter_b: Any,
+    x: Any,
+    *,
+    exp2: Exp2Model = Exp2Model(),
+    chunk: int = 1 << 21,
+) -> float:
     """Fraction of ``x`` (Direct-P coordinates) where both converters give the same E2M1 code."""
     x = np.asarray(x)
     if x.dtype.kind != "f":
@@ -47,7 +53,7 @@ def code_match_rate(converter_a: Any, converter_b: Any, x: Any, *,
         raise ValueError("x is empty")
     same = 0
     for s in range(0, x.size, chunk):
-        xs = x[s:s + chunk]
+        xs = x[s : s + chunk]
         ca = direct_p_payload(converter_a, xs, exp2=exp2, fragment=xs.size, tile=xs.size)
         cb = direct_p_payload(converter_b, xs, exp2=exp2, fragment=xs.size, tile=xs.size)
         same += int(np.count_nonzero(ca == cb))
@@ -61,8 +67,10 @@ class ErrorSummary(NamedTuple):
     zero_fraction: float  # share of exact zeros in the approximation
 
     def __str__(self) -> str:
-        return (f"cos={self.cosine:.6f} relL2={self.rel_l2:.4e} maxabs={self.max_abs:.4e} "
-                f"zeros={self.zero_fraction:.4f}")
+        return (
+            f"cos={self.cosine:.6f} relL2={self.rel_l2:.4e} maxabs={self.max_abs:.4e} "
+            f"zeros={self.zero_fraction:.4f}"
+        )
 
 
 def error_summary(approx: Any, reference: Any) -> ErrorSummary:

@@ -37,8 +37,7 @@ from fp4sim._xp import Array, namespace
 from fp4sim.attention.recipe import Normalization
 from fp4sim.formats import f32
 
-__all__ = ["NormalizerOrder", "Normalized", "normalize", "block_denominator",
-           "represented_output"]
+__all__ = ["NormalizerOrder", "Normalized", "normalize", "block_denominator", "represented_output"]
 
 
 class NormalizerOrder(enum.Enum):
@@ -55,21 +54,30 @@ class Normalized(NamedTuple):
     denominator: Array
 
 
-def normalize(weights: Array, represented: Array, values: Array, normalization: Normalization,
-              *, axis: int = -1) -> Normalized:
+def normalize(
+    weights: Array,
+    represented: Array,
+    values: Array,
+    normalization: Normalization,
+    *,
+    axis: int = -1,
+) -> Normalized:
     """Attention output of ``values`` under ``normalization`` along ``axis`` (the key axis).
 
     ``weights`` are the exact unnormalized weights, ``represented`` what the PV product
     consumes; ``values`` broadcast against them. Plain array arithmetic in the dtype given
     (use float64 for the exact worked examples)."""
     if not isinstance(normalization, Normalization):
-        raise TypeError(f"normalization={normalization!r} must be a Normalization member; "
-                        f"allowed: {[m.name for m in Normalization]}")
+        raise TypeError(
+            f"normalization={normalization!r} must be a Normalization member; "
+            f"allowed: {[m.name for m in Normalization]}"
+        )
     xp = namespace(weights, represented, values)
     w, r, v = (xp.asarray(a) for a in (weights, represented, values))
     if w.shape != r.shape:
-        raise ValueError(f"weights has shape {w.shape} but represented has shape {r.shape}; "
-                         f"they must match")
+        raise ValueError(
+            f"weights has shape {w.shape} but represented has shape {r.shape}; they must match"
+        )
     num_w = w if normalization is Normalization.EXACT else r
     den_w = r if normalization is Normalization.CONSISTENT else w
     num = xp.sum(num_w * v, axis=axis)
@@ -77,17 +85,23 @@ def normalize(weights: Array, represented: Array, values: Array, normalization: 
     return Normalized(num / den, num, den)
 
 
-def block_denominator(payload_sum: Array, exps: Array, div: float,
-                      order: NormalizerOrder = NormalizerOrder.PAYLOAD_SUM_FIRST,
-                      payloads: Array = None) -> Any:
+def block_denominator(
+    payload_sum: Array,
+    exps: Array,
+    div: float,
+    order: NormalizerOrder = NormalizerOrder.PAYLOAD_SUM_FIRST,
+    payloads: Array = None,
+) -> Any:
     """float32 flushed ``2^exps · payload_sum / div`` of each block in the chosen ``order``.
 
     ``payload_sum``: (...,) float32 Σ of the block's payloads; ``exps``: int (...,) block
     exponents (α = 2^exps, −127 allowed); ``payloads`` (..., block) is needed for PER_ELEMENT.
     ``div`` 1 skips the division."""
     if not isinstance(order, NormalizerOrder):
-        raise TypeError(f"order={order!r} must be a NormalizerOrder member; allowed: "
-                        f"{[m.name for m in NormalizerOrder]}")
+        raise TypeError(
+            f"order={order!r} must be a NormalizerOrder member; allowed: "
+            f"{[m.name for m in NormalizerOrder]}"
+        )
     div = check_real("div", div, positive=True)
     xp = namespace(payload_sum, exps)
     d = np.float32(div)
@@ -114,8 +128,10 @@ def represented_output(numerator: Array, denominator: Array, div: float) -> Arra
     denominator gives 0 (fully masked rows)."""
     xp = namespace(numerator, denominator)
     div = check_real("div", div, positive=True)
-    numerator, denominator = as_f32("numerator", numerator, xp), as_f32("denominator",
-                                                                        denominator, xp)
+    numerator, denominator = (
+        as_f32("numerator", numerator, xp),
+        as_f32("denominator", denominator, xp),
+    )
     a = numerator if div == 1 else f32.div_ftz(numerator, np.float32(div))
     safe = xp.where(denominator > 0, denominator, np.float32(1.0))
     return xp.where(denominator > 0, f32.div_ftz(a, safe), np.float32(0.0))

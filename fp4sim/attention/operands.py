@@ -97,19 +97,25 @@ class OperandScaling:
         if self.fmt is not None and not isinstance(self.fmt, BlockFormat):
             raise TypeError(f"OperandScaling.fmt={self.fmt!r} must be a BlockFormat or None")
         if not isinstance(self.geometry, Geometry):
-            raise TypeError(f"OperandScaling.geometry={self.geometry!r} must be a Geometry; "
-                            f"allowed: {[g.name for g in Geometry]}")
+            raise TypeError(
+                f"OperandScaling.geometry={self.geometry!r} must be a Geometry; "
+                f"allowed: {[g.name for g in Geometry]}"
+            )
         if self.axis not in (-1, -2):
-            raise ValueError(f"OperandScaling.axis={self.axis!r} must be -1 (features / keys) or "
-                             f"-2 (tokens / queries)")
+            raise ValueError(
+                f"OperandScaling.axis={self.axis!r} must be -1 (features / keys) or "
+                f"-2 (tokens / queries)"
+            )
         if self.rule is not None:
             if not isinstance(self.rule, ScaleRule):
                 raise TypeError(f"OperandScaling.rule={self.rule!r} must be a ScaleRule or None")
             if self.fmt is not None:
                 self.fmt.replace(rule=self.rule)  # validates the rule for the scale format
         if self.fmt is not None and self.fmt.global_scale is GlobalScale.CONSTANT:
-            raise ValueError(f"OperandScaling.fmt={self.fmt.name} has a CONSTANT FP32 factor; "
-                             f"use GlobalScale.NONE (constant 1) for training operands")
+            raise ValueError(
+                f"OperandScaling.fmt={self.fmt.name} has a CONSTANT FP32 factor; "
+                f"use GlobalScale.NONE (constant 1) for training operands"
+            )
 
     @property
     def effective_format(self) -> BlockFormat | None:
@@ -144,8 +150,13 @@ def quantize_operand(x: Array, scaling: OperandScaling) -> QuantizedArray | None
         raise TypeError(f"scaling={scaling!r} must be an OperandScaling")
     if scaling.fmt is None:
         return None
-    return blocks.quantize(_pad_to_blocks(x, scaling), scaling.fmt, axis=scaling.axis,
-                           geometry=scaling.geometry, rule=scaling.rule)
+    return blocks.quantize(
+        _pad_to_blocks(x, scaling),
+        scaling.fmt,
+        axis=scaling.axis,
+        geometry=scaling.geometry,
+        rule=scaling.rule,
+    )
 
 
 def _pad_to_blocks(x: Array, scaling: OperandScaling) -> Array:
@@ -187,20 +198,25 @@ def fake_quantize_stats(x: Array, scaling: OperandScaling) -> tuple[Array, Any]:
         raise TypeError(f"scaling={scaling!r} must be an OperandScaling")
     fmt = scaling.effective_format
     xp = namespace(x)
-    saturating = fmt is not None and \
-        blocks.element_policy(fmt).overflow is Overflow.SATURATE
+    saturating = fmt is not None and blocks.element_policy(fmt).overflow is Overflow.SATURATE
     if saturating and fmt.scale is None and fmt.global_scale is GlobalScale.NONE:
         # a plain cast: c = encode(x), y = decode(c), one "block" with exponent 0
         y = fake_quantize(x, scaling)
         bits = xp.asarray(x, dtype=np.float32)
         nonfinite = blocks.tensor_amax_bits(xp, bitcast(bits, np.uint32)) >= np.uint32(0x7F800000)
         return y, quantized_stats(xp.zeros((), np.int32), True, nonfinite, fmt.elem)
-    if not (saturating and fmt.pow2 and fmt.global_scale is GlobalScale.NONE
-            and fmt.divisor == 1.0):  # the bounds assume values code·2^e
+    if not (
+        saturating and fmt.pow2 and fmt.global_scale is GlobalScale.NONE and fmt.divisor == 1.0
+    ):  # the bounds assume values code·2^e
         y = fake_quantize(x, scaling)
         return y, operand_stats(y)
-    q, amax = blocks.quantize_with_block_amax(_pad_to_blocks(x, scaling), scaling.fmt, axis=scaling.axis,
-                                              geometry=scaling.geometry, rule=scaling.rule)
+    q, amax = blocks.quantize_with_block_amax(
+        _pad_to_blocks(x, scaling),
+        scaling.fmt,
+        axis=scaling.axis,
+        geometry=scaling.geometry,
+        rule=scaling.rule,
+    )
     y = blocks.dequantize(q)
     if y.shape != x.shape:
         y = y[tuple(slice(0, n) for n in x.shape)]
@@ -221,16 +237,19 @@ E5M2_CAST = OperandScaling(name="E5M2 cast", fmt=_E5M2_PLAIN)
 """Plain E5M2 element cast, no scale (the Direct-P route's dO)."""
 E4M3_CAST = OperandScaling(name="E4M3 cast", fmt=_E4M3_PLAIN)
 """Plain E4M3 element cast, no scale (HAO's "FP8 PV" V)."""
-PER_TOKEN_POW2 = OperandScaling(name="per-token pow2 E4M3", fmt=MXFP8_E4M3,
-                                geometry=Geometry.PER_ROW, axis=-1)
+PER_TOKEN_POW2 = OperandScaling(
+    name="per-token pow2 E4M3", fmt=MXFP8_E4M3, geometry=Geometry.PER_ROW, axis=-1
+)
 """The "exact option": one power-of-two (UE8M0, RCEIL) scale per token row, E4M3 elements."""
-TOKEN_BLOCK_POW2 = OperandScaling(name="token-block 32xD pow2 E4M3", fmt=MXFP8_E4M3,
-                                  geometry=Geometry.TOKEN_BLOCK, axis=-2)
+TOKEN_BLOCK_POW2 = OperandScaling(
+    name="token-block 32xD pow2 E4M3", fmt=MXFP8_E4M3, geometry=Geometry.TOKEN_BLOCK, axis=-2
+)
 """FLAMIA's token block: one power-of-two exponent per 32 tokens × the whole head dimension."""
 MXFP8_TOKENS_RCEIL = OperandScaling(name="MXFP8 32 tokens RCEIL", fmt=MXFP8_E4M3, axis=-2)
 """cuDNN-like V: UE8M0 per 32 tokens of one column, rounded up."""
-MXFP8_TOKENS_FLOOR = OperandScaling(name="MXFP8 32 tokens OCP floor", fmt=MXFP8_E4M3, axis=-2,
-                                    rule=ScaleRule.FLOOR)
+MXFP8_TOKENS_FLOOR = OperandScaling(
+    name="MXFP8 32 tokens OCP floor", fmt=MXFP8_E4M3, axis=-2, rule=ScaleRule.FLOOR
+)
 """OCP floor exponent with the clamp at 448, per 32 tokens of one column."""
 MXFP4_TOKENS_RCEIL = OperandScaling(name="MXFP4 32 tokens RCEIL", fmt=MXFP4, axis=-2)
 """E2M1 elements, UE8M0 per 32 tokens of one column (rounded up: OCP MX with the RCEIL rule).
@@ -240,39 +259,51 @@ DIRECT_P_V = OperandScaling(name="Direct-P V 32 tokens β·q/6", fmt=MXFP4_AMPLI
 the amplitude β = 2^ceil(log2 amax) as UE8M0 scale, value β·q/6 (``ScaleRule.AMPLITUDE``)."""
 NVFP4_TOKENS = OperandScaling(name="NVFP4 16 tokens", fmt=NVFP4_SINGLE, axis=-2)
 """E2M1 elements, UE4M3 scale per 16 tokens of one column (no FP32 factor)."""
-FP8_PER_TENSOR_AMAX = OperandScaling(name="FP8 per-tensor amax/448", fmt=FP8_E4M3_PER_TENSOR,
-                                     geometry=Geometry.PER_TENSOR)
+FP8_PER_TENSOR_AMAX = OperandScaling(
+    name="FP8 per-tensor amax/448", fmt=FP8_E4M3_PER_TENSOR, geometry=Geometry.PER_TENSOR
+)
 """E4M3 with one FP32 factor amax/448 over the whole tensor (not a power of two)."""
-PER_TENSOR_POW2 = OperandScaling(name="per-tensor pow2 E4M3", fmt=MXFP8_E4M3,
-                                 geometry=Geometry.PER_TENSOR)
+PER_TENSOR_POW2 = OperandScaling(
+    name="per-tensor pow2 E4M3", fmt=MXFP8_E4M3, geometry=Geometry.PER_TENSOR
+)
 """E4M3 with one power-of-two (RCEIL) scale over the whole tensor."""
 
 NVFP4_HEAD_DIM = OperandScaling(name="NVFP4 along head dim", fmt=NVFP4_SINGLE, axis=-1)
 """Q/K: E2M1 per 16 along the head dimension, UE4M3 scales, no FP32 factor (per token)."""
-NVFP4_HEAD_DIM_PER_TENSOR = OperandScaling(name="NVFP4 along head dim, per-tensor FP32 factor",
-                                           fmt=NVFP4, axis=-1)
+NVFP4_HEAD_DIM_PER_TENSOR = OperandScaling(
+    name="NVFP4 along head dim, per-tensor FP32 factor", fmt=NVFP4, axis=-1
+)
 """Q/K NVFP4 with the per-tensor FP32 amax factor: leaks the future under a causal mask."""
-NVFP4_HEAD_DIM_PER_TOKEN = OperandScaling(name="NVFP4 along head dim, per-token FP32 factor",
-                                          fmt=NVFP4.replace(global_scale=GlobalScale.PER_ROW),
-                                          axis=-1)
+NVFP4_HEAD_DIM_PER_TOKEN = OperandScaling(
+    name="NVFP4 along head dim, per-token FP32 factor",
+    fmt=NVFP4.replace(global_scale=GlobalScale.PER_ROW),
+    axis=-1,
+)
 """Q/K NVFP4 with a per-token FP32 factor (amax over each token's row): causal-safe."""
 MXFP8_HEAD_DIM = OperandScaling(name="MXFP8 along head dim", fmt=MXFP8_E4M3, axis=-1)
 """E4M3, UE8M0 per 32 along the head dimension (per token)."""
 
-DS_SQUARE_RCEIL = OperandScaling(name="dS 32x32 pow2 RCEIL", fmt=MXFP8_E4M3,
-                                 geometry=Geometry.SQUARE)
+DS_SQUARE_RCEIL = OperandScaling(
+    name="dS 32x32 pow2 RCEIL", fmt=MXFP8_E4M3, geometry=Geometry.SQUARE
+)
 """dS in E4M3 with one UE8M0 (rounded up) per 32×32 (query × key) tile: one copy for dQ and dK."""
-DS_SQUARE_FLOOR = OperandScaling(name="dS 32x32 pow2 OCP floor", fmt=MXFP8_E4M3,
-                                 geometry=Geometry.SQUARE, rule=ScaleRule.FLOOR)
+DS_SQUARE_FLOOR = OperandScaling(
+    name="dS 32x32 pow2 OCP floor", fmt=MXFP8_E4M3, geometry=Geometry.SQUARE, rule=ScaleRule.FLOOR
+)
 """dS 32×32 tiles with the OCP floor exponent (clamps)."""
-DS_PER_ROW = OperandScaling(name="dS per query row pow2", fmt=MXFP8_E4M3,
-                            geometry=Geometry.PER_ROW, axis=-1)
+DS_PER_ROW = OperandScaling(
+    name="dS per query row pow2", fmt=MXFP8_E4M3, geometry=Geometry.PER_ROW, axis=-1
+)
 """The "exact" dS option: one power-of-two exponent per query row (dQ row i sees only row i)."""
 
 FP8_PER_TENSOR_QK = OperandScaling(name="FP8 per-tensor amax/448 (Q/K)", fmt=FP8_E4M3_PER_TENSOR)
 """Q/K as ``QKFormat.FP8_PER_TENSOR``: E4M3 with one FP32 factor amax/448 over the tensor."""
 V_SCALINGS: dict[str, OperandScaling] = {
-    "FP8": E4M3_CAST, "MXFP8_TOKENS": MXFP8_TOKENS_RCEIL, "MXFP4_TOKENS": DIRECT_P_V,
-    "NVFP4_TOKENS": NVFP4_TOKENS, "TOKEN_BLOCK_FP8": TOKEN_BLOCK_POW2}
+    "FP8": E4M3_CAST,
+    "MXFP8_TOKENS": MXFP8_TOKENS_RCEIL,
+    "MXFP4_TOKENS": DIRECT_P_V,
+    "NVFP4_TOKENS": NVFP4_TOKENS,
+    "TOKEN_BLOCK_FP8": TOKEN_BLOCK_POW2,
+}
 """The scaling of each blocked ``VFormat`` member (by name); see
 :attr:`fp4sim.attention.recipe.AttentionRecipe.v_scaling`."""

@@ -55,9 +55,23 @@ import numpy as np
 from fp4sim._xp import is_jax
 from fp4sim.formats import f32
 
-__all__ = ["ENV", "FAMILIES", "DEFAULT_FAMILIES", "mode", "on_gpu", "ordered_product_kernel", "tile_shape", "backward_product",
-           "grouped_product", "backward_supported", "grouped_supported",
-           "backward_dispatch", "grouped_dispatch", "exact_scores", "exact_scores_dispatch"]
+__all__ = [
+    "ENV",
+    "FAMILIES",
+    "DEFAULT_FAMILIES",
+    "mode",
+    "on_gpu",
+    "ordered_product_kernel",
+    "tile_shape",
+    "backward_product",
+    "grouped_product",
+    "backward_supported",
+    "grouped_supported",
+    "backward_dispatch",
+    "grouped_dispatch",
+    "exact_scores",
+    "exact_scores_dispatch",
+]
 
 ENV = "FP4SIM_GPU_KERNELS"
 FAMILIES = ("ordered", "scores", "direct_p", "rows")
@@ -85,8 +99,10 @@ def mode() -> str:
         return ",".join(sorted(FAMILIES))
     names = {n.strip() for n in value.split(",") if n.strip()}
     if not names or not names <= set(FAMILIES):
-        raise ValueError(f"{ENV}={value!r}; allowed: '0', '1', 'all', 'interpret' or a "
-                         f"comma-separated subset of {list(FAMILIES)}")
+        raise ValueError(
+            f"{ENV}={value!r}; allowed: '0', '1', 'all', 'interpret' or a "
+            f"comma-separated subset of {list(FAMILIES)}"
+        )
     return ",".join(sorted(names))
 
 
@@ -99,14 +115,18 @@ def on_gpu(gpu_fn: Callable, default_fn: Callable, *args: Any, family: str) -> A
     if family not in FAMILIES:
         raise ValueError(f"family={family!r}; allowed: {list(FAMILIES)}")
     m = mode()
-    if m == "0" or (m != "interpret" and family not in m.split(",")) or \
-            not any(is_jax(a) for a in args):
+    if (
+        m == "0"
+        or (m != "interpret" and family not in m.split(","))
+        or not any(is_jax(a) for a in args)
+    ):
         return default_fn(*args)
     from jax import lax
 
     other = functools.partial(gpu_fn, interpret=True) if m == "interpret" else default_fn
-    return lax.platform_dependent(*args, cuda=functools.partial(gpu_fn, interpret=False),
-                                  default=other)
+    return lax.platform_dependent(
+        *args, cuda=functools.partial(gpu_fn, interpret=False), default=other
+    )
 
 
 def _block(n: int) -> int:
@@ -134,8 +154,17 @@ def tile_shape(batch: int, rows: int, cols: int) -> tuple[int, int] | None:
     return bm, bn
 
 
-def _kernel(*refs: Any, groups: int, k: int, bm: int, bn: int, plain: bool,
-            transposed: bool, ranged: bool, unroll: int) -> None:
+def _kernel(
+    *refs: Any,
+    groups: int,
+    k: int,
+    bm: int,
+    bn: int,
+    plain: bool,
+    transposed: bool,
+    ranged: bool,
+    unroll: int,
+) -> None:
     import jax.numpy as jnp
     from jax import lax
 
@@ -148,6 +177,7 @@ def _kernel(*refs: Any, groups: int, k: int, bm: int, bn: int, plain: bool,
         lo, n_steps = 0, k // unroll
     total = None
     for g in range(groups):
+
         def term(kk: Any, g: int = g) -> Any:
             col = a_ref[0, g, kk, :] if transposed else a_ref[0, g, :, kk]  # (bm,)
             return col[:, None] * b_ref[0, g, kk, :][None, :]
@@ -169,9 +199,17 @@ def _kernel(*refs: Any, groups: int, k: int, bm: int, bn: int, plain: bool,
     o_ref[0] = total
 
 
-def ordered_product_kernel(a: Any, b: Any, *, plain: bool, transposed: bool = False,
-                           lo: Any = None, hi: Any = None, tile: tuple[int, int] | None = None,
-                           interpret: bool = False) -> Any:
+def ordered_product_kernel(
+    a: Any,
+    b: Any,
+    *,
+    plain: bool,
+    transposed: bool = False,
+    lo: Any = None,
+    hi: Any = None,
+    tile: tuple[int, int] | None = None,
+    interpret: bool = False,
+) -> Any:
     """The ordered sum of products as one Pallas (Triton) call: float32 (B, I, J) with
     ``out[n] = fl(…fl(P_0 + P_1)… + P_{G−1})`` over the ``groups`` axis, each
     ``P_g[i, j] = Σ_k a[n, g, i, k]·b[n, g, k, j]`` in k order (``transposed``: ``a`` given as
@@ -194,8 +232,17 @@ def ordered_product_kernel(a: Any, b: Any, *, plain: bool, transposed: bool = Fa
     ni, nj = n_i // bm, n_j // bn
     ranged = lo is not None
     unroll = _unroll(k)
-    kern = functools.partial(_kernel, groups=groups, k=k, bm=bm, bn=bn, plain=plain,
-                             transposed=transposed, ranged=ranged, unroll=unroll)
+    kern = functools.partial(
+        _kernel,
+        groups=groups,
+        k=k,
+        bm=bm,
+        bn=bn,
+        plain=plain,
+        transposed=transposed,
+        ranged=ranged,
+        unroll=unroll,
+    )
 
     def split(p: Any) -> tuple[Any, Any, Any]:
         return p // (ni * nj), (p // nj) % ni, p % nj
@@ -207,23 +254,33 @@ def ordered_product_kernel(a: Any, b: Any, *, plain: bool, transposed: bool = Fa
     b_spec = pl.BlockSpec((1, groups, k, bn), lambda p: (split(p)[0], 0, 0, split(p)[2]))
     r_spec = pl.BlockSpec((1, 1, 1), lambda p: split(p))
     o_spec = pl.BlockSpec((1, bm, bn), lambda p: split(p))
-    args = (a, b) if not ranged else (jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32),
-                                      a, b)
+    args = (a, b) if not ranged else (jnp.asarray(lo, jnp.int32), jnp.asarray(hi, jnp.int32), a, b)
     specs = [a_spec, b_spec] if not ranged else [r_spec, r_spec, a_spec, b_spec]
     return pl.pallas_call(
-        kern, out_shape=jax.ShapeDtypeStruct((nb, n_i, n_j), jnp.float32), grid=(nb * ni * nj,),
-        in_specs=specs, out_specs=o_spec, interpret=interpret,
-        compiler_params=pltriton.CompilerParams(num_warps=max(1, bm * bn // 1024),
-                                                num_stages=1),
-        name="fp4sim_ordered_product")(*args)
+        kern,
+        out_shape=jax.ShapeDtypeStruct((nb, n_i, n_j), jnp.float32),
+        grid=(nb * ni * nj,),
+        in_specs=specs,
+        out_specs=o_spec,
+        interpret=interpret,
+        compiler_params=pltriton.CompilerParams(num_warps=max(1, bm * bn // 1024), num_stages=1),
+        name="fp4sim_ordered_product",
+    )(*args)
 
 
 def _unroll(k: int) -> int:
     return 4 if k % 4 == 0 else (2 if k % 2 == 0 else 1)
 
 
-def backward_product(a: Any, b: Any, plain: bool, needed: Any = None, transposed: bool = False,
-                     *, interpret: bool = False) -> Any:
+def backward_product(
+    a: Any,
+    b: Any,
+    plain: bool,
+    needed: Any = None,
+    transposed: bool = False,
+    *,
+    interpret: bool = False,
+) -> Any:
     """The backward's SEQUENTIAL ``a @ b`` (``transposed``: ``aᵀ @ b`` of ``a`` stored
     (..., K, I)) on the kernel: what :mod:`fp4sim.attention.backward`'s jnp loop computes,
     bit for bit. Plain: each output block sums only the contraction range outside of which its
@@ -260,12 +317,12 @@ def backward_product(a: Any, b: Any, plain: bool, needed: Any = None, transposed
         lo = jnp.broadcast_to(lo1[:, :, None], (nb, ni, nj))
         hi = jnp.broadcast_to(hi1[:, :, None], (nb, ni, nj))
         if needed is not None:  # NaN counts as needed (NaN != 0)
-            nd = jnp.reshape(jnp.broadcast_to(needed, lead + (n_i, n_j)) != 0,
-                             (nb, ni, bm, nj, bn))
+            nd = jnp.reshape(jnp.broadcast_to(needed, lead + (n_i, n_j)) != 0, (nb, ni, bm, nj, bn))
             busy = jnp.any(nd, axis=(2, 4))
             hi = jnp.where(busy, hi, lo)
-    out = ordered_product_kernel(a3, b3, plain=plain, transposed=transposed, lo=lo, hi=hi,
-                                 tile=(bm, bn), interpret=interpret)
+    out = ordered_product_kernel(
+        a3, b3, plain=plain, transposed=transposed, lo=lo, hi=hi, tile=(bm, bn), interpret=interpret
+    )
     return jnp.reshape(out, lead + (n_i, n_j))
 
 
@@ -276,8 +333,9 @@ def backward_supported(a: Any, b: Any, transposed: bool) -> bool:
     return tile_shape(int(np.prod(lead, dtype=np.int64)), n_i, b.shape[-1]) is not None
 
 
-def grouped_product(pr: Any, vr: Any, per_group: int, plain: bool, *,
-                    interpret: bool = False) -> Any:
+def grouped_product(
+    pr: Any, vr: Any, per_group: int, plain: bool, *, interpret: bool = False
+) -> Any:
     """The forward's PV group sums on the kernel: ``pr`` (..., nt, ns, I, sub), ``vr``
     (..., nt, ns, sub, Dv) -> (..., nt, ns/per_group, I, Dv), each sub-block's ordered sum
     (plain chain and flush, or the flushed chain), the ``per_group`` consecutive sub-blocks of a
@@ -305,16 +363,16 @@ def grouped_supported(pr: Any, vr: Any, per_group: int) -> bool:
     return ns % per_group == 0 and tile_shape(nb, n_i, vr.shape[-1]) is not None
 
 
-def backward_dispatch(jnp_loop: Callable, a: Any, b: Any, plain: bool, needed: Any,
-                      transposed: bool) -> Any:
+def backward_dispatch(
+    jnp_loop: Callable, a: Any, b: Any, plain: bool, needed: Any, transposed: bool
+) -> Any:
     """``jnp_loop(a, b, plain, needed, transposed)`` (the backward's jnp loop), replaced by
     :func:`backward_product` where :func:`on_gpu` picks the kernel and the shapes tile."""
     if not backward_supported(a, b, transposed):
         return jnp_loop(a, b, plain, needed, transposed)
 
     def gpu(a: Any, b: Any, *nd: Any, interpret: bool) -> Any:
-        return backward_product(a, b, plain, nd[0] if nd else None, transposed,
-                                interpret=interpret)
+        return backward_product(a, b, plain, nd[0] if nd else None, transposed, interpret=interpret)
 
     def default(a: Any, b: Any, *nd: Any) -> Any:
         return jnp_loop(a, b, plain, nd[0] if nd else None, transposed)
@@ -347,8 +405,7 @@ def _scores_kernel(q_ref: Any, k_ref: Any, o_ref: Any, *, nb: int, blk: int) -> 
         # unit, at most 2^12 of them) exact in the tensor core's float32 accumulation
         qb = q_ref[0, :, pl.ds(b * blk, blk)].astype(jnp.bfloat16)
         kb = k_ref[0, :, pl.ds(b * blk, blk)].astype(jnp.bfloat16)
-        part = lax.dot_general(qb, kb, (((1,), (1,)), ((), ())),
-                               preferred_element_type=jnp.float32)
+        part = lax.dot_general(qb, kb, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         acc = part if acc is None else acc + part  # in block order, like the CPU
     o_ref[0] = acc
 
@@ -377,12 +434,17 @@ def exact_scores(qv: Any, kv: Any, blk: int, *, interpret: bool = False) -> Any:
 
     out = pl.pallas_call(
         functools.partial(_scores_kernel, nb=d // blk, blk=blk),
-        out_shape=jax.ShapeDtypeStruct((nbatch, sq, sk), jnp.float32), grid=(nbatch * ni * nj,),
-        in_specs=[pl.BlockSpec((1, bm, d), lambda p: (split(p)[0], split(p)[1], 0)),
-                  pl.BlockSpec((1, bn, d), lambda p: (split(p)[0], split(p)[2], 0))],
-        out_specs=pl.BlockSpec((1, bm, bn), lambda p: split(p)), interpret=interpret,
+        out_shape=jax.ShapeDtypeStruct((nbatch, sq, sk), jnp.float32),
+        grid=(nbatch * ni * nj,),
+        in_specs=[
+            pl.BlockSpec((1, bm, d), lambda p: (split(p)[0], split(p)[1], 0)),
+            pl.BlockSpec((1, bn, d), lambda p: (split(p)[0], split(p)[2], 0)),
+        ],
+        out_specs=pl.BlockSpec((1, bm, bn), lambda p: split(p)),
+        interpret=interpret,
         compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=2),
-        name="fp4sim_exact_scores")(q3, k3)
+        name="fp4sim_exact_scores",
+    )(q3, k3)
     return jnp.reshape(out, lead + (sq, sk))
 
 
@@ -396,5 +458,4 @@ def exact_scores_dispatch(jnp_sum: Callable, qv: Any, kv: Any, kbt: Any, blk: in
     def gpu(qv: Any, kv: Any, kbt: Any, *, interpret: bool) -> Any:
         return exact_scores(qv, kv, blk, interpret=interpret)
 
-    return on_gpu(gpu, lambda qv, kv, kbt: jnp_sum(qv, kv, kbt, blk), qv, kv, kbt,
-                  family="scores")
+    return on_gpu(gpu, lambda qv, kv, kbt: jnp_sum(qv, kv, kbt, blk), qv, kv, kbt, family="scores")

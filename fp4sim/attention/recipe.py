@@ -171,8 +171,12 @@ class PFormat(enum.Enum):
     @property
     def element(self) -> FloatFormat | None:
         """The element format of P's codes (None: BF16 bit patterns or float32 bits)."""
-        return {PFormat.FP8: E4M3, PFormat.MXFP8: E4M3, PFormat.MXFP4: E2M1,
-                PFormat.NVFP4: E2M1}.get(self)
+        return {
+            PFormat.FP8: E4M3,
+            PFormat.MXFP8: E4M3,
+            PFormat.MXFP4: E2M1,
+            PFormat.NVFP4: E2M1,
+        }.get(self)
 
     @property
     def scale(self) -> FloatFormat | None:
@@ -224,8 +228,10 @@ def _check_float(owner: str, name: str, value: Any, *, positive: bool = False) -
 
 def _check_enum(owner: str, name: str, value: Any, kind: type[enum.Enum]) -> None:
     if not isinstance(value, kind):
-        raise TypeError(f"{owner}.{name}={value!r} must be a {kind.__name__} member; "
-                        f"allowed: {[m.name for m in kind]}")
+        raise TypeError(
+            f"{owner}.{name}={value!r} must be a {kind.__name__} member; "
+            f"allowed: {[m.name for m in kind]}"
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -403,47 +409,67 @@ class AttentionRecipe:
         _check_enum(own, "v", self.v, VFormat)
         _check_enum(own, "normalization", self.normalization, Normalization)
         if not isinstance(self.converter, CONVERTER_TYPES):
-            raise TypeError(f"{own}.converter={self.converter!r} must be one of "
-                            f"{[t.__name__ for t in CONVERTER_TYPES]}")
+            raise TypeError(
+                f"{own}.converter={self.converter!r} must be one of "
+                f"{[t.__name__ for t in CONVERTER_TYPES]}"
+            )
         allowed = _CONVERTER_P_FORMATS[type(self.converter)]
         if self.p_format not in allowed:
-            raise ValueError(f"{own}: converter {type(self.converter).__name__} cannot produce "
-                             f"p_format={self.p_format.name}; allowed: {[f.name for f in allowed]}")
+            raise ValueError(
+                f"{own}: converter {type(self.converter).__name__} cannot produce "
+                f"p_format={self.p_format.name}; allowed: {[f.name for f in allowed]}"
+            )
         if self.p_format is PFormat.FLOAT32 and self.normalization is Normalization.MISMATCHED:
-            raise ValueError(f"{own}: normalization=MISMATCHED needs a quantized P; "
-                             f"p_format=FLOAT32 allows CONSISTENT or EXACT")
+            raise ValueError(
+                f"{own}: normalization=MISMATCHED needs a quantized P; "
+                f"p_format=FLOAT32 allows CONSISTENT or EXACT"
+            )
         if not isinstance(self.exp2, Exp2Model):
             raise TypeError(f"{own}.exp2={self.exp2!r} must be an Exp2Model")
         for name in ("block_q", "block_kv", "fragment", "pv_group"):
             check_int(own, name, getattr(self, name), 1)
-        pb = max(self.p_format.block, 32 if self.v in (VFormat.MXFP8_TOKENS, VFormat.MXFP4_TOKENS,
-                                                       VFormat.TOKEN_BLOCK_FP8) else 1,
-                 16 if self.v is VFormat.NVFP4_TOKENS else 1)
+        pb = max(
+            self.p_format.block,
+            32
+            if self.v in (VFormat.MXFP8_TOKENS, VFormat.MXFP4_TOKENS, VFormat.TOKEN_BLOCK_FP8)
+            else 1,
+            16 if self.v is VFormat.NVFP4_TOKENS else 1,
+        )
         if self.fragment % pb:
-            raise ValueError(f"{own}.fragment={self.fragment} must be a multiple of the P/V "
-                             f"scale block {pb}")
+            raise ValueError(
+                f"{own}.fragment={self.fragment} must be a multiple of the P/V scale block {pb}"
+            )
         if self.pv_group % pb:
-            raise ValueError(f"{own}.pv_group={self.pv_group} must be a multiple of the P/V "
-                             f"scale block {pb}")
+            raise ValueError(
+                f"{own}.pv_group={self.pv_group} must be a multiple of the P/V scale block {pb}"
+            )
         if self.block_kv % self.fragment or self.block_kv % self.pv_group:
-            raise ValueError(f"{own}.block_kv={self.block_kv} must be a multiple of fragment="
-                             f"{self.fragment} and pv_group={self.pv_group}")
+            raise ValueError(
+                f"{own}.block_kv={self.block_kv} must be a multiple of fragment="
+                f"{self.fragment} and pv_group={self.pv_group}"
+            )
         _check_float(own, "rescale_threshold", self.rescale_threshold)
         if self.rescale_threshold < 0:
             raise ValueError(f"{own}.rescale_threshold={self.rescale_threshold!r} must be >= 0")
         if isinstance(self.converter, FixedScaleP):
             limit = math.log2(448.0 / self.converter.scale)
             if self.rescale_threshold > limit:
-                raise ValueError(f"{own}.rescale_threshold={self.rescale_threshold} lets "
-                                 f"p·{self.converter.scale} exceed E4M3's 448; allowed <= {limit:.3f}")
+                raise ValueError(
+                    f"{own}.rescale_threshold={self.rescale_threshold} lets "
+                    f"p·{self.converter.scale} exceed E4M3's 448; allowed <= {limit:.3f}"
+                )
         if not isinstance(self.hadamard, bool):
             raise TypeError(f"{own}.hadamard={self.hadamard!r} must be a bool")
         if self.normalization is Normalization.EXACT and self.p_format is not PFormat.FLOAT32:
-            raise ValueError(f"{own}: normalization=EXACT means unquantized P in numerator and "
-                             f"denominator; it needs p_format=FLOAT32, not {self.p_format.name}")
+            raise ValueError(
+                f"{own}: normalization=EXACT means unquantized P in numerator and "
+                f"denominator; it needs p_format=FLOAT32, not {self.p_format.name}"
+            )
         if self.qk_global is not QKGlobalScale.NONE and self.qk is not QKFormat.NVFP4:
-            raise ValueError(f"{own}.qk_global={self.qk_global.name} applies only to "
-                             f"qk=NVFP4, not {self.qk.name}")
+            raise ValueError(
+                f"{own}.qk_global={self.qk_global.name} applies only to "
+                f"qk=NVFP4, not {self.qk.name}"
+            )
 
     @property
     def qk_block(self) -> int:
@@ -465,9 +491,11 @@ class AttentionRecipe:
             return ops.MXFP8_HEAD_DIM
         if fmt is QKFormat.TOKEN_BLOCK_FP8:
             return ops.TOKEN_BLOCK_POW2
-        return {QKGlobalScale.NONE: ops.NVFP4_HEAD_DIM,
-                QKGlobalScale.PER_TENSOR: ops.NVFP4_HEAD_DIM_PER_TENSOR,
-                QKGlobalScale.PER_TOKEN: ops.NVFP4_HEAD_DIM_PER_TOKEN}[self.qk_global]
+        return {
+            QKGlobalScale.NONE: ops.NVFP4_HEAD_DIM,
+            QKGlobalScale.PER_TENSOR: ops.NVFP4_HEAD_DIM_PER_TENSOR,
+            QKGlobalScale.PER_TOKEN: ops.NVFP4_HEAD_DIM_PER_TOKEN,
+        }[self.qk_global]
 
     @property
     def v_scaling(self) -> OperandScaling:
@@ -485,8 +513,12 @@ class AttentionRecipe:
     @property
     def v_block(self) -> int:
         """Tokens per V scale group along the key axis (1 if V has no token groups)."""
-        return {VFormat.MXFP8_TOKENS: 32, VFormat.MXFP4_TOKENS: 32, VFormat.NVFP4_TOKENS: 16,
-                VFormat.TOKEN_BLOCK_FP8: 32}.get(self.v, 1)
+        return {
+            VFormat.MXFP8_TOKENS: 32,
+            VFormat.MXFP4_TOKENS: 32,
+            VFormat.NVFP4_TOKENS: 16,
+            VFormat.TOKEN_BLOCK_FP8: 32,
+        }.get(self.v, 1)
 
     def replace(self, **changes: Any) -> AttentionRecipe:
         """A copy with ``changes`` applied (validated again)."""
@@ -494,8 +526,13 @@ class AttentionRecipe:
 
 
 # --- named presets for the published routes ------------------------------------------------
-EXACT_F32 = AttentionRecipe(qk=QKFormat.FLOAT32, converter=ExactP(), p_format=PFormat.FLOAT32,
-                            v=VFormat.FLOAT32, normalization=Normalization.EXACT)
+EXACT_F32 = AttentionRecipe(
+    qk=QKFormat.FLOAT32,
+    converter=ExactP(),
+    p_format=PFormat.FLOAT32,
+    v=VFormat.FLOAT32,
+    normalization=Normalization.EXACT,
+)
 """Every format float32: converges to the float64 reference up to float32 rounding."""
 
 HW_FP4_DIRECT_P = AttentionRecipe()
@@ -505,40 +542,63 @@ HW_FP4_DIRECT_P = AttentionRecipe()
 HW_FP4_DIRECT_P_MITCHELL = AttentionRecipe(converter=MitchellP())
 """The same route with the Mitchell-P converter (98.7 % code match, as published)."""
 
-HW_FP4_FP8_PV = AttentionRecipe(converter=ExactP(), p_format=PFormat.MXFP8,
-                                v=VFormat.TOKEN_BLOCK_FP8)
+HW_FP4_FP8_PV = AttentionRecipe(
+    converter=ExactP(), p_format=PFormat.MXFP8, v=VFormat.TOKEN_BLOCK_FP8
+)
 """The HW-FP4 paper's retained FP8 P/V route: NVFP4 Q/K, exact P in E4M3 with UE8M0 per 32
 keys, V E4M3 with one power-of-two exponent per 32 tokens, consistent normalization."""
 
-HAO_LOG_NVFP4 = AttentionRecipe(qk_global=QKGlobalScale.PER_TENSOR, converter=LogGroupP(),
-                                p_format=PFormat.NVFP4, v=VFormat.NVFP4_TOKENS,
-                                normalization=Normalization.MISMATCHED)
+HAO_LOG_NVFP4 = AttentionRecipe(
+    qk_global=QKGlobalScale.PER_TENSOR,
+    converter=LogGroupP(),
+    p_format=PFormat.NVFP4,
+    v=VFormat.NVFP4_TOKENS,
+    normalization=Normalization.MISMATCHED,
+)
 """HAO flash-attention-fp4, NVFP4 Q/K with per-tensor global factor, log-domain NVFP4 P,
 NVFP4 V, mismatched normalizer (from its code)."""
 
-HAO_LOG_MXFP8 = AttentionRecipe(qk=QKFormat.MXFP8, converter=LogGroupP(),
-                                p_format=PFormat.MXFP8, v=VFormat.MXFP8_TOKENS,
-                                normalization=Normalization.MISMATCHED)
+HAO_LOG_MXFP8 = AttentionRecipe(
+    qk=QKFormat.MXFP8,
+    converter=LogGroupP(),
+    p_format=PFormat.MXFP8,
+    v=VFormat.MXFP8_TOKENS,
+    normalization=Normalization.MISMATCHED,
+)
 """HAO flash-attention-fp4, MXFP8 Q/K, log-domain MXFP8 P, MXFP8 V, mismatched (from its code)."""
 
-SAGE3_TWO_LEVEL = AttentionRecipe(converter=SageTwoLevelP(), p_format=PFormat.NVFP4,
-                                  v=VFormat.NVFP4_TOKENS, normalization=Normalization.MISMATCHED)
+SAGE3_TWO_LEVEL = AttentionRecipe(
+    converter=SageTwoLevelP(),
+    p_format=PFormat.NVFP4,
+    v=VFormat.NVFP4_TOKENS,
+    normalization=Normalization.MISMATCHED,
+)
 """SageAttention3 (arXiv:2505.11594, from its code): NVFP4 Q/K without global factor (its Q/K smoothing is not
 modelled), two-level NVFP4 P, NVFP4 V along tokens, mismatched normalizer."""
 
-CUDNN_FP8_FIXED = AttentionRecipe(qk=QKFormat.MXFP8, converter=FixedScaleP(scale=16.0),
-                                  p_format=PFormat.FP8, v=VFormat.MXFP8_TOKENS,
-                                  normalization=Normalization.MISMATCHED, rescale_threshold=4.0)
+CUDNN_FP8_FIXED = AttentionRecipe(
+    qk=QKFormat.MXFP8,
+    converter=FixedScaleP(scale=16.0),
+    p_format=PFormat.FP8,
+    v=VFormat.MXFP8_TOKENS,
+    normalization=Normalization.MISMATCHED,
+    rescale_threshold=4.0,
+)
 """cuDNN MXFP8 SDPA reference (github.com/NVIDIA/cudnn-frontend, from its code): MXFP8 Q/K/V, P = E4M3(16·p) with rescale threshold 4,
 mismatched normalizer."""
 
-FLAMIA_MXFP8 = AttentionRecipe(qk=QKFormat.MXFP8, converter=ExactP(), p_format=PFormat.MXFP8,
-                               v=VFormat.TOKEN_BLOCK_FP8)
+FLAMIA_MXFP8 = AttentionRecipe(
+    qk=QKFormat.MXFP8, converter=ExactP(), p_format=PFormat.MXFP8, v=VFormat.TOKEN_BLOCK_FP8
+)
 """FLAMIA MXFP8 route (as described; fp4sim's reconstruction): MXFP8 Q/K (per token), exact MXFP8 P, token-block V,
 consistent normalization."""
 
-FLAMIA_NVFP4 = AttentionRecipe(qk_global=QKGlobalScale.PER_TOKEN, converter=ExactP(),
-                               p_format=PFormat.NVFP4, v=VFormat.TOKEN_BLOCK_FP8)
+FLAMIA_NVFP4 = AttentionRecipe(
+    qk_global=QKGlobalScale.PER_TOKEN,
+    converter=ExactP(),
+    p_format=PFormat.NVFP4,
+    v=VFormat.TOKEN_BLOCK_FP8,
+)
 """FLAMIA NVFP4 route (as described; fp4sim's reconstruction): NVFP4 Q/K with per-token global factor, exact NVFP4
 P, token-block V, consistent normalization."""
 
@@ -591,8 +651,9 @@ class BackwardAccumulation(enum.Enum):
 
 def _check_scaling(owner: str, name: str, value: Any) -> None:
     if not isinstance(value, OperandScaling):
-        raise TypeError(f"{owner}.{name}={value!r} must be an OperandScaling "
-                        f"(see fp4sim.attention.causal)")
+        raise TypeError(
+            f"{owner}.{name}={value!r} must be an OperandScaling (see fp4sim.attention.causal)"
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -644,33 +705,47 @@ class TrainingRecipe:
             if not isinstance(value, AttentionRecipe):
                 raise TypeError(f"{own}.{field}={value!r} must be an AttentionRecipe")
             if value.v is not VFormat.FLOAT32:
-                raise ValueError(f"{own}.{field} has v={value.v.name}; the training path "
-                                 f"quantizes V itself (field v), so it must be FLOAT32")
+                raise ValueError(
+                    f"{own}.{field} has v={value.v.name}; the training path "
+                    f"quantizes V itself (field v), so it must be FLOAT32"
+                )
             if value.hadamard:
-                raise ValueError(f"{own}.{field}.hadamard=True is not supported by the training "
-                                 f"path (dQ/dK would need the inverse rotation); allowed: False")
+                raise ValueError(
+                    f"{own}.{field}.hadamard=True is not supported by the training "
+                    f"path (dQ/dK would need the inverse rotation); allowed: False"
+                )
         if self.rebuild is not None and (self.rebuild.qk, self.rebuild.qk_global) != (
-                self.forward.qk, self.forward.qk_global):
-            raise ValueError(f"{own}.rebuild must keep the forward's Q/K format "
-                             f"{self.forward.qk.name}/{self.forward.qk_global.name} (the backward "
-                             f"reuses the saved quantized Q/K); got {self.rebuild.qk.name}/"
-                             f"{self.rebuild.qk_global.name}")
+            self.forward.qk,
+            self.forward.qk_global,
+        ):
+            raise ValueError(
+                f"{own}.rebuild must keep the forward's Q/K format "
+                f"{self.forward.qk.name}/{self.forward.qk_global.name} (the backward "
+                f"reuses the saved quantized Q/K); got {self.rebuild.qk.name}/"
+                f"{self.rebuild.qk_global.name}"
+            )
         for field in ("v", "d_out", "p_backward", "ds"):
             _check_scaling(own, field, getattr(self, field))
         if self.dq is not None:
             _check_scaling(own, "dq", self.dq)
         if not isinstance(self.delta, DeltaSource):
-            raise TypeError(f"{own}.delta={self.delta!r} must be a DeltaSource; allowed: "
-                            f"{[m.name for m in DeltaSource]}")
+            raise TypeError(
+                f"{own}.delta={self.delta!r} must be a DeltaSource; allowed: "
+                f"{[m.name for m in DeltaSource]}"
+            )
         if not isinstance(self.segment_aligned, bool):
             raise TypeError(f"{own}.segment_aligned={self.segment_aligned!r} must be a bool")
         if not isinstance(self.ds_probabilities, DsProbabilities):
-            raise TypeError(f"{own}.ds_probabilities={self.ds_probabilities!r} must be a "
-                            f"DsProbabilities; allowed: {[m.name for m in DsProbabilities]}")
+            raise TypeError(
+                f"{own}.ds_probabilities={self.ds_probabilities!r} must be a "
+                f"DsProbabilities; allowed: {[m.name for m in DsProbabilities]}"
+            )
         if not isinstance(self.accumulation, BackwardAccumulation):
-            raise TypeError(f"{own}.accumulation={self.accumulation!r} must be a "
-                            f"BackwardAccumulation; "
-                            f"allowed: {[m.name for m in BackwardAccumulation]}")
+            raise TypeError(
+                f"{own}.accumulation={self.accumulation!r} must be a "
+                f"BackwardAccumulation; "
+                f"allowed: {[m.name for m in BackwardAccumulation]}"
+            )
 
     @property
     def rebuild_recipe(self) -> AttentionRecipe:
@@ -692,46 +767,86 @@ class TrainingRecipe:
 P_MXFP8_KEYS = ops.OperandScaling(name="P MXFP8 32 keys", fmt=MXFP8_E4M3, axis=-1)
 """P as the dV operand: E4M3 with one UE8M0 (rounded up) per 32 keys of a query row."""
 
-_F32_FWD = AttentionRecipe(qk=QKFormat.FLOAT32, converter=ExactP(), p_format=PFormat.FLOAT32,
-                           v=VFormat.FLOAT32, normalization=Normalization.EXACT, block_kv=64,
-                           pv_group=32)
-_FP8_P_FWD = AttentionRecipe(qk=QKFormat.NVFP4, converter=ExactP(), p_format=PFormat.MXFP8,
-                             v=VFormat.FLOAT32, normalization=Normalization.CONSISTENT,
-                             block_kv=64)
+_F32_FWD = AttentionRecipe(
+    qk=QKFormat.FLOAT32,
+    converter=ExactP(),
+    p_format=PFormat.FLOAT32,
+    v=VFormat.FLOAT32,
+    normalization=Normalization.EXACT,
+    block_kv=64,
+    pv_group=32,
+)
+_FP8_P_FWD = AttentionRecipe(
+    qk=QKFormat.NVFP4,
+    converter=ExactP(),
+    p_format=PFormat.MXFP8,
+    v=VFormat.FLOAT32,
+    normalization=Normalization.CONSISTENT,
+    block_kv=64,
+)
 _FP4_P_FWD = _FP8_P_FWD.replace(p_format=PFormat.MXFP4)
 
 
-def _route(name: str, fwd: AttentionRecipe, *, v: OperandScaling = ops.TOKEN_BLOCK_POW2,
-           d_out: OperandScaling = ops.E5M2_CAST, p_backward: OperandScaling = P_MXFP8_KEYS,
-           ds: OperandScaling = ops.DS_SQUARE_RCEIL,
-           delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT) -> TrainingRecipe:
-    return TrainingRecipe(name=name, forward=fwd, v=v, d_out=d_out, p_backward=p_backward, ds=ds,
-                          delta=delta)
+def _route(
+    name: str,
+    fwd: AttentionRecipe,
+    *,
+    v: OperandScaling = ops.TOKEN_BLOCK_POW2,
+    d_out: OperandScaling = ops.E5M2_CAST,
+    p_backward: OperandScaling = P_MXFP8_KEYS,
+    ds: OperandScaling = ops.DS_SQUARE_RCEIL,
+    delta: DeltaSource = DeltaSource.QUANTIZED_D_OUT,
+) -> TrainingRecipe:
+    return TrainingRecipe(
+        name=name, forward=fwd, v=v, d_out=d_out, p_backward=p_backward, ds=ds, delta=delta
+    )
 
 
 TRAINING_PRESETS: dict[str, TrainingRecipe] = {
-    "float32": _route("float32", _F32_FWD, v=ops.FLOAT32, d_out=ops.FLOAT32,
-                      p_backward=ops.FLOAT32, ds=ops.FLOAT32),
+    "float32": _route(
+        "float32",
+        _F32_FWD,
+        v=ops.FLOAT32,
+        d_out=ops.FLOAT32,
+        p_backward=ops.FLOAT32,
+        ds=ops.FLOAT32,
+    ),
     "direct_p_fp8_training": _route("direct_p_fp8_training", _FP8_P_FWD),
     "direct_p_fp4_forward": _route("direct_p_fp4_forward", _FP4_P_FWD),
     "direct_p_affine_fp4": _route("direct_p_affine_fp4", _FP4_P_FWD.replace(converter=AffineP())),
     "flamia_mxfp8_training": _route("flamia_mxfp8_training", _FP8_P_FWD.replace(qk=QKFormat.MXFP8)),
     "cudnn_mxfp8_like": _route(
         "cudnn_mxfp8_like",
-        AttentionRecipe(qk=QKFormat.MXFP8, converter=FixedScaleP(scale=16.0),
-                        p_format=PFormat.FP8, v=VFormat.FLOAT32,
-                        normalization=Normalization.MISMATCHED, rescale_threshold=4.0,
-                        block_kv=64),
-        v=ops.MXFP8_TOKENS_RCEIL, d_out=ops.MXFP8_HEAD_DIM,
-        ds=ops.OperandScaling(name="dS MXFP8 32 keys", fmt=MXFP8_E4M3, axis=-1)),
+        AttentionRecipe(
+            qk=QKFormat.MXFP8,
+            converter=FixedScaleP(scale=16.0),
+            p_format=PFormat.FP8,
+            v=VFormat.FLOAT32,
+            normalization=Normalization.MISMATCHED,
+            rescale_threshold=4.0,
+            block_kv=64,
+        ),
+        v=ops.MXFP8_TOKENS_RCEIL,
+        d_out=ops.MXFP8_HEAD_DIM,
+        ds=ops.OperandScaling(name="dS MXFP8 32 keys", fmt=MXFP8_E4M3, axis=-1),
+    ),
     "attn_qat_nvfp4": TrainingRecipe(
         name="attn_qat_nvfp4",
-        forward=AttentionRecipe(qk=QKFormat.NVFP4, converter=ExactP(), p_format=PFormat.NVFP4,
-                                v=VFormat.FLOAT32, normalization=Normalization.MISMATCHED,
-                                block_kv=64),
-        v=ops.NVFP4_HEAD_DIM, d_out=ops.FLOAT32, p_backward=ops.FLOAT32, ds=ops.FLOAT32,
+        forward=AttentionRecipe(
+            qk=QKFormat.NVFP4,
+            converter=ExactP(),
+            p_format=PFormat.NVFP4,
+            v=VFormat.FLOAT32,
+            normalization=Normalization.MISMATCHED,
+            block_kv=64,
+        ),
+        v=ops.NVFP4_HEAD_DIM,
+        d_out=ops.FLOAT32,
+        p_backward=ops.FLOAT32,
+        ds=ops.FLOAT32,
         delta=DeltaSource.HIGH_PRECISION_OUTPUT,
-        ds_probabilities=DsProbabilities.HIGH_PRECISION),
+        ds_probabilities=DsProbabilities.HIGH_PRECISION,
+    ),
 }
 """Training routes (forward + backward formats), key tiles of 64:
 
@@ -758,27 +873,27 @@ d = 64, causal, seed 0, NumPy): float32 3.1e-7 / 3.6e-7 / 3.0e-7; direct_p_fp8_t
 """
 
 
-def _leak_row(name: str, v: ops.OperandScaling, ds: ops.OperandScaling = ops.DS_PER_ROW
-              ) -> TrainingRecipe:
+def _leak_row(
+    name: str, v: ops.OperandScaling, ds: ops.OperandScaling = ops.DS_PER_ROW
+) -> TrainingRecipe:
     return _route(name, _FP4_P_FWD, v=v, ds=ds)
 
 
 LEAK_TABLE: dict[str, TrainingRecipe] = {
     "V unquantized": _leak_row("V unquantized", ops.FLOAT32),
-    "V per-token pow2 (exact option)": _leak_row("V per-token pow2 (exact option)",
-                                                 ops.PER_TOKEN_POW2),
-    "V token-block 32xD ceil E4M3": _leak_row("V token-block 32xD ceil E4M3",
-                                              ops.TOKEN_BLOCK_POW2),
+    "V per-token pow2 (exact option)": _leak_row(
+        "V per-token pow2 (exact option)", ops.PER_TOKEN_POW2
+    ),
+    "V token-block 32xD ceil E4M3": _leak_row("V token-block 32xD ceil E4M3", ops.TOKEN_BLOCK_POW2),
     "V MXFP8 32-token RCEIL": _leak_row("V MXFP8 32-token RCEIL", ops.MXFP8_TOKENS_RCEIL),
-    "V MXFP8 32-token OCP floor": _leak_row("V MXFP8 32-token OCP floor",
-                                            ops.MXFP8_TOKENS_FLOOR),
+    "V MXFP8 32-token OCP floor": _leak_row("V MXFP8 32-token OCP floor", ops.MXFP8_TOKENS_FLOOR),
     "V MXFP4 32-token": _leak_row("V MXFP4 32-token", ops.MXFP4_TOKENS_RCEIL),
     "V NVFP4 16-token": _leak_row("V NVFP4 16-token", ops.NVFP4_TOKENS),
-    "V per-tensor FP8 amax/448": _leak_row("V per-tensor FP8 amax/448",
-                                           ops.FP8_PER_TENSOR_AMAX),
+    "V per-tensor FP8 amax/448": _leak_row("V per-tensor FP8 amax/448", ops.FP8_PER_TENSOR_AMAX),
     "V per-tensor pow2": _leak_row("V per-tensor pow2", ops.PER_TENSOR_POW2),
-    "dS 32x32 floor (V per-token)": _leak_row("dS 32x32 floor (V per-token)",
-                                              ops.PER_TOKEN_POW2, ops.DS_SQUARE_FLOOR),
+    "dS 32x32 floor (V per-token)": _leak_row(
+        "dS 32x32 floor (V per-token)", ops.PER_TOKEN_POW2, ops.DS_SQUARE_FLOOR
+    ),
 }
 """The configurations of FLAMIA's leak table in order: NVFP4 Q/K per token (UE4M3, no FP32 factor),
 exact MXFP4 P with consistent normalization, E5M2 dO, the listed V scaling, and the exact
@@ -790,5 +905,6 @@ def training_preset(name: str) -> TrainingRecipe:
     for table in (TRAINING_PRESETS, LEAK_TABLE):
         if name in table:
             return table[name]
-    raise ValueError(f"recipe={name!r} is unknown; allowed: "
-                     f"{sorted(TRAINING_PRESETS) + sorted(LEAK_TABLE)}")
+    raise ValueError(
+        f"recipe={name!r} is unknown; allowed: {sorted(TRAINING_PRESETS) + sorted(LEAK_TABLE)}"
+    )

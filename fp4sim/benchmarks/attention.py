@@ -30,19 +30,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq", type=int, default=4096, help="tokens (default 4096)")
     parser.add_argument("--head-dim", type=int, default=128, help="head dimension (default 128)")
     parser.add_argument("--heads", type=int, default=1, help="heads (default 1)")
-    parser.add_argument("--recipe", default="hw_fp4_direct_p",
-                        help="preset timed against the baseline (fp4sim.attention.recipe.PRESETS)")
+    parser.add_argument(
+        "--recipe",
+        default="hw_fp4_direct_p",
+        help="preset timed against the baseline (fp4sim.attention.recipe.PRESETS)",
+    )
     parser.add_argument("--causal", action="store_true", help="causal masking (default off)")
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per side (default 3)")
-    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
-                        help="where jax runs both sides (default cpu)")
-    parser.add_argument("--errors", action="store_true",
-                        help="also measure every preset's error against the float64 reference")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "gpu"),
+        default="cpu",
+        help="where jax runs both sides (default cpu)",
+    )
+    parser.add_argument(
+        "--errors",
+        action="store_true",
+        help="also measure every preset's error against the float64 reference",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default 0)")
-    parser.add_argument("--check-cpu", action="store_true",
-                        help="with --device gpu: also run the jitted emulator on the CPU backend "
-                             "(same process, same inputs; compiled while the GPU side compiles) "
-                             "and compare O and LSE bit for bit")
+    parser.add_argument(
+        "--check-cpu",
+        action="store_true",
+        help="with --device gpu: also run the jitted emulator on the CPU backend "
+        "(same process, same inputs; compiled while the GPU side compiles) "
+        "and compare O and LSE bit for bit",
+    )
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
 
 
@@ -75,8 +88,14 @@ def run(args: argparse.Namespace) -> int:
     qn, kn, vn = (rng.standard_normal((h, s, d)).astype(np.float32) for _ in range(3))
     q, k, v = (jax.device_put(a, dev) for a in (qn, kn, vn))
     scale = 1.0 / np.sqrt(d)
-    result: dict = {"device": str(dev), "shape": {"heads": h, "seq": s, "head_dim": d},
-                    "causal": args.causal, "recipe": args.recipe, "times_s": {}, "errors": {}}
+    result: dict = {
+        "device": str(dev),
+        "shape": {"heads": h, "seq": s, "head_dim": d},
+        "causal": args.causal,
+        "recipe": args.recipe,
+        "times_s": {},
+        "errors": {},
+    }
 
     def save() -> None:
         if args.json:
@@ -105,12 +124,17 @@ def run(args: argparse.Namespace) -> int:
     gpu_out = jax.block_until_ready(emu(q, k, v))
     result["compile_s"] = time.perf_counter() - t0
     jax.block_until_ready(plain(q, k, v))
-    sides = {"emulator": lambda: jax.block_until_ready(emu(q, k, v)),
-             "float32_jnp": lambda: jax.block_until_ready(plain(q, k, v))}
+    sides = {
+        "emulator": lambda: jax.block_until_ready(emu(q, k, v)),
+        "float32_jnp": lambda: jax.block_until_ready(plain(q, k, v)),
+    }
     if platform == "gpu":
         qb, kb, vb = (jnp.swapaxes(a, 0, 1)[None].astype(jnp.bfloat16) for a in (q, k, v))
-        cudnn = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(
-            q, k, v, is_causal=args.causal, implementation="cudnn"))
+        cudnn = jax.jit(
+            lambda q, k, v: jax.nn.dot_product_attention(
+                q, k, v, is_causal=args.causal, implementation="cudnn"
+            )
+        )
         try:
             jax.block_until_ready(cudnn(qb, kb, vb))
             sides["cudnn_bf16"] = lambda: jax.block_until_ready(cudnn(qb, kb, vb))
@@ -124,13 +148,14 @@ def run(args: argparse.Namespace) -> int:
         for name, rec in PRESETS.items():
             out = np.asarray(emulator(rec)(q, k, v)[0])
             e = error_summary(out, ref)
-            result["errors"][name] = {"cosine": e.cosine, "rel_l2": e.rel_l2,
-                                      "max_abs": e.max_abs}
+            result["errors"][name] = {"cosine": e.cosine, "rel_l2": e.rel_l2, "max_abs": e.max_abs}
             save()
 
     t = result["times_s"]
-    print(f"attention forward, {h} head(s) x S{s} x D{d}, causal={args.causal}, "
-          f"on {result['device']}; emulator compile {result['compile_s']:.1f} s")
+    print(
+        f"attention forward, {h} head(s) x S{s} x D{d}, causal={args.causal}, "
+        f"on {result['device']}; emulator compile {result['compile_s']:.1f} s"
+    )
     if result["errors"]:
         print(f"{'preset':28s} {'cosine':>10s} {'rel L2':>10s}")
         for name, e in result["errors"].items():
@@ -142,11 +167,16 @@ def run(args: argparse.Namespace) -> int:
     if cpu_job is not None:
         cpu_out = jax.block_until_ready(cpu_job.result()(*cpu_args))
         pool.shutdown()
-        bad = {name: int(np.count_nonzero(np.asarray(a).view(np.uint32)
-                                          != np.asarray(b).view(np.uint32)))
-               for name, a, b in zip(("out", "lse"), gpu_out, cpu_out)}
+        bad = {
+            name: int(
+                np.count_nonzero(np.asarray(a).view(np.uint32) != np.asarray(b).view(np.uint32))
+            )
+            for name, a, b in zip(("out", "lse"), gpu_out, cpu_out)
+        }
         result["cpu_check_mismatches"] = bad
-        print(f"emulator O and LSE on the GPU vs the CPU backend: "
-              f"{'bit-identical' if not any(bad.values()) else 'DIFFER'} {bad}")
+        print(
+            f"emulator O and LSE on the GPU vs the CPU backend: "
+            f"{'bit-identical' if not any(bad.values()) else 'DIFFER'} {bad}"
+        )
         save()
     return 0

@@ -27,10 +27,19 @@ _FORMATS = {"E2M1": E2M1, "E4M3": E4M3, "E5M2": E5M2, "UE8M0": UE8M0}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--size", type=int, default=1 << 22, help="elements per array (default 2^22)")
-    parser.add_argument("--repeats", type=int, default=7, help="timed runs per case; the minimum counts")
-    parser.add_argument("--formats", nargs="+", default=list(_FORMATS), choices=list(_FORMATS),
-                        help="formats to time (default: all of %(choices)s)")
+    parser.add_argument(
+        "--size", type=int, default=1 << 22, help="elements per array (default 2^22)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=7, help="timed runs per case; the minimum counts"
+    )
+    parser.add_argument(
+        "--formats",
+        nargs="+",
+        default=list(_FORMATS),
+        choices=list(_FORMATS),
+        help="formats to time (default: all of %(choices)s)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
 
 
@@ -86,17 +95,34 @@ def run(args: argparse.Namespace) -> int:
             for impl, fn in impls.items():
                 t = _min_time(fn, args.repeats)
                 base = t if base is None else base
-                rows.append({"format": name, "op": op, "impl": impl, "seconds": t,
-                             "Melem_per_s": args.size / t / 1e6, "time_vs_ml_dtypes": t / base})
-    info = {"size": args.size, "repeats": args.repeats, "jax": jax.__version__,
-            "backend": jax.default_backend(), "rows": rows}
+                rows.append(
+                    {
+                        "format": name,
+                        "op": op,
+                        "impl": impl,
+                        "seconds": t,
+                        "Melem_per_s": args.size / t / 1e6,
+                        "time_vs_ml_dtypes": t / base,
+                    }
+                )
+    info = {
+        "size": args.size,
+        "repeats": args.repeats,
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "rows": rows,
+    }
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(info, fh, indent=1)
-    print(f"fp4sim bench formats: {args.size} float32 elements, min of {args.repeats} runs, "
-          f"jax {jax.__version__} on {jax.default_backend()}; ratio = time / ml_dtypes time")
+    print(
+        f"fp4sim bench formats: {args.size} float32 elements, min of {args.repeats} runs, "
+        f"jax {jax.__version__} on {jax.default_backend()}; ratio = time / ml_dtypes time"
+    )
     print(f"{'format':7} {'op':7} {'implementation':20} {'ms':>9} {'Melem/s':>9} {'ratio':>7}")
     for r in rows:
-        print(f"{r['format']:7} {r['op']:7} {r['impl']:20} {r['seconds'] * 1e3:9.2f} "
-              f"{r['Melem_per_s']:9.1f} {r['time_vs_ml_dtypes']:7.2f}")
+        print(
+            f"{r['format']:7} {r['op']:7} {r['impl']:20} {r['seconds'] * 1e3:9.2f} "
+            f"{r['Melem_per_s']:9.1f} {r['time_vs_ml_dtypes']:7.2f}"
+        )
     return 0

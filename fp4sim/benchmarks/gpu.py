@@ -69,11 +69,24 @@ class GpuContext:
         return self.deadline - time.monotonic()
 
 
-def row(name: str, *, ms: float | None = None, rate: str = "", ratio: float | None = None,
-        ratio_to: str = "", check: str = "") -> dict[str, Any]:
+def row(
+    name: str,
+    *,
+    ms: float | None = None,
+    rate: str = "",
+    ratio: float | None = None,
+    ratio_to: str = "",
+    check: str = "",
+) -> dict[str, Any]:
     """One line of the summary table (a plain dict, so sections need not import anything)."""
-    return {"name": name, "ms": ms, "rate": rate, "ratio": ratio, "ratio_to": ratio_to,
-            "check": check}
+    return {
+        "name": name,
+        "ms": ms,
+        "rate": rate,
+        "ratio": ratio,
+        "ratio_to": ratio_to,
+        "check": check,
+    }
 
 
 def _section_module(name: str):
@@ -86,11 +99,19 @@ def _section_module(name: str):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--only", action="append", choices=sorted(SECTIONS) + ["ceilings"],
-                        help="run only this section (repeatable); 'ceilings' = just the ceilings")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=sorted(SECTIONS) + ["ceilings"],
+        help="run only this section (repeatable); 'ceilings' = just the ceilings",
+    )
     parser.add_argument("--out", default=None, help="directory for gpu_bench.json")
-    parser.add_argument("--budget-s", type=float, default=420.0,
-                        help="stop starting new measurements after this many seconds")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=420.0,
+        help="stop starting new measurements after this many seconds",
+    )
     for name in SECTIONS:
         try:
             mod = _section_module(name)
@@ -107,8 +128,10 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         ms = f"{r['ms']:.4f}" if isinstance(r.get("ms"), (int, float)) else "-"
         ratio = f"{r['ratio']:.3f}" if isinstance(r.get("ratio"), (int, float)) else "-"
-        print(f"{r['name'][:44]:44s} {ms:>9s} {r.get('rate', ''):>14s} {ratio:>7s} "
-              f"{r.get('ratio_to', '')[:10]:10s} {r.get('check', '')}")
+        print(
+            f"{r['name'][:44]:44s} {ms:>9s} {r.get('rate', ''):>14s} {ratio:>7s} "
+            f"{r.get('ratio_to', '')[:10]:10s} {r.get('check', '')}"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,16 +148,29 @@ def run(args: argparse.Namespace) -> int:
     ceil = ceilings.measure_all()
     results["ceilings"] = ceil
     rows = [
-        row("ceiling: copy (x^1, uint32, 1 GiB)", ms=1e3 * ceil["copy"]["device_seconds"],
+        row(
+            "ceiling: copy (x^1, uint32, 1 GiB)",
+            ms=1e3 * ceil["copy"]["device_seconds"],
             rate=f"{ceil['copy']['device_bytes_per_s'] / 1e12:.2f} TB/s",
-            check=f"wall clock {ceil['copy']['bytes_per_s'] / 1e12:.2f} TB/s"),
-        row("ceiling: matmul bf16 8192^3", ms=1e3 * ceil["matmul_bf16"]["seconds"],
-            rate=f"{ceil['matmul_bf16']['flop_per_s'] / 1e12:.0f} TFLOP/s"),
-        row("ceiling: matmul fp8 e4m3 8192^3", ms=1e3 * ceil["matmul_fp8"]["seconds"],
-            rate=f"{ceil['matmul_fp8']['flop_per_s'] / 1e12:.0f} TFLOP/s"),
+            check=f"wall clock {ceil['copy']['bytes_per_s'] / 1e12:.2f} TB/s",
+        ),
+        row(
+            "ceiling: matmul bf16 8192^3",
+            ms=1e3 * ceil["matmul_bf16"]["seconds"],
+            rate=f"{ceil['matmul_bf16']['flop_per_s'] / 1e12:.0f} TFLOP/s",
+        ),
+        row(
+            "ceiling: matmul fp8 e4m3 8192^3",
+            ms=1e3 * ceil["matmul_fp8"]["seconds"],
+            rate=f"{ceil['matmul_fp8']['flop_per_s'] / 1e12:.0f} TFLOP/s",
+        ),
     ]
-    ctx = GpuContext(ceilings=ceil, time_call=ceilings.time_call,
-                     device_time=ceilings.device_time, deadline=start + float(args.budget_s))
+    ctx = GpuContext(
+        ceilings=ceil,
+        time_call=ceilings.time_call,
+        device_time=ceilings.device_time,
+        deadline=start + float(args.budget_s),
+    )
     for name in only:
         if name == "ceilings":
             continue

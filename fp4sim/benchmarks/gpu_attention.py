@@ -53,15 +53,26 @@ def _sample_heads(h: int) -> tuple[int, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of this section (prefixed: they share ``python -m fp4sim bench gpu``'s parser)."""
-    parser.add_argument("--attention-quick", action="store_true",
-                        help="attention: only B2 S4096 H16 D128 (non-causal, causal), fewer variants")
-    parser.add_argument("--attention-core", action="store_true",
-                        help="attention: every shape, only the default FP8 kernel, Direct-P "
-                             "affine and the cuDNN peers (no variants, no Mitchell)")
-    parser.add_argument("--attention-reps", type=int, default=5,
-                        help="attention: timing repetitions (the median is reported)")
-    parser.add_argument("--attention-iters", type=int, default=10,
-                        help="attention: calls per timing repetition")
+    parser.add_argument(
+        "--attention-quick",
+        action="store_true",
+        help="attention: only B2 S4096 H16 D128 (non-causal, causal), fewer variants",
+    )
+    parser.add_argument(
+        "--attention-core",
+        action="store_true",
+        help="attention: every shape, only the default FP8 kernel, Direct-P "
+        "affine and the cuDNN peers (no variants, no Mitchell)",
+    )
+    parser.add_argument(
+        "--attention-reps",
+        type=int,
+        default=5,
+        help="attention: timing repetitions (the median is reported)",
+    )
+    parser.add_argument(
+        "--attention-iters", type=int, default=10, help="attention: calls per timing repetition"
+    )
 
 
 def _timeit(fn: Callable[[], Any], reps: int, iters: int) -> float:
@@ -79,8 +90,15 @@ def _timeit(fn: Callable[[], Any], reps: int, iters: int) -> float:
     return statistics.median(times)
 
 
-def _reference_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, rows: np.ndarray, head: int,
-                    scale: float, causal: bool) -> np.ndarray:
+def _reference_rows(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    rows: np.ndarray,
+    head: int,
+    scale: float,
+    causal: bool,
+) -> np.ndarray:
     """float64 attention output of batch 0, query ``rows`` of ``head`` (kv head = head // g)."""
     g = q.shape[2] // k.shape[2]
     qs = q[0, rows, head].astype(np.float64)
@@ -114,14 +132,28 @@ def _cudnn_fp8(q: Any, k: Any, v: Any, scale: float, causal: bool):
     amax = [jnp.max(jnp.abs(x)).astype(jnp.float32) for x in (q, k, v)]
     qq, kq, vq = [(x.astype(jnp.float32) * (448.0 / a)).astype(f8) for x, a in zip((q, k, v), amax)]
     params = {key: one(1.0) for key in fa.fp8_params_keys}
-    params.update(descale_q=one(amax[0] / 448.0), descale_k=one(amax[1] / 448.0),
-                  descale_v=one(amax[2] / 448.0), scale_s=one(256.0), descale_s=one(1.0 / 256.0),
-                  scale_o=one(448.0 / amax[2]), descale_o=one(amax[2] / 448.0))
+    params.update(
+        descale_q=one(amax[0] / 448.0),
+        descale_k=one(amax[1] / 448.0),
+        descale_v=one(amax[2] / 448.0),
+        scale_s=one(256.0),
+        descale_s=one(1.0 / 256.0),
+        scale_o=one(448.0 / amax[2]),
+        descale_o=one(amax[2] / 448.0),
+    )
     mask = fa.MaskType.CAUSAL if causal else fa.MaskType.NO_MASK
 
     def call(qq, kq, vq, params):
-        out, _, _ = fa.dot_product_attention(qq, kq, vq, fp8_params=params, scale=scale,
-                                             mask_type=mask, qkv_layout="BTNH", use_fp8=True)
+        out, _, _ = fa.dot_product_attention(
+            qq,
+            kq,
+            vq,
+            fp8_params=params,
+            scale=scale,
+            mask_type=mask,
+            qkv_layout="BTNH",
+            use_fp8=True,
+        )
         return out
 
     return (qq, kq, vq, params), call, (lambda out: out.astype(jnp.float32) * (amax[2] / 448.0))
@@ -130,14 +162,26 @@ def _cudnn_fp8(q: Any, k: Any, v: Any, scale: float, causal: bool):
 def run_section(args: argparse.Namespace, context: Any = None) -> dict[str, Any]:
     """The ``attention`` section of ``python -m fp4sim bench gpu`` (see :mod:`.gpu`)."""
     deadline = None if context is None else context.deadline
-    return measure(quick=args.attention_quick, reps=args.attention_reps,
-                   iters=args.attention_iters, deadline=deadline, context=context,
-                   core_only=getattr(args, "attention_core", False))
+    return measure(
+        quick=args.attention_quick,
+        reps=args.attention_reps,
+        iters=args.attention_iters,
+        deadline=deadline,
+        context=context,
+        core_only=getattr(args, "attention_core", False),
+    )
 
 
-def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
-            deadline: float | None = None, out_dir: str | None = None,
-            context: Any = None, core_only: bool = False) -> dict[str, Any]:
+def measure(
+    *,
+    quick: bool = False,
+    reps: int = 5,
+    iters: int = 10,
+    deadline: float | None = None,
+    out_dir: str | None = None,
+    context: Any = None,
+    core_only: bool = False,
+) -> dict[str, Any]:
     """Measure every method on every shape; return (and write) the JSON-able results, with the
     ``rows`` of :mod:`fp4sim.benchmarks.gpu`'s summary table. Stops starting new shapes after
     ``deadline`` (``time.monotonic()``)."""
@@ -152,8 +196,12 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
         print("gpu_attention: no GPU visible to jax; nothing measured", file=sys.stderr)
         return {"ok": False, "reason": "no GPU"}
     dev = next(d for d in jax.devices() if d.platform == "gpu")
-    results: dict[str, Any] = {"device": dev.device_kind, "jax": jax.__version__,
-                               "flops": "4*B*T*S*H*D, halved when causal", "shapes": []}
+    results: dict[str, Any] = {
+        "device": dev.device_kind,
+        "jax": jax.__version__,
+        "flops": "4*B*T*S*H*D, halved when causal",
+        "shapes": [],
+    }
 
     def write() -> None:  # after every shape, so a cut-short run still leaves its numbers
         if out_dir:
@@ -175,22 +223,30 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
         "ablate_no_key_columns": base.replace(ablation=am.Ablation.SKIP_KEY_COLUMNS),
         "ablate_no_normalizer": base.replace(ablation=am.Ablation.SKIP_NORMALIZER),
     }
-    core = (("fp4sim_fp8",) if core_only else
-            ("fp4sim_fp8", "fp4sim_fp8_columns", "fp4sim_fp8_simt_sums", "ablate_no_pv"))
+    core = (
+        ("fp4sim_fp8",)
+        if core_only
+        else ("fp4sim_fp8", "fp4sim_fp8_columns", "fp4sim_fp8_simt_sums", "ablate_no_pv")
+    )
     d64_variants = {  # the D64 shapes try their own tiles
         "fp4sim_fp8_bkv64": base.replace(block_kv=64),
         "fp4sim_fp8_bq128_bkv64": base.replace(block_q=128, block_kv=64),
     }
-    directp = {"fp4sim_directp_affine": dp.DirectPConfig(),
-               "fp4sim_directp_mitchell": dp.DirectPConfig(recipe=HW_FP4_DIRECT_P_MITCHELL)}
+    directp = {
+        "fp4sim_directp_affine": dp.DirectPConfig(),
+        "fp4sim_directp_mitchell": dp.DirectPConfig(recipe=HW_FP4_DIRECT_P_MITCHELL),
+    }
     ok = True
     for i_shape, (b, s, h, d, causal) in enumerate(shapes):
         if deadline is not None and time.monotonic() > deadline:
             results.setdefault("skipped_shapes", []).append([b, s, h, d, causal])
             continue
         # every variant on the first shape; the main ones (and one ablation) on the others
-        variants = {k: v for k, v in all_variants.items()
-                    if (i_shape == 0 and not quick and not core_only) or k in core}
+        variants = {
+            k: v
+            for k, v in all_variants.items()
+            if (i_shape == 0 and not quick and not core_only) or k in core
+        }
         if d == 64 and not quick and not core_only:
             variants.update(d64_variants)
         scale = 1.0 / math.sqrt(d)
@@ -199,23 +255,37 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
         q, k, v = (jax.random.normal(kk, (b, s, h, d), jnp.float32) for kk in keys)
         qn, kn, vn = (np.asarray(x) for x in (q, k, v))
         rows = np.unique(np.linspace(0, s - 1, _SAMPLE_ROWS).astype(np.int64))
-        ref = {hh: _reference_rows(qn, kn, vn, rows, hh, scale, causal)
-               for hh in _sample_heads(h)}
-        entry: dict[str, Any] = {"B": b, "S": s, "H": h, "D": d, "causal": causal,
-                                 "gflop": flops / 1e9, "methods": {}}
+        ref = {hh: _reference_rows(qn, kn, vn, rows, hh, scale, causal) for hh in _sample_heads(h)}
+        entry: dict[str, Any] = {
+            "B": b,
+            "S": s,
+            "H": h,
+            "D": d,
+            "causal": causal,
+            "gflop": flops / 1e9,
+            "methods": {},
+        }
         print(f"== B{b} S{s} H{h} D{d} causal={causal}", flush=True)
 
-        def record(name: str, fn: Callable[[], Any], post: Callable[[Any], Any] | None = None,
-                   **extra: Any) -> None:
+        def record(
+            name: str, fn: Callable[[], Any], post: Callable[[Any], Any] | None = None, **extra: Any
+        ) -> None:
             nonlocal ok
             try:
                 sec = _timeit(fn, reps, iters)
                 out = fn()
                 err = _rel_l2(post(out) if post else out, ref, rows)
-                entry["methods"][name] = {"ms": sec * 1e3, "tflops": flops / sec / 1e12,
-                                          "rel_l2": err, **extra}
-                print(f"  {name:26s} {sec * 1e3:8.3f} ms {flops / sec / 1e12:7.1f} TFLOP/s "
-                      f"rel-L2 {err:.3e}", flush=True)
+                entry["methods"][name] = {
+                    "ms": sec * 1e3,
+                    "tflops": flops / sec / 1e12,
+                    "rel_l2": err,
+                    **extra,
+                }
+                print(
+                    f"  {name:26s} {sec * 1e3:8.3f} ms {flops / sec / 1e12:7.1f} TFLOP/s "
+                    f"rel-L2 {err:.3e}",
+                    flush=True,
+                )
             except Exception as e:  # record the failure, keep measuring the others
                 ok = False
                 entry["methods"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -228,8 +298,11 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
         entry["fp4sim_quantize_ms"] = t_q * 1e3
         for name, cfg in variants.items():
             c = cfg.replace(causal=causal)
-            record(name, lambda c=c: am.attention_fp8_quantized(ops, softmax_scale=scale,
-                                                               config=c)[0], config=str(c))
+            record(
+                name,
+                lambda c=c: am.attention_fp8_quantized(ops, softmax_scale=scale, config=c)[0],
+                config=str(c),
+            )
         # Direct-P FP4 (NVFP4 Q/K, E2M1 P, MXFP4 V decoded exactly to float16)
         for name, dcfg in directp.items():
             if (quick or core_only) and name != "fp4sim_directp_affine":
@@ -237,13 +310,21 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
             dcfg = dcfg.replace(causal=causal)
             prep = jax.jit(functools.partial(dp.prepare_operands, recipe=dcfg.recipe))
             dops = prep(q, k, v)
-            record(name, lambda c=dcfg, o=dops: dp.attention_directp_prepared(
-                o, softmax_scale=scale, config=c)[0], config=str(dcfg.recipe.converter))
+            record(
+                name,
+                lambda c=dcfg, o=dops: dp.attention_directp_prepared(
+                    o, softmax_scale=scale, config=c
+                )[0],
+                config=str(dcfg.recipe.converter),
+            )
             del dops
         # cuDNN bf16
         qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
-        cud = jax.jit(lambda a, b_, c_: jax.nn.dot_product_attention(
-            a, b_, c_, scale=scale, is_causal=causal, implementation="cudnn"))
+        cud = jax.jit(
+            lambda a, b_, c_: jax.nn.dot_product_attention(
+                a, b_, c_, scale=scale, is_causal=causal, implementation="cudnn"
+            )
+        )
         record("cudnn_bf16", lambda: cud(qb, kb, vb))
         # cuDNN fp8 (per-tensor scales)
         try:
@@ -261,8 +342,7 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
 
             qh = (q * scale).astype(jnp.float16)
             kh, vh = k.astype(jnp.float16), v.astype(jnp.float16)
-            jcfg = jam.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2,
-                                    causal=causal)
+            jcfg = jam.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, causal=causal)
             jfn = jax.jit(lambda a, b_, c_: jam.attention(a, b_, c_, jcfg))
             record("jax_attention_mgpu_f16", lambda: jfn(qh, kh, vh))
         except _Skip:
@@ -278,11 +358,16 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
         fp8_peer = m.get("cudnn_fp8", {}).get("tflops")
         for name, r in m.items():
             if "tflops" in r:
-                results.setdefault("rows", []).append({
-                    "name": f"attn {tag} {name}", "ms": r["ms"],
-                    "rate": f"{r['tflops']:.0f} TFLOP/s",
-                    "ratio": r["tflops"] / fp8_peer if fp8_peer else None,
-                    "ratio_to": "cudnn_fp8", "check": f"relL2 {r['rel_l2']:.2e}"})
+                results.setdefault("rows", []).append(
+                    {
+                        "name": f"attn {tag} {name}",
+                        "ms": r["ms"],
+                        "rate": f"{r['tflops']:.0f} TFLOP/s",
+                        "ratio": r["tflops"] / fp8_peer if fp8_peer else None,
+                        "ratio_to": "cudnn_fp8",
+                        "check": f"relL2 {r['rel_l2']:.2e}",
+                    }
+                )
         write()
         del q, k, v, ops
     results["ok"] = ok
@@ -304,28 +389,38 @@ def _ratio(m: dict[str, Any], a: str, b: str, key: str = "tflops") -> float | No
     return None
 
 
-_FP8_PARITY_SHAPES = ((2, 4096, 16, 128, False), (2, 4096, 16, 128, True),
-                      (1, 16384, 16, 128, True))
+_FP8_PARITY_SHAPES = (
+    (2, 4096, 16, 128, False),
+    (2, 4096, 16, 128, True),
+    (1, 16384, 16, 128, True),
+)
 """Issue 17: FP8 >= 1.0x cuDNN FP8 at these shapes, >= 1.15x cuDNN bf16 at every shape."""
 
 
 def _targets(m: dict[str, Any], b: int, s: int, h: int, d: int, causal: bool) -> dict[str, Any]:
     """Issue 17's ratios and whether each target is met (None: a method failed)."""
     fp8 = "fp4sim_fp8"
-    out = {"fp8_vs_cudnn_fp8": _ratio(m, fp8, "cudnn_fp8"),
-           "fp8_vs_cudnn_bf16": _ratio(m, fp8, "cudnn_bf16"),
-           "affine_vs_fp8": _ratio(m, "fp4sim_directp_affine", fp8),
-           "mitchell_vs_fp8": _ratio(m, "fp4sim_directp_mitchell", fp8),
-           "error_vs_cudnn_fp8": _ratio(m, fp8, "cudnn_fp8", "rel_l2")}
+    out = {
+        "fp8_vs_cudnn_fp8": _ratio(m, fp8, "cudnn_fp8"),
+        "fp8_vs_cudnn_bf16": _ratio(m, fp8, "cudnn_bf16"),
+        "affine_vs_fp8": _ratio(m, "fp4sim_directp_affine", fp8),
+        "mitchell_vs_fp8": _ratio(m, "fp4sim_directp_mitchell", fp8),
+        "error_vs_cudnn_fp8": _ratio(m, fp8, "cudnn_fp8", "rel_l2"),
+    }
     need_fp8 = 1.0 if (b, s, h, d, causal) in _FP8_PARITY_SHAPES else None
-    checks = {"fp8_vs_cudnn_fp8": need_fp8, "fp8_vs_cudnn_bf16": 1.15, "affine_vs_fp8": 0.6,
-              "mitchell_vs_fp8": 0.5}
+    checks = {
+        "fp8_vs_cudnn_fp8": need_fp8,
+        "fp8_vs_cudnn_bf16": 1.15,
+        "affine_vs_fp8": 0.6,
+        "mitchell_vs_fp8": 0.5,
+    }
     met = {}
     for key, need in checks.items():
         if need is not None:
             met[key] = None if out[key] is None else bool(out[key] >= need)
-    met["error_vs_cudnn_fp8"] = (None if out["error_vs_cudnn_fp8"] is None
-                                 else bool(out["error_vs_cudnn_fp8"] <= 1.0))
+    met["error_vs_cudnn_fp8"] = (
+        None if out["error_vs_cudnn_fp8"] is None else bool(out["error_vs_cudnn_fp8"] <= 1.0)
+    )
     out["met"] = met
     return out
 
@@ -336,21 +431,27 @@ def _fmt(x: float | None) -> str:
 
 def _summary(results: dict[str, Any]) -> list[str]:
     """The closing lines: one per shape with issue 17's ratios."""
-    lines = ["summary (TFLOP/s ratios in one run; error ratio = rel-L2 vs float64 over cuDNN "
-             "fp8's, <= 1 wanted)"]
+    lines = [
+        "summary (TFLOP/s ratios in one run; error ratio = rel-L2 vs float64 over cuDNN "
+        "fp8's, <= 1 wanted)"
+    ]
     for e in results["shapes"]:
         tag = f"B{e['B']} S{e['S']} H{e['H']} D{e['D']}{' causal' if e['causal'] else ''}"
         tg = e.get("target", {})
         missed = [k for k, v in tg.get("met", {}).items() if v is False]
-        lines.append(f"{tag:26s} FP8 / cuDNN fp8 {_fmt(tg.get('fp8_vs_cudnn_fp8'))}  "
-                     f"FP8 / cuDNN bf16 {_fmt(tg.get('fp8_vs_cudnn_bf16'))}  "
-                     f"Direct-P / FP8 {_fmt(tg.get('affine_vs_fp8'))} (Mitchell "
-                     f"{_fmt(tg.get('mitchell_vs_fp8'))})  error ratio "
-                     f"{_fmt(tg.get('error_vs_cudnn_fp8'))}  missed: "
-                     f"{', '.join(missed) or 'none'}")
+        lines.append(
+            f"{tag:26s} FP8 / cuDNN fp8 {_fmt(tg.get('fp8_vs_cudnn_fp8'))}  "
+            f"FP8 / cuDNN bf16 {_fmt(tg.get('fp8_vs_cudnn_bf16'))}  "
+            f"Direct-P / FP8 {_fmt(tg.get('affine_vs_fp8'))} (Mitchell "
+            f"{_fmt(tg.get('mitchell_vs_fp8'))})  error ratio "
+            f"{_fmt(tg.get('error_vs_cudnn_fp8'))}  missed: "
+            f"{', '.join(missed) or 'none'}"
+        )
     for sh in results.get("skipped_shapes", []):
-        lines.append(f"B{sh[0]} S{sh[1]} H{sh[2]} D{sh[3]}{' causal' if sh[4] else ''}: "
-                     f"skipped (time budget)")
+        lines.append(
+            f"B{sh[0]} S{sh[1]} H{sh[2]} D{sh[3]}{' causal' if sh[4] else ''}: "
+            f"skipped (time budget)"
+        )
     return lines
 
 
@@ -371,8 +472,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="directory for attention.json")
     add_arguments(parser)
     args = parser.parse_args(argv)
-    res = measure(quick=args.attention_quick, reps=args.attention_reps,
-                  iters=args.attention_iters, out_dir=args.out)
+    res = measure(
+        quick=args.attention_quick,
+        reps=args.attention_reps,
+        iters=args.attention_iters,
+        out_dir=args.out,
+    )
     return 0 if res.get("ok", False) else 1
 
 

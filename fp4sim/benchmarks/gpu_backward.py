@@ -42,18 +42,37 @@ _BWD_FLOP_FACTOR = 2.5
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of this section (prefixed: they share ``python -m fp4sim bench gpu``'s parser)."""
-    parser.add_argument("--backward-quick", action="store_true",
-                        help="backward: only B2 S4096 H16 D128 (non-causal, causal)")
-    parser.add_argument("--backward-reps", type=int, default=5,
-                        help="backward: timing repetitions (the median is reported)")
-    parser.add_argument("--backward-iters", type=int, default=10,
-                        help="backward: calls per timing repetition")
-    parser.add_argument("--backward-shape", type=int, nargs=5, action="append", default=None,
-                        metavar=("B", "S", "H", "D", "CAUSAL"),
-                        help="backward: measure this shape instead (repeatable)")
-    parser.add_argument("--backward-methods", nargs="+", default=None, metavar="NAME",
-                        help="backward: measure only these methods (e.g. fp4sim_fp8_bwd "
-                             "cudnn_bf16_bwd fp4sim_fp8_bwd_2wg); all by default")
+    parser.add_argument(
+        "--backward-quick",
+        action="store_true",
+        help="backward: only B2 S4096 H16 D128 (non-causal, causal)",
+    )
+    parser.add_argument(
+        "--backward-reps",
+        type=int,
+        default=5,
+        help="backward: timing repetitions (the median is reported)",
+    )
+    parser.add_argument(
+        "--backward-iters", type=int, default=10, help="backward: calls per timing repetition"
+    )
+    parser.add_argument(
+        "--backward-shape",
+        type=int,
+        nargs=5,
+        action="append",
+        default=None,
+        metavar=("B", "S", "H", "D", "CAUSAL"),
+        help="backward: measure this shape instead (repeatable)",
+    )
+    parser.add_argument(
+        "--backward-methods",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="backward: measure only these methods (e.g. fp4sim_fp8_bwd "
+        "cudnn_bf16_bwd fp4sim_fp8_bwd_2wg); all by default",
+    )
 
 
 def _timeit(fn: Callable[[], Any], reps: int, iters: int) -> float:
@@ -71,8 +90,16 @@ def _timeit(fn: Callable[[], Any], reps: int, iters: int) -> float:
     return statistics.median(times)
 
 
-def reference_head_grads(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, *,
-                         scale: float, causal: bool, chunk: int = 2048) -> tuple[np.ndarray, ...]:
+def reference_head_grads(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    do: np.ndarray,
+    *,
+    scale: float,
+    causal: bool,
+    chunk: int = 2048,
+) -> tuple[np.ndarray, ...]:
     """float64 dQ, dK, dV of one head: ``q``, ``do`` (T, D), ``k``, ``v`` (S, D), computed in
     row chunks (two passes: the LSE and D, then the gradients), so S = 16384 fits in memory."""
     q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
@@ -124,18 +151,33 @@ def _cudnn_fp8_vjp(q: Any, k: Any, v: Any, do: Any, scale: float, causal: bool):
     f8 = jnp.float8_e4m3fn
     one = lambda x: jnp.asarray(x, jnp.float32).reshape(1, 1, 1, 1)  # noqa: E731
     amax = [jnp.max(jnp.abs(x)).astype(jnp.float32) for x in (q, k, v, do)]
-    qq, kq, vq = [(x.astype(jnp.float32) * (448.0 / a)).astype(f8)
-                  for x, a in zip((q, k, v), amax[:3])]
+    qq, kq, vq = [
+        (x.astype(jnp.float32) * (448.0 / a)).astype(f8) for x, a in zip((q, k, v), amax[:3])
+    ]
     params = {key: one(1.0) for key in fa.fp8_params_keys}
-    params.update(descale_q=one(amax[0] / 448.0), descale_k=one(amax[1] / 448.0),
-                  descale_v=one(amax[2] / 448.0), scale_s=one(256.0), descale_s=one(1.0 / 256.0),
-                  scale_o=one(448.0 / amax[2]), descale_o=one(amax[2] / 448.0),
-                  descale_dO=one(amax[3] / 448.0))
+    params.update(
+        descale_q=one(amax[0] / 448.0),
+        descale_k=one(amax[1] / 448.0),
+        descale_v=one(amax[2] / 448.0),
+        scale_s=one(256.0),
+        descale_s=one(1.0 / 256.0),
+        scale_o=one(448.0 / amax[2]),
+        descale_o=one(amax[2] / 448.0),
+        descale_dO=one(amax[3] / 448.0),
+    )
     mask = fa.MaskType.CAUSAL if causal else fa.MaskType.NO_MASK
 
     def f(qq, kq, vq):
-        out, _, _ = fa.dot_product_attention(qq, kq, vq, fp8_params=params, scale=scale,
-                                             mask_type=mask, qkv_layout="BTNH", use_fp8=True)
+        out, _, _ = fa.dot_product_attention(
+            qq,
+            kq,
+            vq,
+            fp8_params=params,
+            scale=scale,
+            mask_type=mask,
+            qkv_layout="BTNH",
+            use_fp8=True,
+        )
         return out
 
     _, vjp = jax.vjp(f, qq, kq, vq)
@@ -154,15 +196,27 @@ def run_section(args: argparse.Namespace, context: Any = None) -> dict[str, Any]
     shapes = None
     if getattr(args, "backward_shape", None):
         shapes = tuple((b, s, h, d, bool(c)) for b, s, h, d, c in args.backward_shape)
-    return measure(quick=args.backward_quick, reps=args.backward_reps,
-                   iters=args.backward_iters, deadline=deadline, shapes=shapes,
-                   methods=getattr(args, "backward_methods", None))
+    return measure(
+        quick=args.backward_quick,
+        reps=args.backward_reps,
+        iters=args.backward_iters,
+        deadline=deadline,
+        shapes=shapes,
+        methods=getattr(args, "backward_methods", None),
+    )
 
 
-def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
-            deadline: float | None = None, out_dir: str | None = None,
-            shapes: tuple | None = None, interpret: bool = False,
-            methods: list[str] | None = None) -> dict[str, Any]:
+def measure(
+    *,
+    quick: bool = False,
+    reps: int = 5,
+    iters: int = 10,
+    deadline: float | None = None,
+    out_dir: str | None = None,
+    shapes: tuple | None = None,
+    interpret: bool = False,
+    methods: list[str] | None = None,
+) -> dict[str, Any]:
     """Measure every method on every shape; return (and write) the JSON-able results, with the
     ``rows`` of :mod:`fp4sim.benchmarks.gpu`'s summary table. Stops starting new shapes after
     ``deadline`` (``time.monotonic()``). ``interpret``: run only fp4sim's kernels, in Pallas
@@ -174,11 +228,13 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
         print("gpu_backward: no GPU visible to jax; nothing measured", file=sys.stderr)
         return {"ok": False, "reason": "no GPU"}
     dev = jax.devices()[0] if interpret else next(d for d in jax.devices() if d.platform == "gpu")
-    results: dict[str, Any] = {"device": dev.device_kind + (" (interpret)" if interpret else ""),
-                               "jax": jax.__version__,
-                               "flops": "2.5 x 4*B*T*S*H*D, halved when causal",
-                               "error": "rel-L2 of dq/dk/dv, batch 0 head 0, vs float64",
-                               "shapes": []}
+    results: dict[str, Any] = {
+        "device": dev.device_kind + (" (interpret)" if interpret else ""),
+        "jax": jax.__version__,
+        "flops": "2.5 x 4*B*T*S*H*D, halved when causal",
+        "error": "rel-L2 of dq/dk/dv, batch 0 head 0, vs float64",
+        "shapes": [],
+    }
 
     def write() -> None:  # after every shape, so a cut-short run still leaves its numbers
         if out_dir:
@@ -193,9 +249,18 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
         if deadline is not None and time.monotonic() > deadline:
             results.setdefault("skipped_shapes", []).append([b, s, h, d, causal])
             continue
-        entry, shape_ok = _one_shape(b, s, h, d, causal, reps=reps, iters=iters,
-                                     interpret=interpret, methods=methods,
-                                     ablations=(i_shape == 0 and not quick) or bool(methods))
+        entry, shape_ok = _one_shape(
+            b,
+            s,
+            h,
+            d,
+            causal,
+            reps=reps,
+            iters=iters,
+            interpret=interpret,
+            methods=methods,
+            ablations=(i_shape == 0 and not quick) or bool(methods),
+        )
         ok = ok and shape_ok
         results["shapes"].append(entry)
         if interpret:
@@ -205,11 +270,16 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
         bf16 = m.get("cudnn_bf16_bwd", {}).get("tflops")
         for name, r in m.items():
             if "tflops" in r and not name.startswith("ablate"):
-                results.setdefault("rows", []).append({
-                    "name": f"bwd {tag} {name}", "ms": r["ms"],
-                    "rate": f"{r['tflops']:.0f} TFLOP/s",
-                    "ratio": r["tflops"] / bf16 if bf16 else None, "ratio_to": "cudnn_bf16_bwd",
-                    "check": f"relL2 dq {r['rel_l2_dq']:.2e}"})
+                results.setdefault("rows", []).append(
+                    {
+                        "name": f"bwd {tag} {name}",
+                        "ms": r["ms"],
+                        "rate": f"{r['tflops']:.0f} TFLOP/s",
+                        "ratio": r["tflops"] / bf16 if bf16 else None,
+                        "ratio_to": "cudnn_bf16_bwd",
+                        "check": f"relL2 dq {r['rel_l2_dq']:.2e}",
+                    }
+                )
         write()
     results["ok"] = ok
     write()
@@ -221,9 +291,19 @@ class _Skipped(Exception):
     """A method left out by ``methods``."""
 
 
-def _one_shape(b: int, s: int, h: int, d: int, causal: bool, *, reps: int, iters: int,
-               interpret: bool, ablations: bool = False, methods: list[str] | None = None
-               ) -> tuple[dict[str, Any], bool]:
+def _one_shape(
+    b: int,
+    s: int,
+    h: int,
+    d: int,
+    causal: bool,
+    *,
+    reps: int,
+    iters: int,
+    interpret: bool,
+    ablations: bool = False,
+    methods: list[str] | None = None,
+) -> tuple[dict[str, Any], bool]:
     """Every method (or those named in ``methods``) at one shape: ``(entry, ok)``."""
     import jax
     import jax.numpy as jnp
@@ -238,19 +318,30 @@ def _one_shape(b: int, s: int, h: int, d: int, causal: bool, *, reps: int, iters
     keys = jax.random.split(jax.random.key(0), 4)
     q, k, v, do = (jax.random.normal(kk, (b, s, h, d), jnp.float32) for kk in keys)
     t_ref = time.perf_counter()
-    ref = reference_head_grads(*(np.asarray(x[0, :, 0]) for x in (q, k, v, do)),
-                               scale=scale, causal=causal)
-    entry: dict[str, Any] = {"B": b, "S": s, "H": h, "D": d, "causal": causal,
-                             "gflop": flops / 1e9, "reference_s": time.perf_counter() - t_ref,
-                             "methods": {}}
-    print(f"== B{b} S{s} H{h} D{d} causal={causal} (float64 reference "
-          f"{entry['reference_s']:.1f} s)", flush=True)
+    ref = reference_head_grads(
+        *(np.asarray(x[0, :, 0]) for x in (q, k, v, do)), scale=scale, causal=causal
+    )
+    entry: dict[str, Any] = {
+        "B": b,
+        "S": s,
+        "H": h,
+        "D": d,
+        "causal": causal,
+        "gflop": flops / 1e9,
+        "reference_s": time.perf_counter() - t_ref,
+        "methods": {},
+    }
+    print(
+        f"== B{b} S{s} H{h} D{d} causal={causal} (float64 reference {entry['reference_s']:.1f} s)",
+        flush=True,
+    )
 
     def want(name: str) -> bool:
         return methods is None or name in methods
 
-    def record(name: str, fn: Callable[[], Any], post: Callable[[Any], Any] | None = None,
-               **extra: Any) -> None:
+    def record(
+        name: str, fn: Callable[[], Any], post: Callable[[Any], Any] | None = None, **extra: Any
+    ) -> None:
         nonlocal ok
         if interpret:
             fn = (lambda f: lambda: run_interpreted(f))(fn)
@@ -260,12 +351,21 @@ def _one_shape(b: int, s: int, h: int, d: int, causal: bool, *, reps: int, iters
             g = post(g) if post else g
             errs = [_rel(x[0, :, 0], r) for x, r in zip(g, ref)]
             nan = any(bool(jnp.isnan(x).any()) for x in g)
-            entry["methods"][name] = {"ms": sec * 1e3, "tflops": flops / sec / 1e12,
-                                      "rel_l2_dq": errs[0], "rel_l2_dk": errs[1],
-                                      "rel_l2_dv": errs[2], "nan": nan, **extra}
-            print(f"  {name:28s} {sec * 1e3:8.3f} ms {flops / sec / 1e12:7.1f} TFLOP/s "
-                  f"rel-L2 dq/dk/dv {errs[0]:.2e}/{errs[1]:.2e}/{errs[2]:.2e}"
-                  f"{' NaN!' if nan else ''}", flush=True)
+            entry["methods"][name] = {
+                "ms": sec * 1e3,
+                "tflops": flops / sec / 1e12,
+                "rel_l2_dq": errs[0],
+                "rel_l2_dk": errs[1],
+                "rel_l2_dv": errs[2],
+                "nan": nan,
+                **extra,
+            }
+            print(
+                f"  {name:28s} {sec * 1e3:8.3f} ms {flops / sec / 1e12:7.1f} TFLOP/s "
+                f"rel-L2 dq/dk/dv {errs[0]:.2e}/{errs[1]:.2e}/{errs[2]:.2e}"
+                f"{' NaN!' if nan else ''}",
+                flush=True,
+            )
         except Exception as e:  # record the failure, keep measuring the others
             ok = False
             entry["methods"][name] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
@@ -281,8 +381,10 @@ def _one_shape(b: int, s: int, h: int, d: int, causal: bool, *, reps: int, iters
     if ablations:  # where the time goes (results wrong by design: their errors mean nothing)
         if not interpret:
             variants.append(("fp4sim_fp8_bwd_tc", base.replace(tc_accumulate=True)))
-        variants += [("ablate_dkv_only", base.replace(ablation=ab.DKV_ONLY)),
-                     ("ablate_plain_cast", base.replace(ablation=ab.PLAIN_CAST))]
+        variants += [
+            ("ablate_dkv_only", base.replace(ablation=ab.DKV_ONLY)),
+            ("ablate_plain_cast", base.replace(ablation=ab.PLAIN_CAST)),
+        ]
     for name, bcfg in variants:
         if not want(name):
             continue
@@ -290,11 +392,17 @@ def _one_shape(b: int, s: int, h: int, d: int, causal: bool, *, reps: int, iters
             ops = jax.jit(am.quantize_operands)(q, k, v)
             fcfg = am.FP8AttentionConfig(causal=causal)
             fwd = lambda ops=ops, fcfg=fcfg: am.attention_fp8_quantized(  # noqa: E731
-                ops, softmax_scale=scale, config=fcfg)
+                ops, softmax_scale=scale, config=fcfg
+            )
             o, lse = run_interpreted(fwd) if interpret else fwd()
             res = bw.BackwardResiduals(ops, o, lse)
-            record(name, lambda res=res, c=bcfg: bw.attention_fp8_backward(
-                res, do, softmax_scale=scale, config=c), config=str(bcfg))
+            record(
+                name,
+                lambda res=res, c=bcfg: bw.attention_fp8_backward(
+                    res, do, softmax_scale=scale, config=c
+                ),
+                config=str(bcfg),
+            )
             del ops, o, lse, res
         except Exception as e:
             ok = False
@@ -307,8 +415,14 @@ def _one_shape(b: int, s: int, h: int, d: int, causal: bool, *, reps: int, iters
         if not want("cudnn_bf16_bwd"):
             raise _Skipped
         qb, kb, vb, dob = (x.astype(jnp.bfloat16) for x in (q, k, v, do))
-        _, vjp = jax.vjp(lambda a, b_, c_: jax.nn.dot_product_attention(
-            a, b_, c_, scale=scale, is_causal=causal, implementation="cudnn"), qb, kb, vb)
+        _, vjp = jax.vjp(
+            lambda a, b_, c_: jax.nn.dot_product_attention(
+                a, b_, c_, scale=scale, is_causal=causal, implementation="cudnn"
+            ),
+            qb,
+            kb,
+            vb,
+        )
         vjp = jax.jit(vjp)
         record("cudnn_bf16_bwd", lambda: vjp(dob))
     except _Skipped:
@@ -335,37 +449,56 @@ def _one_shape(b: int, s: int, h: int, d: int, causal: bool, *, reps: int, iters
 
             qh = (q * scale).astype(jnp.float16)
             kh, vh, doh = (x.astype(jnp.float16) for x in (k, v, do))
-            jcfg = jam.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2,
-                                    causal=False, block_q_dq=64, block_kv_dq=64,
-                                    block_q_dkv=64, block_kv_dkv=64)
+            jcfg = jam.TuningConfig(
+                block_q=64,
+                block_kv=128,
+                max_concurrent_steps=2,
+                causal=False,
+                block_q_dq=64,
+                block_kv_dq=64,
+                block_q_dkv=64,
+                block_kv_dkv=64,
+            )
             _, jvjp = jax.vjp(lambda a, b_, c_: jam.attention(a, b_, c_, jcfg), qh, kh, vh)
             jvjp = jax.jit(jvjp)
-            record("jax_attention_mgpu_f16_bwd", lambda: jvjp(doh),
-                   post=lambda g: (g[0].astype(jnp.float32) * scale, g[1], g[2]))
+            record(
+                "jax_attention_mgpu_f16_bwd",
+                lambda: jvjp(doh),
+                post=lambda g: (g[0].astype(jnp.float32) * scale, g[1], g[2]),
+            )
         except Exception as e:
             ok = False
             entry["methods"]["jax_attention_mgpu_f16_bwd"] = {
-                "error": f"{type(e).__name__}: {str(e)[:400]}"}
-            print(f"  jax_attention_mgpu_f16_bwd FAILED {type(e).__name__}: {str(e)[:400]}",
-                  flush=True)
+                "error": f"{type(e).__name__}: {str(e)[:400]}"
+            }
+            print(
+                f"  jax_attention_mgpu_f16_bwd FAILED {type(e).__name__}: {str(e)[:400]}",
+                flush=True,
+            )
     m = entry["methods"]
     mine, peer = m.get("fp4sim_fp8_bwd", {}), m.get("cudnn_bf16_bwd", {})
     if "tflops" in mine and "tflops" in peer:
-        entry["target"] = {"speedup_vs_cudnn_bf16": mine["tflops"] / peer["tflops"],
-                           "met": bool(mine["tflops"] >= peer["tflops"])}
+        entry["target"] = {
+            "speedup_vs_cudnn_bf16": mine["tflops"] / peer["tflops"],
+            "met": bool(mine["tflops"] >= peer["tflops"]),
+        }
         print(f"  target (>= 1.0x cuDNN bf16 backward): {entry['target']}", flush=True)
     return entry, ok
 
 
 def _print_table(results: dict[str, Any]) -> None:
-    print("\nshape                      method                        ms   TFLOP/s  "
-          "rel-L2 dq / dk / dv")
+    print(
+        "\nshape                      method                        ms   TFLOP/s  "
+        "rel-L2 dq / dk / dv"
+    )
     for e in results["shapes"]:
         tag = f"B{e['B']} S{e['S']} H{e['H']} D{e['D']}{' causal' if e['causal'] else ''}"
         for name, r in e["methods"].items():
             if "tflops" in r:
-                print(f"{tag:26s} {name:28s} {r['ms']:7.3f} {r['tflops']:7.1f}  "
-                      f"{r['rel_l2_dq']:.2e} / {r['rel_l2_dk']:.2e} / {r['rel_l2_dv']:.2e}")
+                print(
+                    f"{tag:26s} {name:28s} {r['ms']:7.3f} {r['tflops']:7.1f}  "
+                    f"{r['rel_l2_dq']:.2e} / {r['rel_l2_dk']:.2e} / {r['rel_l2_dv']:.2e}"
+                )
             else:
                 print(f"{tag:26s} {name:28s}   FAILED")
 
@@ -379,9 +512,14 @@ def main(argv: list[str] | None = None) -> int:
     shapes = None
     if args.backward_shape:
         shapes = tuple((b, s, h, d, bool(c)) for b, s, h, d, c in args.backward_shape)
-    res = measure(quick=args.backward_quick, reps=args.backward_reps,
-                  iters=args.backward_iters, out_dir=args.out, shapes=shapes,
-                  methods=args.backward_methods)
+    res = measure(
+        quick=args.backward_quick,
+        reps=args.backward_reps,
+        iters=args.backward_iters,
+        out_dir=args.out,
+        shapes=shapes,
+        methods=args.backward_methods,
+    )
     return 0 if res.get("ok", False) else 1
 
 

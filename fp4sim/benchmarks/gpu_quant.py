@@ -85,11 +85,18 @@ __all__ = ["add_arguments", "run_section", "test_tensor"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quant-size", type=int, default=8192,
-                        help="quant section: rows = cols of the test matrix (default 8192)")
-    parser.add_argument("--quant-no-sweep", action="store_true",
-                        help="quant section: skip the diagnostics (data movement only, "
-                             "INTEGER element path, TMA transfers)")
+    parser.add_argument(
+        "--quant-size",
+        type=int,
+        default=8192,
+        help="quant section: rows = cols of the test matrix (default 8192)",
+    )
+    parser.add_argument(
+        "--quant-no-sweep",
+        action="store_true",
+        help="quant section: skip the diagnostics (data movement only, "
+        "INTEGER element path, TMA transfers)",
+    )
 
 
 def test_tensor(n: int, dtype: Any, *, finite: bool = False, seed: int = 0) -> Any:
@@ -101,10 +108,10 @@ def test_tensor(n: int, dtype: Any, *, finite: bool = False, seed: int = 0) -> A
     x = jax.random.normal(k1, (n, n), jnp.float32)
     u = jax.random.randint(k2, (n, 1), -140, 121).astype(jnp.float32)
     x = x * jnp.exp2(jnp.clip(u, -126, 127)) * jnp.where(u < -126, jnp.exp2(u + 126), 1.0)
-    tiny = jax.random.normal(k3, (8, n), jnp.float32) * np.float32(2.0 ** -130)  # subnormal
+    tiny = jax.random.normal(k3, (8, n), jnp.float32) * np.float32(2.0**-130)  # subnormal
     x = x.at[8:16].set(tiny)
     x = x.at[16, :].set(0.0).at[17, :].set(-0.0)
-    x = x.at[18, 5::64].set(np.float32(2.0 ** -149))  # lone smallest subnormals
+    x = x.at[18, 5::64].set(np.float32(2.0**-149))  # lone smallest subnormals
     if not finite:
         x = x.at[0, 3::96].set(jnp.nan).at[1, 7::80].set(jnp.inf).at[2, 11::128].set(-jnp.inf)
         x = x.at[3, 0::32].set(jnp.nan)
@@ -121,10 +128,19 @@ def _mismatches(a: Any, b: Any) -> int:
     return int(jnp.sum(a != b))
 
 
-def _case(ctx: Any, name: str, fmt: Any, x: Any, *, geometry: Any = None,
-          block_rows: int | None = None,
-          global_scale: Any = None, compare: bool = True, jax_mode: str | None = None,
-          **kernel_kw: Any) -> dict:
+def _case(
+    ctx: Any,
+    name: str,
+    fmt: Any,
+    x: Any,
+    *,
+    geometry: Any = None,
+    block_rows: int | None = None,
+    global_scale: Any = None,
+    compare: bool = True,
+    jax_mode: str | None = None,
+    **kernel_kw: Any,
+) -> dict:
     import jax
 
     from fp4sim.formats import blocks
@@ -133,22 +149,31 @@ def _case(ctx: Any, name: str, fmt: Any, x: Any, *, geometry: Any = None,
     geometry = geometry or blocks.Geometry.BLOCK
     axis = -1 if geometry is blocks.Geometry.BLOCK else -2
     kw = {} if global_scale is None else {"global_scale": global_scale}
-    cfg = QuantKernelConfig.for_array(x, fmt, geometry=geometry, block_rows=block_rows,
-                                      **kernel_kw)
-    kern = jax.jit(functools.partial(gpu_quantize, fmt=fmt, axis=axis, geometry=geometry,
-                                     config=cfg, **kw))
-    out: dict[str, Any] = {"name": name, "shape": list(x.shape), "dtype": str(x.dtype),
-                           "block_rows": block_rows,
-                           **{k: str(v) for k, v in kernel_kw.items()}}
+    cfg = QuantKernelConfig.for_array(x, fmt, geometry=geometry, block_rows=block_rows, **kernel_kw)
+    kern = jax.jit(
+        functools.partial(gpu_quantize, fmt=fmt, axis=axis, geometry=geometry, config=cfg, **kw)
+    )
+    out: dict[str, Any] = {
+        "name": name,
+        "shape": list(x.shape),
+        "dtype": str(x.dtype),
+        "block_rows": block_rows,
+        **{k: str(v) for k, v in kernel_kw.items()},
+    }
     qk = jax.block_until_ready(kern(x))
     out.update(_timed(ctx, kern, x, useful=x.nbytes + qk.codes.nbytes + qk.scales.nbytes))
     if compare:
-        emu = jax.jit(functools.partial(blocks.quantize, fmt=fmt, axis=axis, geometry=geometry,
-                                        pack=bool(qk.packed), **kw))
+        emu = jax.jit(
+            functools.partial(
+                blocks.quantize, fmt=fmt, axis=axis, geometry=geometry, pack=bool(qk.packed), **kw
+            )
+        )
         qe = jax.block_until_ready(emu(x))
-        out["mismatch"] = {"codes": _mismatches(qk.codes, qe.codes),
-                           "scales": _mismatches(qk.scales, qe.scales),
-                           "global_scale": _mismatches(qk.global_scale, qe.global_scale)}
+        out["mismatch"] = {
+            "codes": _mismatches(qk.codes, qe.codes),
+            "scales": _mismatches(qk.scales, qe.scales),
+            "global_scale": _mismatches(qk.global_scale, qe.global_scale),
+        }
         out["emulator_s"] = ctx.device_time(emu, x, iterations=5)
     if jax_mode is not None:
         out["jax"] = _jax_peer(ctx, x, jax_mode, qk)
@@ -162,9 +187,15 @@ def _timed(ctx: Any, fn: Any, *args: Any, useful: int) -> dict:
     host dispatch included)."""
     t = ctx.time_call(fn, *args)
     td = ctx.device_time(fn, *args)
-    return {"kernel_s": t, "device_s": td, "useful_bytes": useful,
-            "bytes_per_s": useful / td, "ratio_to_copy": useful / td / ctx.copy_device_bytes_per_s,
-            "wall_bytes_per_s": useful / t, "ratio_to_copy_wall": useful / t / ctx.copy_bytes_per_s}
+    return {
+        "kernel_s": t,
+        "device_s": td,
+        "useful_bytes": useful,
+        "bytes_per_s": useful / td,
+        "ratio_to_copy": useful / td / ctx.copy_device_bytes_per_s,
+        "wall_bytes_per_s": useful / t,
+        "ratio_to_copy_wall": useful / t / ctx.copy_bytes_per_s,
+    }
 
 
 def _jax_peer(ctx: Any, x: Any, mode: str, qk: Any) -> dict:
@@ -180,8 +211,9 @@ def _jax_peer(ctx: Any, x: Any, mode: str, qk: Any) -> dict:
     if mode == "mxfp8":  # JAX returns the scaled elements: compare them with our codes' values
         theirs = xq.astype(jnp.float32)
         mine = qk.values()
-        res["element_values_equal_fraction"] = float(jnp.mean(
-            (theirs == mine) | (jnp.isnan(theirs) & jnp.isnan(mine))))
+        res["element_values_equal_fraction"] = float(
+            jnp.mean((theirs == mine) | (jnp.isnan(theirs) & jnp.isnan(mine)))
+        )
     return res
 
 
@@ -200,8 +232,14 @@ def _row(ctx: Any, r: dict) -> dict:
         extra += f" emu x{r['emulator_s'] / r['device_s']:.1f}"
     if "jax" in r:
         extra += f" jax x{r['jax']['device_s'] / r['device_s']:.2f}"
-    return row(r["name"], ms=1e3 * r["device_s"], rate=f"{r['bytes_per_s'] / 1e12:.2f} TB/s",
-               ratio=r["ratio_to_copy"], ratio_to="copy", check=check + extra)
+    return row(
+        r["name"],
+        ms=1e3 * r["device_s"],
+        rate=f"{r['bytes_per_s'] / 1e12:.2f} TB/s",
+        ratio=r["ratio_to_copy"],
+        ratio_to="copy",
+        check=check + extra,
+    )
 
 
 def run_section(args: argparse.Namespace, ctx: Any) -> dict:
@@ -231,16 +269,24 @@ def run_section(args: argparse.Namespace, ctx: Any) -> dict:
     run("MXFP4 bf16 packed", blocks.MXFP4, x_bf)
     run("NVFP4 bf16 packed (per-tensor g)", blocks.NVFP4, x_bf_fin, jax_mode="nvfp4")
     nv_const = blocks.NVFP4.replace(global_scale=blocks.GlobalScale.CONSTANT)
-    run("NVFP4 bf16 packed (constant g, specials)", nv_const, x_bf,
-        global_scale=jnp.float32(2.0 ** -7))
+    run(
+        "NVFP4 bf16 packed (constant g, specials)",
+        nv_const,
+        x_bf,
+        global_scale=jnp.float32(2.0**-7),
+    )
     for dt, label in ((np.float16, "f16"), (np.float32, "f32")):
         xd = test_tensor(n, dt)
         run(f"MXFP8_E4M3 {label}", blocks.MXFP8_E4M3, xd)
         run(f"MXFP4 {label}", blocks.MXFP4, xd)
         run(f"NVFP4 {label} (per-tensor g)", blocks.NVFP4, test_tensor(n, dt, finite=True))
     xt = x_bf.reshape(n * n // 128, 128)
-    run("MXFP8_E4M3 token-block bf16 D128", blocks.MXFP8_E4M3, xt,
-        geometry=blocks.Geometry.TOKEN_BLOCK)
+    run(
+        "MXFP8_E4M3 token-block bf16 D128",
+        blocks.MXFP8_E4M3,
+        xt,
+        geometry=blocks.Geometry.TOKEN_BLOCK,
+    )
     run("MXFP4 token-block bf16 D128", blocks.MXFP4, xt, geometry=blocks.Geometry.TOKEN_BLOCK)
     kernel_only(ctx, cases, rows, blocks.MXFP8_E4M3, x_bf, "MXFP8_E4M3 bf16 kernel only")
     kernel_only(ctx, cases, rows, nv_const, x_bf, "NVFP4 bf16 kernel only (const g)")
@@ -249,25 +295,77 @@ def run_section(args: argparse.Namespace, ctx: Any) -> dict:
         from fp4sim.kernels.quantize_mgpu import ElementPath, Transfer, Variant
 
         # NVFP4 with its constant factor: the per-tensor amax pass would hide the kernel's time
-        g = {"global_scale": jnp.float32(2.0 ** -7)}
-        for fmt, label, kw in ((blocks.MXFP8_E4M3, "MXFP8_E4M3", {}),
-                               (nv_const, "NVFP4 (constant g)", g), (blocks.MXFP4, "MXFP4", {})):
-            run(f"{label} bf16 MOVE_ONLY (no math)", fmt, x_bf, compare=False,
-                variant=Variant.MOVE_ONLY, **kw)
+        g = {"global_scale": jnp.float32(2.0**-7)}
+        for fmt, label, kw in (
+            (blocks.MXFP8_E4M3, "MXFP8_E4M3", {}),
+            (nv_const, "NVFP4 (constant g)", g),
+            (blocks.MXFP4, "MXFP4", {}),
+        ):
+            run(
+                f"{label} bf16 MOVE_ONLY (no math)",
+                fmt,
+                x_bf,
+                compare=False,
+                variant=Variant.MOVE_ONLY,
+                **kw,
+            )
             run(f"{label} bf16 INTEGER path", fmt, x_bf, element_path=ElementPath.INTEGER, **kw)
-            run(f"{label} bf16 TMA ring (2 tiles/CTA)", fmt, x_bf, transfer=Transfer.TMA,
-                lanes=1, block_rows=256, **kw)
-        kernel_only(ctx, cases, rows, nv_const, x_bf,
-                    "NVFP4 bf16 kernel only, 16-byte vectors, 1 block/thread",
-                    vector_words=4, rows_per_thread=1, tiles_per_cta=1)
-        kernel_only(ctx, cases, rows, nv_const, x_bf,
-                    "NVFP4 bf16 kernel only, 1 tile per CTA (previous default)", tiles_per_cta=1)
-        kernel_only(ctx, cases, rows, nv_const, x_bf, "NVFP4 bf16 kernel only, 8 tiles per CTA",
-                    tiles_per_cta=8)
-        kernel_only(ctx, cases, rows, blocks.MXFP8_E4M3, x_bf,
-                    "MXFP8_E4M3 bf16 kernel only, 4 lanes (previous default)", lanes=4)
-        kernel_only(ctx, cases, rows, blocks.MXFP4, x_bf, "MXFP4 bf16 kernel only, 512-row tiles",
-                    block_rows=512)
+            run(
+                f"{label} bf16 TMA ring (2 tiles/CTA)",
+                fmt,
+                x_bf,
+                transfer=Transfer.TMA,
+                lanes=1,
+                block_rows=256,
+                **kw,
+            )
+        kernel_only(
+            ctx,
+            cases,
+            rows,
+            nv_const,
+            x_bf,
+            "NVFP4 bf16 kernel only, 16-byte vectors, 1 block/thread",
+            vector_words=4,
+            rows_per_thread=1,
+            tiles_per_cta=1,
+        )
+        kernel_only(
+            ctx,
+            cases,
+            rows,
+            nv_const,
+            x_bf,
+            "NVFP4 bf16 kernel only, 1 tile per CTA (previous default)",
+            tiles_per_cta=1,
+        )
+        kernel_only(
+            ctx,
+            cases,
+            rows,
+            nv_const,
+            x_bf,
+            "NVFP4 bf16 kernel only, 8 tiles per CTA",
+            tiles_per_cta=8,
+        )
+        kernel_only(
+            ctx,
+            cases,
+            rows,
+            blocks.MXFP8_E4M3,
+            x_bf,
+            "MXFP8_E4M3 bf16 kernel only, 4 lanes (previous default)",
+            lanes=4,
+        )
+        kernel_only(
+            ctx,
+            cases,
+            rows,
+            blocks.MXFP4,
+            x_bf,
+            "MXFP4 bf16 kernel only, 512-row tiles",
+            block_rows=512,
+        )
     return {"size": n, "cases": cases, "rows": rows}
 
 
@@ -288,14 +386,22 @@ def same_bytes_copy(ctx: Any, cases: list, rows: list, x: Any) -> None:
     f = jax.jit(lambda a: a ^ jnp.uint32(1))
     r = {"name": "copy of the NVFP4 case's bytes", **_timed(ctx, f, v, useful=2 * v.nbytes)}
     cases.append(r)
-    rows.append(row(r["name"], ms=1e3 * r["device_s"], rate=f"{r['bytes_per_s'] / 1e12:.2f} TB/s",
-                    ratio=r["ratio_to_copy"], ratio_to="copy",
-                    check=f"ceiling; wall {r['ratio_to_copy_wall']:.2f}"))
+    rows.append(
+        row(
+            r["name"],
+            ms=1e3 * r["device_s"],
+            rate=f"{r['bytes_per_s'] / 1e12:.2f} TB/s",
+            ratio=r["ratio_to_copy"],
+            ratio_to="copy",
+            check=f"ceiling; wall {r['ratio_to_copy_wall']:.2f}",
+        )
+    )
     print(rows[-1], flush=True)
 
 
-def kernel_only(ctx: Any, cases: list, rows: list, fmt: Any, x: Any, name: str,
-                **tiling: Any) -> None:
+def kernel_only(
+    ctx: Any, cases: list, rows: list, fmt: Any, x: Any, name: str, **tiling: Any
+) -> None:
     """Time the Pallas kernel alone on prepared words (no XLA reshapes/bitcasts around it) and
     compare its codes and scales with the jitted emulator's; ``tiling``:
     :class:`~fp4sim.kernels.quantize_mgpu.QuantKernelConfig` tiling fields."""
@@ -316,23 +422,38 @@ def kernel_only(ctx: Any, cases: list, rows: list, fmt: Any, x: Any, name: str,
     params = jnp.zeros((Q.NUM_PARAMS,), jnp.uint32)
     kw = {}
     if cfg.kind == "nv":  # decode factor 2^-7, as the constant-g case
-        kw = {"global_scale": jnp.float32(2.0 ** -7)}
+        kw = {"global_scale": jnp.float32(2.0**-7)}
         params, _ = Q.nv_params(jnp.uint32(0), fmt, kw["global_scale"], None)
     k = jax.jit(Q.build_kernel(cfg, words.shape[0]))
     codes, scales = jax.block_until_ready(k(words, params))
-    r = {"name": name, **_timed(ctx, k, words, params,
-                                useful=x.nbytes + codes.nbytes + scales.nbytes)}
+    r = {
+        "name": name,
+        **_timed(ctx, k, words, params, useful=x.nbytes + codes.nbytes + scales.nbytes),
+    }
     check = "not compared"
     if cfg.variant is Q.Variant.FULL:  # the same bits as the emulator's quantize of x
-        qe = jax.jit(functools.partial(blocks.quantize, fmt=fmt, axis=-1,
-                                       pack=cfg.kind != "mx8", **kw))(x)
+        qe = jax.jit(
+            functools.partial(blocks.quantize, fmt=fmt, axis=-1, pack=cfg.kind != "mx8", **kw)
+        )(x)
         mine = lax.bitcast_convert_type(codes, jnp.uint8).reshape(qe.codes.shape)
-        r["mismatch"] = {"codes": _mismatches(mine, qe.codes),
-                         "scales": _mismatches(scales.reshape(qe.scales.shape), qe.scales)}
-        check = "bitwise ok" if not any(r["mismatch"].values()) else \
-            "MISMATCH " + ",".join(f"{n}={v}" for n, v in r["mismatch"].items() if v)
+        r["mismatch"] = {
+            "codes": _mismatches(mine, qe.codes),
+            "scales": _mismatches(scales.reshape(qe.scales.shape), qe.scales),
+        }
+        check = (
+            "bitwise ok"
+            if not any(r["mismatch"].values())
+            else "MISMATCH " + ",".join(f"{n}={v}" for n, v in r["mismatch"].items() if v)
+        )
     cases.append(r)
-    rows.append(row(name, ms=1e3 * r["device_s"], rate=f"{r['bytes_per_s'] / 1e12:.2f} TB/s",
-                    ratio=r["ratio_to_copy"], ratio_to="copy",
-                    check=f"{check}; wall {r['ratio_to_copy_wall']:.2f}"))
+    rows.append(
+        row(
+            name,
+            ms=1e3 * r["device_s"],
+            rate=f"{r['bytes_per_s'] / 1e12:.2f} TB/s",
+            ratio=r["ratio_to_copy"],
+            ratio_to="copy",
+            check=f"{check}; wall {r['ratio_to_copy_wall']:.2f}",
+        )
+    )
     print(rows[-1], flush=True)

@@ -71,20 +71,32 @@ class _Torchao:
         self.info: dict[str, Any] | None = None
         self.note = ""
         if not args.torchao_python:
-            self.note = ("skipped: no torchao interpreter (pass --torchao-python PATH or set "
-                         "FP4SIM_TORCHAO_PYTHON)")
+            self.note = (
+                "skipped: no torchao interpreter (pass --torchao-python PATH or set "
+                "FP4SIM_TORCHAO_PYTHON)"
+            )
             return
         if not os.path.exists(args.torchao_python):
             self.note = f"skipped: {args.torchao_python} not found"
             return
         try:
             self.proc = subprocess.Popen(
-                [args.torchao_python, "-c", _TORCHAO_SCRIPT, str(args.rows), str(args.cols),
-                 str(args.torch_threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, text=True,
+                [
+                    args.torchao_python,
+                    "-c",
+                    _TORCHAO_SCRIPT,
+                    str(args.rows),
+                    str(args.cols),
+                    str(args.torch_threads),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
                 # idle OpenMP workers must sleep, not spin: spinning steals the cores that the
                 # interleaved fp4sim runs use (and slows torch's own next call as well)
-                env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+                env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"},
+            )
             self.info = json.loads(self.proc.stdout.readline())
         except (OSError, ValueError) as exc:
             self.note = f"skipped: torchao subprocess failed ({exc})"
@@ -108,16 +120,29 @@ _WIDE_VECTORS = {"xla_cpu_prefer_vector_width": 512}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rows", type=int, default=1024, help="rows of the float32 input (default 1024)")
-    parser.add_argument("--cols", type=int, default=4096,
-                        help="columns of the float32 input, a multiple of 32 (default 4096)")
+    parser.add_argument(
+        "--rows", type=int, default=1024, help="rows of the float32 input (default 1024)"
+    )
+    parser.add_argument(
+        "--cols",
+        type=int,
+        default=4096,
+        help="columns of the float32 input, a multiple of 32 (default 4096)",
+    )
     parser.add_argument("--repeats", type=int, default=7, help="timed rounds; the minimum counts")
-    parser.add_argument("--torchao-python", default=os.environ.get("FP4SIM_TORCHAO_PYTHON") or None,
-                        metavar="PATH",
-                        help="python of a venv with torch + torchao (default: $FP4SIM_TORCHAO_PYTHON; "
-                             "torchao is skipped without one)")
-    parser.add_argument("--torch-threads", type=int, default=0,
-                        help="torch.set_num_threads in the torchao subprocess (0: torch default)")
+    parser.add_argument(
+        "--torchao-python",
+        default=os.environ.get("FP4SIM_TORCHAO_PYTHON") or None,
+        metavar="PATH",
+        help="python of a venv with torch + torchao (default: $FP4SIM_TORCHAO_PYTHON; "
+        "torchao is skipped without one)",
+    )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="torch.set_num_threads in the torchao subprocess (0: torch default)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON here")
 
 
@@ -183,17 +208,25 @@ def run(args: argparse.Namespace) -> int:
         for fn in impls[name].values():
             fn()  # warm-up and compilation
         if jax.default_backend() == "cpu":
-            jw = jax.jit(lambda v, f=fmt, p=pack: quantize(v, f, pack=p),
-                         compiler_options=_WIDE_VECTORS)
-            same = [np.array_equal(np.atleast_1d(np.asarray(u)).view(np.uint8),
-                                   np.atleast_1d(np.asarray(v)).view(np.uint8))
-                    for u, v in zip(jax.tree.leaves(jitted(xj)), jax.tree.leaves(jw(xj)))]
+            jw = jax.jit(
+                lambda v, f=fmt, p=pack: quantize(v, f, pack=p), compiler_options=_WIDE_VECTORS
+            )
+            same = [
+                np.array_equal(
+                    np.atleast_1d(np.asarray(u)).view(np.uint8),
+                    np.atleast_1d(np.asarray(v)).view(np.uint8),
+                )
+                for u, v in zip(jax.tree.leaves(jitted(xj)), jax.tree.leaves(jw(xj)))
+            ]
             if not all(same):  # codes, scales and the FP32 factor, bit for bit
                 raise AssertionError(f"{name}: 512-bit vector code changed the bits")
             wide[name] = lambda j=jw: jax.block_until_ready(j(xj))
     tao = _Torchao(args)
-    tao_name = None if tao.info is None else \
-        f"torchao {tao.info['torchao']} CPU ({tao.info['threads']} threads)"
+    tao_name = (
+        None
+        if tao.info is None
+        else f"torchao {tao.info['torchao']} CPU ({tao.info['threads']} threads)"
+    )
     times = {name: {impl: float("inf") for impl in fns} for name, fns in impls.items()}
     wide_t: dict[str, float] = {}
     try:
@@ -204,40 +237,64 @@ def run(args: argparse.Namespace) -> int:
                 if name in wide:
                     wide_t[name] = min(wide_t.get(name, float("inf")), _once(wide[name]))
                 if tao_name:
-                    times[name][tao_name] = min(times[name].get(tao_name, float("inf")),
-                                                tao.time(name))
+                    times[name][tao_name] = min(
+                        times[name].get(tao_name, float("inf")), tao.time(name)
+                    )
     finally:
         tao.close()
     rows = []
     for name, impls in times.items():
         jit_t = impls["fp4sim jax.jit"]
         for impl, t in impls.items():
-            rows.append({"case": name, "impl": impl, "seconds": t, "Melem_per_s": n / t / 1e6,
-                         "other_over_fp4sim_jit": t / jit_t})
-    info = {"rows_x_cols": [args.rows, args.cols], "repeats": args.repeats,
-            "jax": jax.__version__, "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-            "torchao": tao.info or {"note": tao.note}, "results": rows,
-            "jit_512_bit_vectors": {
-                "compiler_options": _WIDE_VECTORS,
-                "seconds": wide_t,
-                "torchao_over_it": {c: times[c][tao_name] / t for c, t in wide_t.items()}
-                if tao_name else {}}}
+            rows.append(
+                {
+                    "case": name,
+                    "impl": impl,
+                    "seconds": t,
+                    "Melem_per_s": n / t / 1e6,
+                    "other_over_fp4sim_jit": t / jit_t,
+                }
+            )
+    info = {
+        "rows_x_cols": [args.rows, args.cols],
+        "repeats": args.repeats,
+        "jax": jax.__version__,
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "torchao": tao.info or {"note": tao.note},
+        "results": rows,
+        "jit_512_bit_vectors": {
+            "compiler_options": _WIDE_VECTORS,
+            "seconds": wide_t,
+            "torchao_over_it": {c: times[c][tao_name] / t for c, t in wide_t.items()}
+            if tao_name
+            else {},
+        },
+    }
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(info, fh, indent=1)
-    print(f"fp4sim bench microscaling: quantize a {args.rows}x{args.cols} float32 array, min of "
-          f"{args.repeats} runs, jax {jax.__version__} CPU, {os.cpu_count()} cores")
+    print(
+        f"fp4sim bench microscaling: quantize a {args.rows}x{args.cols} float32 array, min of "
+        f"{args.repeats} runs, jax {jax.__version__} CPU, {os.cpu_count()} cores"
+    )
     if tao.info is None:
         print(f"torchao: {tao.note}")
     print(f"{'case':6} {'implementation':36} {'ms':>9} {'Melem/s':>9} {'time/jit':>9}")
     for r in rows:
-        print(f"{r['case']:6} {r['impl']:36} {r['seconds'] * 1e3:9.2f} {r['Melem_per_s']:9.1f} "
-              f"{r['other_over_fp4sim_jit']:9.2f}")
+        print(
+            f"{r['case']:6} {r['impl']:36} {r['seconds'] * 1e3:9.2f} {r['Melem_per_s']:9.1f} "
+            f"{r['other_over_fp4sim_jit']:9.2f}"
+        )
     if wide_t:
-        print(f"fp4sim jax.jit again with compiler_options={_WIDE_VECTORS} (512-bit vector code "
-              f"where the CPU has it; same bits, checked), timed in the same rounds:")
+        print(
+            f"fp4sim jax.jit again with compiler_options={_WIDE_VECTORS} (512-bit vector code "
+            f"where the CPU has it; same bits, checked), timed in the same rounds:"
+        )
         for name, t in wide_t.items():
             tao_part = f", torchao/it {times[name][tao_name] / t:.2f}x" if tao_name else ""
-            print(f"{name:6} {t * 1e3:.2f} ms, {times[name]['fp4sim jax.jit'] / t:.2f}x the "
-                  f"default options{tao_part}")
+            print(
+                f"{name:6} {t * 1e3:.2f} ms, {times[name]['fp4sim jax.jit'] / t:.2f}x the "
+                f"default options{tao_part}"
+            )
     return 0

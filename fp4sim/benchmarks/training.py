@@ -33,20 +33,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq", type=int, default=512, help="tokens (default 512)")
     parser.add_argument("--head-dim", type=int, default=64, help="head dimension (default 64)")
     parser.add_argument("--heads", type=int, default=1, help="heads, vmapped (default 1)")
-    parser.add_argument("--also", default="2048x128",
-                        help="a second shape SEQxHEAD_DIM measured after the first, or 'none' "
-                             "(default 2048x128)")
-    parser.add_argument("--recipe", default="direct_p_fp8_training",
-                        help="training preset name (fp4sim.attention.autodiff.TRAINING_PRESETS)")
+    parser.add_argument(
+        "--also",
+        default="2048x128",
+        help="a second shape SEQxHEAD_DIM measured after the first, or 'none' (default 2048x128)",
+    )
+    parser.add_argument(
+        "--recipe",
+        default="direct_p_fp8_training",
+        help="training preset name (fp4sim.attention.autodiff.TRAINING_PRESETS)",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per side (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs (default 0)")
-    parser.add_argument("--targets-only", action="store_true",
-                        help="time only the two sides of the target ratio (jnp f32 and emulated "
-                             "fwd+bwd): fewer compiles")
-    parser.add_argument("--check-heads", type=int, default=None,
-                        help="off the CPU: this many heads' emulated gradients are recomputed "
-                             "on the CPU backend in the same process and compared bit for bit "
-                             "(default 2 on a GPU, 0 on the CPU)")
+    parser.add_argument(
+        "--targets-only",
+        action="store_true",
+        help="time only the two sides of the target ratio (jnp f32 and emulated "
+        "fwd+bwd): fewer compiles",
+    )
+    parser.add_argument(
+        "--check-heads",
+        type=int,
+        default=None,
+        help="off the CPU: this many heads' emulated gradients are recomputed "
+        "on the CPU backend in the same process and compared bit for bit "
+        "(default 2 on a GPU, 0 on the CPU)",
+    )
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
 
 
@@ -55,8 +67,9 @@ def _second_shape(text: str) -> tuple[int, int] | None:
         return None
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"--also={text!r} must be SEQxHEAD_DIM with positive integers (e.g. "
-                         f"2048x128) or 'none'")
+        raise ValueError(
+            f"--also={text!r} must be SEQxHEAD_DIM with positive integers (e.g. 2048x128) or 'none'"
+        )
     return int(parts[0]), int(parts[1])
 
 
@@ -77,8 +90,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     results = []
     for n, d in shapes:  # the JSON is rewritten after each shape (a run cut short keeps it)
-        results.append(_measure(recipe, args.heads, n, d, args.repeats, args.seed,
-                                args.check_heads, args.targets_only))
+        results.append(
+            _measure(
+                recipe,
+                args.heads,
+                n,
+                d,
+                args.repeats,
+                args.seed,
+                args.check_heads,
+                args.targets_only,
+            )
+        )
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results[0] | {"shapes": results}, f, indent=2)
@@ -93,8 +116,16 @@ def _target(platform: str, n: int, d: int) -> float | None:
     return {(512, 64): 5.0, (2048, 128): 8.0}.get((n, d))
 
 
-def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int,
-             check_heads: int | None = None, targets_only: bool = False) -> dict:
+def _measure(
+    recipe,
+    h: int,
+    n: int,
+    d: int,
+    repeats: int,
+    seed: int,
+    check_heads: int | None = None,
+    targets_only: bool = False,
+) -> dict:
     """Time every side on one shape (interleaved), print the table, return the results."""
     import jax
     import jax.numpy as jnp
@@ -115,13 +146,14 @@ def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int,
 
     def emu_out(r):
         def f(q, k, v):
-            return jax.vmap(lambda a, b, c: emulated_attention(a, b, c, r, softmax_scale=scale,
-                                                               causal=True))(q, k, v)
+            return jax.vmap(
+                lambda a, b, c: emulated_attention(a, b, c, r, softmax_scale=scale, causal=True)
+            )(q, k, v)
+
         return f
 
     def grad_of(out_fn):
-        return jax.jit(jax.grad(lambda q, k, v: jnp.sum(out_fn(q, k, v) * do),
-                                argnums=(0, 1, 2)))
+        return jax.jit(jax.grad(lambda q, k, v: jnp.sum(out_fn(q, k, v) * do), argnums=(0, 1, 2)))
 
     fast = recipe.replace(accumulation=BackwardAccumulation.BACKEND)
     sides = {
@@ -129,8 +161,13 @@ def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int,
         "emulated_fwd_bwd": grad_of(emu_out(recipe)),
         "emulated_fwd_bwd_backend_acc": grad_of(emu_out(fast)),
         "jnp_f32_fwd": jax.jit(ref_out),
-        "emulated_fwd": jax.jit(jax.vmap(lambda a, b, c: training_forward(
-            a, b, c, recipe, softmax_scale=scale, causal=True)[0])),
+        "emulated_fwd": jax.jit(
+            jax.vmap(
+                lambda a, b, c: training_forward(a, b, c, recipe, softmax_scale=scale, causal=True)[
+                    0
+                ]
+            )
+        ),
     }
     if targets_only:
         sides = {key: sides[key] for key in ("jnp_f32_fwd_bwd", "emulated_fwd_bwd")}
@@ -143,10 +180,13 @@ def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int,
         # inputs, one head per call: each head's bits do not depend on the batch)
         cpu = jax.devices("cpu")[0]
         emu = emu_out(recipe)
-        cpu_args = [tuple(jax.device_put(x[i:i + 1], cpu) for x in (q, k, v, do))
-                    for i in range(n_check)]
-        jobs["cpu_check"] = (jax.jit(jax.grad(lambda q, k, v, g: jnp.sum(emu(q, k, v) * g),
-                                              argnums=(0, 1, 2))), cpu_args[0])
+        cpu_args = [
+            tuple(jax.device_put(x[i : i + 1], cpu) for x in (q, k, v, do)) for i in range(n_check)
+        ]
+        jobs["cpu_check"] = (
+            jax.jit(jax.grad(lambda q, k, v, g: jnp.sum(emu(q, k, v) * g), argnums=(0, 1, 2))),
+            cpu_args[0],
+        )
 
     def compile_one(item):
         key, (fn, xs) = item
@@ -157,37 +197,52 @@ def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int,
     # of a cold run is then about that of the slowest compile); the CPU check's compile, the
     # longest, is submitted first and waited for only after the timings are printed
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs))
-    futures = {key: pool.submit(compile_one, (key, jobs[key]))
-               for key in sorted(jobs, key=lambda key: key != "cpu_check")}
+    futures = {
+        key: pool.submit(compile_one, (key, jobs[key]))
+        for key in sorted(jobs, key=lambda key: key != "cpu_check")
+    }
     compiled, compile_s, results = {}, {}, {}
     for key in sides:
         _, compiled[key], compile_s[key] = futures[key].result()
     for key in sides:
         results[key] = jax.block_until_ready(compiled[key](*args_j))
-    times = time_interleaved({key: (lambda fn=compiled[key]: jax.block_until_ready(fn(*args_j)))
-                              for key in sides}, repeats)
+    times = time_interleaved(
+        {key: (lambda fn=compiled[key]: jax.block_until_ready(fn(*args_j))) for key in sides},
+        repeats,
+    )
     base = times["jnp_f32_fwd_bwd"]
     target = _target(platform, n, d)
     result = {
-        "suite": "training", "device": platform, "recipe": recipe.name,
+        "suite": "training",
+        "device": platform,
+        "recipe": recipe.name,
         "shape": {"heads": h, "seq": n, "head_dim": d, "causal": True},
-        "median_s": times, "compile_s": compile_s,
+        "median_s": times,
+        "compile_s": compile_s,
         "ratio_fwd_bwd": times["emulated_fwd_bwd"] / base,
         "target_fwd_bwd": target,
     }
     if not targets_only:
         result["ratio_fwd_bwd_backend_acc"] = times["emulated_fwd_bwd_backend_acc"] / base
         result["ratio_fwd"] = times["emulated_fwd"] / times["jnp_f32_fwd"]
-    print(f"bench training ({platform}): heads={h} seq={n} head_dim={d} causal, "
-          f"recipe {recipe.name}, median of {repeats}")
+    print(
+        f"bench training ({platform}): heads={h} seq={n} head_dim={d} causal, "
+        f"recipe {recipe.name}, median of {repeats}"
+    )
     for key in sides:
-        print(f"  {key:30s} {times[key] * 1e3:9.3f} ms   (compile {compile_s[key]:.1f} s, "
-              f"in parallel)")
-    print(f"  ratio fwd+bwd, emulated / jnp f32            {result['ratio_fwd_bwd']:7.2f} x"
-          + (f" (target <= {target:g}x)" if target else ""))
+        print(
+            f"  {key:30s} {times[key] * 1e3:9.3f} ms   (compile {compile_s[key]:.1f} s, "
+            f"in parallel)"
+        )
+    print(
+        f"  ratio fwd+bwd, emulated / jnp f32            {result['ratio_fwd_bwd']:7.2f} x"
+        + (f" (target <= {target:g}x)" if target else "")
+    )
     if not targets_only:
-        print(f"  ratio fwd+bwd, backend accumulation / jnp    "
-              f"{result['ratio_fwd_bwd_backend_acc']:7.2f} x")
+        print(
+            f"  ratio fwd+bwd, backend accumulation / jnp    "
+            f"{result['ratio_fwd_bwd_backend_acc']:7.2f} x"
+        )
         print(f"  ratio forward only, emulated / jnp f32       {result['ratio_fwd']:7.2f} x")
     print(end="", flush=True)
 
@@ -198,13 +253,20 @@ def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int,
         for i in range(n_check):
             got = jax.block_until_ready(compiled["cpu_check"](*cpu_args[i]))
             identical[f"head{i}"] = {
-                n_: int(np.count_nonzero(np.asarray(a).view(np.uint32)
-                                         != np.asarray(b)[i:i + 1].view(np.uint32)))
-                for n_, a, b in zip(("dq", "dk", "dv"), got, results["emulated_fwd_bwd"])}
+                n_: int(
+                    np.count_nonzero(
+                        np.asarray(a).view(np.uint32) != np.asarray(b)[i : i + 1].view(np.uint32)
+                    )
+                )
+                for n_, a, b in zip(("dq", "dk", "dv"), got, results["emulated_fwd_bwd"])
+            }
         bad = sum(sum(v.values()) for v in identical.values())
-        print(f"  emulated gradients vs the CPU backend, heads 0..{n_check - 1}: "
-              f"{'bit-identical' if bad == 0 else f'{bad} elements differ'} {identical} "
-              f"(CPU compile {compile_s['cpu_check']:.1f} s)", flush=True)
+        print(
+            f"  emulated gradients vs the CPU backend, heads 0..{n_check - 1}: "
+            f"{'bit-identical' if bad == 0 else f'{bad} elements differ'} {identical} "
+            f"(CPU compile {compile_s['cpu_check']:.1f} s)",
+            flush=True,
+        )
     pool.shutdown()
     result["cpu_check_mismatches"] = identical
 
@@ -217,8 +279,11 @@ def _measure(recipe, h: int, n: int, d: int, repeats: int, seed: int,
     result["rel_l2_vs_float64"] = {
         side: {n_: rel_l2(a, b) for n_, a, b in zip(("dq", "dk", "dv"), results[side], exact)}
         for side in ("emulated_fwd_bwd", "emulated_fwd_bwd_backend_acc", "jnp_f32_fwd_bwd")
-        if side in results}
+        if side in results
+    }
     for side, errs in result["rel_l2_vs_float64"].items():
-        print(f"  rel-L2 vs float64 {side:30s} dq {errs['dq']:.3e}  dk {errs['dk']:.3e}  "
-              f"dv {errs['dv']:.3e}")
+        print(
+            f"  rel-L2 vs float64 {side:30s} dq {errs['dq']:.3e}  dk {errs['dk']:.3e}  "
+            f"dv {errs['dv']:.3e}"
+        )
     return result

@@ -215,8 +215,13 @@ class ScaleRule(enum.Enum):
     AMPLITUDE = "amplitude"
 
 
-_POW2_RULES = (ScaleRule.RCEIL, ScaleRule.FLOOR, ScaleRule.CEIL, ScaleRule.EVEN,
-               ScaleRule.AMPLITUDE)
+_POW2_RULES = (
+    ScaleRule.RCEIL,
+    ScaleRule.FLOOR,
+    ScaleRule.CEIL,
+    ScaleRule.EVEN,
+    ScaleRule.AMPLITUDE,
+)
 
 
 class Geometry(enum.Enum):
@@ -292,40 +297,67 @@ class BlockFormat:
 
     def __post_init__(self) -> None:
         if not isinstance(self.elem, FloatFormat) or not self.elem.signed:
-            raise TypeError(f"BlockFormat.elem={self.elem!r} must be a signed FloatFormat "
-                            f"(E2M1, E2M3, E3M2, E4M3, E5M2)")
-        if self.scale is not None and (not isinstance(self.scale, FloatFormat)
-                                       or self.scale.signed):
-            raise TypeError(f"BlockFormat.scale={self.scale!r} must be an unsigned scale format "
-                            f"(UE8M0, UE4M3, UE5M3) or None")
-        if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) \
-                or self.block_size < 1:
+            raise TypeError(
+                f"BlockFormat.elem={self.elem!r} must be a signed FloatFormat "
+                f"(E2M1, E2M3, E3M2, E4M3, E5M2)"
+            )
+        if self.scale is not None and (
+            not isinstance(self.scale, FloatFormat) or self.scale.signed
+        ):
+            raise TypeError(
+                f"BlockFormat.scale={self.scale!r} must be an unsigned scale format "
+                f"(UE8M0, UE4M3, UE5M3) or None"
+            )
+        if (
+            not isinstance(self.block_size, int)
+            or isinstance(self.block_size, bool)
+            or self.block_size < 1
+        ):
             raise ValueError(f"BlockFormat.block_size={self.block_size!r} must be a positive int")
-        for field, kind in (("rule", ScaleRule), ("policy", Policy), ("global_scale", GlobalScale),
-                            ("arithmetic", Arithmetic), ("nonfinite", NonFinite)):
+        for field, kind in (
+            ("rule", ScaleRule),
+            ("policy", Policy),
+            ("global_scale", GlobalScale),
+            ("arithmetic", Arithmetic),
+            ("nonfinite", NonFinite),
+        ):
             if not isinstance(getattr(self, field), kind):
-                raise TypeError(f"BlockFormat.{field}={getattr(self, field)!r} must be a "
-                                f"{kind.__name__}")
+                raise TypeError(
+                    f"BlockFormat.{field}={getattr(self, field)!r} must be a {kind.__name__}"
+                )
         if self.scale is UE8M0 and self.rule is ScaleRule.NEAREST:
-            raise ValueError(f"BlockFormat.rule={self.rule} is not defined for UE8M0 scales; "
-                             f"allowed: {[r.name for r in _POW2_RULES]}")
-        if self.scale is not None and self.scale is not UE8M0 and self.rule not in (
-                ScaleRule.NEAREST, ScaleRule.RCEIL):
-            raise ValueError(f"BlockFormat.rule={self.rule} needs power-of-two (UE8M0) scales; "
-                             f"allowed for {self.scale}: NEAREST, RCEIL")
+            raise ValueError(
+                f"BlockFormat.rule={self.rule} is not defined for UE8M0 scales; "
+                f"allowed: {[r.name for r in _POW2_RULES]}"
+            )
+        if (
+            self.scale is not None
+            and self.scale is not UE8M0
+            and self.rule not in (ScaleRule.NEAREST, ScaleRule.RCEIL)
+        ):
+            raise ValueError(
+                f"BlockFormat.rule={self.rule} needs power-of-two (UE8M0) scales; "
+                f"allowed for {self.scale}: NEAREST, RCEIL"
+            )
         if not (isinstance(self.min_scale, float) and self.min_scale >= 0.0):
             raise ValueError(f"BlockFormat.min_scale={self.min_scale!r} must be a float >= 0")
         if self.rule is ScaleRule.AMPLITUDE and self.scale is not UE8M0:
-            raise ValueError(f"BlockFormat {self.name!r}: rule=AMPLITUDE needs UE8M0 (power-of-two) "
-                             f"block scales; got scale={self.scale}")
+            raise ValueError(
+                f"BlockFormat {self.name!r}: rule=AMPLITUDE needs UE8M0 (power-of-two) "
+                f"block scales; got scale={self.scale}"
+            )
         if self.rule is ScaleRule.AMPLITUDE and (
-                self.global_scale is not GlobalScale.NONE
-                or self.arithmetic is not Arithmetic.TRANSFORMER_ENGINE or self.min_scale):
-            raise ValueError(f"BlockFormat {self.name!r}: rule=AMPLITUDE (value β·q/M) is defined "
-                             f"without an FP32 factor, min_scale or other arithmetic; allowed: "
-                             f"global_scale=NONE, arithmetic=TRANSFORMER_ENGINE, min_scale=0.0 "
-                             f"(got {self.global_scale.name}, {self.arithmetic.name}, "
-                             f"{self.min_scale})")
+            self.global_scale is not GlobalScale.NONE
+            or self.arithmetic is not Arithmetic.TRANSFORMER_ENGINE
+            or self.min_scale
+        ):
+            raise ValueError(
+                f"BlockFormat {self.name!r}: rule=AMPLITUDE (value β·q/M) is defined "
+                f"without an FP32 factor, min_scale or other arithmetic; allowed: "
+                f"global_scale=NONE, arithmetic=TRANSFORMER_ENGINE, min_scale=0.0 "
+                f"(got {self.global_scale.name}, {self.arithmetic.name}, "
+                f"{self.min_scale})"
+            )
         codec.check_policy(self.elem, element_policy(self))
 
     @property
@@ -363,18 +395,40 @@ MXFP6_E3M2 = BlockFormat(name="MXFP6_E3M2", elem=E3M2, scale=UE8M0, block_size=3
 MXFP8_E4M3 = BlockFormat(name="MXFP8_E4M3", elem=E4M3, scale=UE8M0, block_size=32)
 MXFP8_E5M2 = BlockFormat(name="MXFP8_E5M2", elem=E5M2, scale=UE8M0, block_size=32)
 MXFP8 = MXFP8_E4M3
-NVFP4 = BlockFormat(name="NVFP4", elem=E2M1, scale=UE4M3, block_size=16, rule=ScaleRule.NEAREST,
-                    global_scale=GlobalScale.PER_TENSOR)
-NVFP4_SINGLE = BlockFormat(name="NVFP4_SINGLE", elem=E2M1, scale=UE4M3, block_size=16,
-                           rule=ScaleRule.NEAREST)
-FP8_E4M3_PER_TENSOR = BlockFormat(name="FP8_E4M3_PER_TENSOR", elem=E4M3, scale=None, block_size=1,
-                                  global_scale=GlobalScale.PER_TENSOR)
-MXFP4_AMPLITUDE = BlockFormat(name="MXFP4_AMPLITUDE", elem=E2M1, scale=UE8M0, block_size=32,
-                              rule=ScaleRule.AMPLITUDE)
+NVFP4 = BlockFormat(
+    name="NVFP4",
+    elem=E2M1,
+    scale=UE4M3,
+    block_size=16,
+    rule=ScaleRule.NEAREST,
+    global_scale=GlobalScale.PER_TENSOR,
+)
+NVFP4_SINGLE = BlockFormat(
+    name="NVFP4_SINGLE", elem=E2M1, scale=UE4M3, block_size=16, rule=ScaleRule.NEAREST
+)
+FP8_E4M3_PER_TENSOR = BlockFormat(
+    name="FP8_E4M3_PER_TENSOR",
+    elem=E4M3,
+    scale=None,
+    block_size=1,
+    global_scale=GlobalScale.PER_TENSOR,
+)
+MXFP4_AMPLITUDE = BlockFormat(
+    name="MXFP4_AMPLITUDE", elem=E2M1, scale=UE8M0, block_size=32, rule=ScaleRule.AMPLITUDE
+)
 """Direct-P's V operand (:class:`ScaleRule` ``AMPLITUDE``): per 32 elements
 ``β = 2^ceil(log2 amax)``, payload ``RN_E2M1(fl(6·fl(x/β)))`` (flushed), value ``β·q/6``."""
-BLOCK_FORMATS = (MXFP4, MXFP6_E2M3, MXFP6_E3M2, MXFP8_E4M3, MXFP8_E5M2, NVFP4, NVFP4_SINGLE,
-                 FP8_E4M3_PER_TENSOR, MXFP4_AMPLITUDE)
+BLOCK_FORMATS = (
+    MXFP4,
+    MXFP6_E2M3,
+    MXFP6_E3M2,
+    MXFP8_E4M3,
+    MXFP8_E5M2,
+    NVFP4,
+    NVFP4_SINGLE,
+    FP8_E4M3_PER_TENSOR,
+    MXFP4_AMPLITUDE,
+)
 
 
 _U = np.uint32
@@ -385,24 +439,29 @@ def _norm_axis(axis: Any, ndim: int, name: str = "axis") -> int:
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
         raise TypeError(f"{name}={axis!r} must be an int")
     if not -ndim <= axis < ndim:
-        raise ValueError(f"{name}={axis} is out of range for an array with {ndim} dimensions "
-                         f"(allowed: {-ndim}..{ndim - 1})")
+        raise ValueError(
+            f"{name}={axis} is out of range for an array with {ndim} dimensions "
+            f"(allowed: {-ndim}..{ndim - 1})"
+        )
     return int(axis) % ndim - ndim
 
 
-def block_extents(shape: tuple[int, ...], fmt: BlockFormat, geometry: Geometry = Geometry.BLOCK,
-                  axis: int = -1) -> tuple[int, ...]:
+def block_extents(
+    shape: tuple[int, ...], fmt: BlockFormat, geometry: Geometry = Geometry.BLOCK, axis: int = -1
+) -> tuple[int, ...]:
     """Per axis of ``shape``, how many consecutive elements share one scale.
 
     Raises ``ValueError`` naming ``x`` when an axis does not divide into whole blocks.
     """
     check_static("fmt", fmt, BlockFormat, "fp4sim.MXFP8")
     if not isinstance(shape, (tuple, list)) or not all(
-            isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape):
+        isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape
+    ):
         raise TypeError(f"shape={shape!r} must be a tuple of ints")
     if not isinstance(geometry, Geometry):
-        raise TypeError(f"geometry={geometry!r} must be a Geometry; allowed: "
-                        f"{[g.name for g in Geometry]}")
+        raise TypeError(
+            f"geometry={geometry!r} must be a Geometry; allowed: {[g.name for g in Geometry]}"
+        )
     nd = len(shape)
     if nd == 0:
         raise ValueError("x must have at least one dimension")
@@ -418,8 +477,10 @@ def block_extents(shape: tuple[int, ...], fmt: BlockFormat, geometry: Geometry =
     elif geometry is Geometry.TOKEN_BLOCK:
         a = _norm_axis(axis, nd)
         if nd < 2 or a == -1:
-            raise ValueError(f"axis={axis} for TOKEN_BLOCK must be a token axis other than the "
-                             f"last (head_dim) axis of a >=2-d array (shape {shape})")
+            raise ValueError(
+                f"axis={axis} for TOKEN_BLOCK must be a token axis other than the "
+                f"last (head_dim) axis of a >=2-d array (shape {shape})"
+            )
         ext[a] = bs
         ext[-1] = shape[-1]
     elif geometry is Geometry.SQUARE:
@@ -428,8 +489,10 @@ def block_extents(shape: tuple[int, ...], fmt: BlockFormat, geometry: Geometry =
         ext[-1] = ext[-2] = bs
     for d, (n, b) in enumerate(zip(shape, ext)):
         if b == 0 or n % b:
-            raise ValueError(f"x has shape {shape}: axis {d - nd} of length {n} is not a multiple "
-                             f"of the {geometry.name} block extent {b} of {fmt.name}; pad x first")
+            raise ValueError(
+                f"x has shape {shape}: axis {d - nd} of length {n} is not a multiple "
+                f"of the {geometry.name} block extent {b} of {fmt.name}; pad x first"
+            )
     return tuple(ext)
 
 
@@ -453,8 +516,9 @@ def expand_scales(values: Array, q: QuantizedArray) -> Array:
         raise TypeError(f"values has dtype {values.dtype}; allowed: numeric arrays")
     shape = q.shape
     ext = block_extents(shape, q.format, q.geometry, q.axis)
-    v = xp.reshape(values, _blocked_shape(tuple(s // b for s, b in zip(shape, ext)),
-                                          (1,) * len(shape)))
+    v = xp.reshape(
+        values, _blocked_shape(tuple(s // b for s, b in zip(shape, ext)), (1,) * len(shape))
+    )
     return xp.reshape(xp.broadcast_to(v, _blocked_shape(shape, ext)), shape)
 
 
@@ -488,18 +552,22 @@ class QuantizedArray:
         if not isinstance(self.packed, bool):
             raise TypeError(f"packed={self.packed!r} must be a bool")
         if self.packed and fmt.elem.nbits not in (4, 6):
-            raise ValueError(f"packed=True needs 4- or 6-bit elements; {fmt.elem} has "
-                             f"{fmt.elem.nbits} bits")
+            raise ValueError(
+                f"packed=True needs 4- or 6-bit elements; {fmt.elem} has {fmt.elem.nbits} bits"
+            )
         if not _is_array(self.codes):  # pytree internals (None, sentinels) during transforms
             return
         if np.dtype(self.codes.dtype) != np.uint8:
             raise TypeError(f"codes has dtype {self.codes.dtype}; allowed: uint8")
         if (self.scales is None) != (fmt.scale is None):
-            raise ValueError(f"scales is {'None' if self.scales is None else 'given'} but "
-                             f"{fmt.name}.scale is {fmt.scale}")
+            raise ValueError(
+                f"scales is {'None' if self.scales is None else 'given'} but "
+                f"{fmt.name}.scale is {fmt.scale}"
+            )
         if self.global_scale is None and fmt.global_scale is not GlobalScale.NONE:
-            raise ValueError(f"global_scale is None but {fmt.name} has a "
-                             f"{fmt.global_scale.name} FP32 factor")
+            raise ValueError(
+                f"global_scale is None but {fmt.name} has a {fmt.global_scale.name} FP32 factor"
+            )
         shape = self.shape
         ext = block_extents(shape, fmt, self.geometry, self.axis)
         want = tuple(n // b for n, b in zip(shape, ext))
@@ -507,17 +575,22 @@ class QuantizedArray:
             if np.dtype(self.scales.dtype) != np.uint8:
                 raise TypeError(f"scales has dtype {self.scales.dtype}; allowed: uint8")
             if tuple(self.scales.shape) != want:
-                raise ValueError(f"scales has shape {tuple(self.scales.shape)}; {fmt.name} "
-                                 f"{self.geometry.name} blocks of codes shaped {shape} need {want}")
+                raise ValueError(
+                    f"scales has shape {tuple(self.scales.shape)}; {fmt.name} "
+                    f"{self.geometry.name} blocks of codes shaped {shape} need {want}"
+                )
         if self.global_scale is not None:
             if np.dtype(self.global_scale.dtype) != np.float32:
-                raise TypeError(f"global_scale has dtype {self.global_scale.dtype}; "
-                                f"allowed: float32")
+                raise TypeError(
+                    f"global_scale has dtype {self.global_scale.dtype}; allowed: float32"
+                )
             try:
                 np.broadcast_shapes(tuple(self.global_scale.shape), want)
             except ValueError:
-                raise ValueError(f"global_scale shape {tuple(self.global_scale.shape)} does not "
-                                 f"broadcast to the scales' shape {want}") from None
+                raise ValueError(
+                    f"global_scale shape {tuple(self.global_scale.shape)} does not "
+                    f"broadcast to the scales' shape {want}"
+                ) from None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -546,8 +619,9 @@ class QuantizedArray:
             return self
         from fp4sim.formats import packing
 
-        return dataclasses.replace(self, codes=packing.pack(self.codes, self.format.elem),
-                                   packed=True)
+        return dataclasses.replace(
+            self, codes=packing.pack(self.codes, self.format.elem), packed=True
+        )
 
     def unpack(self) -> QuantizedArray:
         if not self.packed:
@@ -577,9 +651,15 @@ def _unflatten(aux, children):
     fmt, geometry, axis, packed = aux
     codes, scales, gs = children
     obj = object.__new__(QuantizedArray)
-    for name, value in (("codes", codes), ("scales", scales), ("global_scale", gs),
-                        ("format", fmt), ("geometry", geometry), ("axis", axis),
-                        ("packed", packed)):
+    for name, value in (
+        ("codes", codes),
+        ("scales", scales),
+        ("global_scale", gs),
+        ("format", fmt),
+        ("geometry", geometry),
+        ("axis", axis),
+        ("packed", packed),
+    ):
         object.__setattr__(obj, name, value)
     return obj
 
@@ -671,8 +751,8 @@ def tensor_amax_bits(xp: ModuleType, bits: Array) -> Array:
     a = xp.reshape(mag, (-1, cols))
     while a.shape[0] > 1:
         h = a.shape[0] // 2
-        top = xp.maximum(a[:h], a[h:2 * h])
-        a = xp.concatenate([top, a[2 * h:]]) if a.shape[0] % 2 else top
+        top = xp.maximum(a[:h], a[h : 2 * h])
+        a = xp.concatenate([top, a[2 * h :]]) if a.shape[0] % 2 else top
     return xp.max(materialize(a))
 
 
@@ -718,10 +798,18 @@ def _as_f32(x: Array, xp: Any = np) -> Array:
     return x.astype(np.float32)
 
 
-def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = Geometry.BLOCK,
-             rule: ScaleRule | None = None, global_scale: Any = None,
-             global_encode_scale: Any = None, pack: bool = False,
-             random_bits: Any = None) -> QuantizedArray:
+def quantize(
+    x: Any,
+    fmt: BlockFormat,
+    *,
+    axis: int = -1,
+    geometry: Geometry = Geometry.BLOCK,
+    rule: ScaleRule | None = None,
+    global_scale: Any = None,
+    global_encode_scale: Any = None,
+    pack: bool = False,
+    random_bits: Any = None,
+) -> QuantizedArray:
     """Quantize ``x`` to ``fmt`` with scales shared per ``geometry`` block along ``axis``.
 
     ``rule`` overrides ``fmt.rule``. ``global_scale`` (decode factor) or ``global_encode_scale``
@@ -737,17 +825,31 @@ def quantize(x: Any, fmt: BlockFormat, *, axis: int = -1, geometry: Geometry = G
     Not differentiable (integer codes): :func:`round_trip` is.
     """
     x = adopt(x, "x")
-    return quantize_with_block_amax(x, fmt, axis=axis, geometry=geometry, rule=rule,
-                                    global_scale=global_scale,
-                                    global_encode_scale=global_encode_scale, pack=pack,
-                                    random_bits=random_bits)[0]
+    return quantize_with_block_amax(
+        x,
+        fmt,
+        axis=axis,
+        geometry=geometry,
+        rule=rule,
+        global_scale=global_scale,
+        global_encode_scale=global_encode_scale,
+        pack=pack,
+        random_bits=random_bits,
+    )[0]
 
 
-def quantize_with_block_amax(x: Array, fmt: BlockFormat, *, axis: int = -1,
-                             geometry: Geometry = Geometry.BLOCK, rule: ScaleRule | None = None,
-                             global_scale: Any = None, global_encode_scale: Any = None,
-                             pack: bool = False,
-                             random_bits: Any = None) -> tuple[QuantizedArray, Any]:
+def quantize_with_block_amax(
+    x: Array,
+    fmt: BlockFormat,
+    *,
+    axis: int = -1,
+    geometry: Geometry = Geometry.BLOCK,
+    rule: ScaleRule | None = None,
+    global_scale: Any = None,
+    global_encode_scale: Any = None,
+    pack: bool = False,
+    random_bits: Any = None,
+) -> tuple[QuantizedArray, Any]:
     """:func:`quantize` and, for power-of-two block scales without an FP32 factor, the max-abs
     bit pattern (uint32) of ``x`` in each block, shaped like the scales (the quantizer's own,
     not a second pass; what :func:`fp4sim.attention.operands.fake_quantize_stats` bounds the
@@ -756,52 +858,82 @@ def quantize_with_block_amax(x: Array, fmt: BlockFormat, *, axis: int = -1,
     pack = check_bool("pack", pack)
     if rule is not None:
         if not isinstance(rule, ScaleRule):
-            raise TypeError(f"rule={rule!r} must be a ScaleRule; allowed: "
-                            f"{[r.name for r in ScaleRule]}")
+            raise TypeError(
+                f"rule={rule!r} must be a ScaleRule; allowed: {[r.name for r in ScaleRule]}"
+            )
         fmt = fmt.replace(rule=rule)
     xp = namespace(x, random_bits)
     x = no_derivative(_as_f32(x, xp), "quantize")
     shape = tuple(x.shape)
     if fmt.policy.rounding is Rounding.STOCHASTIC:
         if random_bits is None:
-            raise TypeError(f"random_bits is required: {fmt.name}.policy.rounding is "
-                            f"Rounding.STOCHASTIC; pass a uint32 array of the shape of x {shape}")
+            raise TypeError(
+                f"random_bits is required: {fmt.name}.policy.rounding is "
+                f"Rounding.STOCHASTIC; pass a uint32 array of the shape of x {shape}"
+            )
         random_bits = xp.asarray(random_bits)
         if np.dtype(random_bits.dtype) != np.uint32:
             raise TypeError(f"random_bits has dtype {random_bits.dtype}; allowed: uint32")
         if tuple(random_bits.shape) != shape:
-            raise ValueError(f"random_bits has shape {tuple(random_bits.shape)}; it must equal "
-                             f"the shape of x {shape}")
+            raise ValueError(
+                f"random_bits has shape {tuple(random_bits.shape)}; it must equal "
+                f"the shape of x {shape}"
+            )
     elif random_bits is not None:
-        raise ValueError(f"random_bits is only used when {fmt.name}.policy.rounding is "
-                         f"Rounding.STOCHASTIC, not {fmt.policy.rounding}; pass random_bits=None")
+        raise ValueError(
+            f"random_bits is only used when {fmt.name}.policy.rounding is "
+            f"Rounding.STOCHASTIC, not {fmt.policy.rounding}; pass random_bits=None"
+        )
     ext = block_extents(shape, fmt, geometry, axis)
     axis = _norm_axis(axis, len(shape))
     scale_shape = tuple(n // b for n, b in zip(shape, ext))
     bits = bitcast(x, np.uint32)
-    factors = _global_factors(xp, bits, fmt, shape, ext, axis, geometry, scale_shape,
-                              global_scale, global_encode_scale)
+    factors = _global_factors(
+        xp, bits, fmt, shape, ext, axis, geometry, scale_shape, global_scale, global_encode_scale
+    )
     chunks = _np_chunks(xp, shape, ext)
     if chunks is None:
-        q, block_amax = _quantize_blocks(xp, x, bits, fmt, shape, ext, axis, geometry, factors,
-                                         random_bits)
+        q, block_amax = _quantize_blocks(
+            xp, x, bits, fmt, shape, ext, axis, geometry, factors, random_bits
+        )
     else:  # NumPy, a large input: slabs of whole blocks bound the temporaries (independent)
         d, rows = chunks
         parts = []
         for r0 in range(0, shape[d], rows):
             sl = (slice(None),) * d + (slice(r0, min(shape[d], r0 + rows)),)
             sub = tuple(x[sl].shape)
-            f = None if factors is None else tuple(_rows_of(a, sl, len(shape), ext) for a in
-                                                   factors)
-            parts.append(_quantize_blocks(xp, x[sl], bits[sl], fmt, sub, ext, axis, geometry, f,
-                                          None if random_bits is None else random_bits[sl]))
+            f = (
+                None
+                if factors is None
+                else tuple(_rows_of(a, sl, len(shape), ext) for a in factors)
+            )
+            parts.append(
+                _quantize_blocks(
+                    xp,
+                    x[sl],
+                    bits[sl],
+                    fmt,
+                    sub,
+                    ext,
+                    axis,
+                    geometry,
+                    f,
+                    None if random_bits is None else random_bits[sl],
+                )
+            )
 
         def cat(arrs: list) -> Any:
             return None if arrs[0] is None else np.concatenate(arrs, axis=d)
 
-        q = QuantizedArray(cat([p[0].codes for p in parts]), cat([p[0].scales for p in parts]),
-                           None if factors is None else np.asarray(factors[0], np.float32),
-                           fmt, geometry, axis, False)
+        q = QuantizedArray(
+            cat([p[0].codes for p in parts]),
+            cat([p[0].scales for p in parts]),
+            None if factors is None else np.asarray(factors[0], np.float32),
+            fmt,
+            geometry,
+            axis,
+            False,
+        )
         block_amax = cat([p[1] for p in parts])
     if pack:  # materialize the codes first: XLA would otherwise re-run the encoder per nibble
         q = dataclasses.replace(q, codes=materialize(q.codes)).pack()
@@ -851,10 +983,18 @@ def _positive_finite(xp: Any, v: Any) -> Any:
     return (b > _U(0)) & (b < _U(0x7F800000))
 
 
-def _global_factors(xp: Any, bits: Any, fmt: BlockFormat, shape: tuple[int, ...],
-                    ext: tuple[int, ...], axis: int, geometry: Geometry,
-                    scale_shape: tuple[int, ...], global_scale: Any,
-                    global_encode_scale: Any) -> tuple[Any, Any] | None:
+def _global_factors(
+    xp: Any,
+    bits: Any,
+    fmt: BlockFormat,
+    shape: tuple[int, ...],
+    ext: tuple[int, ...],
+    axis: int,
+    geometry: Geometry,
+    scale_shape: tuple[int, ...],
+    global_scale: Any,
+    global_encode_scale: Any,
+) -> tuple[Any, Any] | None:
     """(decode factor, encode factor) of the FP32 second level, or None.
 
     A ``CONSTANT`` factor must broadcast to the scales' shape and be finite and > 0 with a
@@ -862,17 +1002,22 @@ def _global_factors(xp: Any, bits: Any, fmt: BlockFormat, shape: tuple[int, ...]
     argument on every backend; a traced one (known only when the jitted function runs) makes
     the stored decode factor NaN, so every dequantized value is NaN (never a silent 0)."""
     # --- FP32 global factor -----------------------------------------------------------------
-    if (global_scale is not None or global_encode_scale is not None) and \
-            fmt.global_scale is not GlobalScale.CONSTANT:
-        raise ValueError(f"global_scale/global_encode_scale given but {fmt.name}.global_scale is "
-                         f"{fmt.global_scale.name}; use "
-                         f"fmt.replace(global_scale=GlobalScale.CONSTANT)")
+    if (
+        global_scale is not None or global_encode_scale is not None
+    ) and fmt.global_scale is not GlobalScale.CONSTANT:
+        raise ValueError(
+            f"global_scale/global_encode_scale given but {fmt.name}.global_scale is "
+            f"{fmt.global_scale.name}; use "
+            f"fmt.replace(global_scale=GlobalScale.CONSTANT)"
+        )
     g_dec = s_enc = None  # decode factor, encode factor (float32 arrays)
     gmode = fmt.global_scale
     if gmode is GlobalScale.CONSTANT:
         if (global_scale is None) == (global_encode_scale is None):
-            raise ValueError(f"{fmt.name} has a CONSTANT FP32 factor: give exactly one of "
-                             f"global_scale= (decode) or global_encode_scale= (encode)")
+            raise ValueError(
+                f"{fmt.name} has a CONSTANT FP32 factor: give exactly one of "
+                f"global_scale= (decode) or global_encode_scale= (encode)"
+            )
         name = "global_scale" if global_scale is not None else "global_encode_scale"
         raw = global_scale if global_scale is not None else global_encode_scale
         given = as_f32(name, raw, xp if is_jax(raw) else np)  # NumPy (concrete) unless jax
@@ -881,17 +1026,21 @@ def _global_factors(xp: Any, bits: Any, fmt: BlockFormat, shape: tuple[int, ...]
         except ValueError:
             fits = False
         if not fits:
-            raise ValueError(f"{name} has shape {tuple(given.shape)}; it must broadcast to the "
-                             f"scales' shape {scale_shape} (a scalar, or one factor per block)")
+            raise ValueError(
+                f"{name} has shape {tuple(given.shape)}; it must broadcast to the "
+                f"scales' shape {scale_shape} (a scalar, or one factor per block)"
+            )
         if not is_traced(given):  # a concrete factor: checked on the host, on every backend
             gn = np.asarray(given, dtype=np.float32)
             ok = _positive_finite(np, gn) & _positive_finite(np, div_f32(np.float32(1.0), gn))
             if not bool(np.all(ok)):
                 bad = gn[~np.broadcast_to(ok, gn.shape)]
-                raise ValueError(f"{name} holds {bad.ravel()[0]!r}; a CONSTANT FP32 factor must "
-                                 f"be finite and > 0 with a finite reciprocal (0 would "
-                                 f"dequantize every element to 0, a negative or NaN factor "
-                                 f"to NaN)")
+                raise ValueError(
+                    f"{name} holds {bad.ravel()[0]!r}; a CONSTANT FP32 factor must "
+                    f"be finite and > 0 with a finite reciprocal (0 would "
+                    f"dequantize every element to 0, a negative or NaN factor "
+                    f"to NaN)"
+                )
         given = xp.asarray(given)
         if global_scale is not None:
             g_dec = given
@@ -907,10 +1056,11 @@ def _global_factors(xp: Any, bits: Any, fmt: BlockFormat, shape: tuple[int, ...]
             amax_t = tensor_amax_bits(xp, bits)
         else:
             if any(b != 1 for d, b in enumerate(ext) if d - len(shape) != axis):
-                raise ValueError(f"a PER_ROW FP32 factor (amax over axis={axis}) needs blocks that "
-                                 f"lie within one row; {geometry.name} blocks have extents {ext}")
-            amax_t = xp.max(bits & _U(0x7FFFFFFF), axis=axis, keepdims=True,
-                            initial=np.uint32(0))
+                raise ValueError(
+                    f"a PER_ROW FP32 factor (amax over axis={axis}) needs blocks that "
+                    f"lie within one row; {geometry.name} blocks have extents {ext}"
+                )
+            amax_t = xp.max(bits & _U(0x7FFFFFFF), axis=axis, keepdims=True, initial=np.uint32(0))
         amax_t = bitcast(xp.asarray(amax_t, dtype=np.uint32), np.float32)
         if fmt.arithmetic is Arithmetic.TRANSFORMER_ENGINE:
             s_enc = _encode_factor(amax_t, fmt)
@@ -928,9 +1078,18 @@ def _global_factors(xp: Any, bits: Any, fmt: BlockFormat, shape: tuple[int, ...]
     return g_dec, s_enc
 
 
-def _quantize_blocks(xp: Any, x: Any, bits: Any, fmt: BlockFormat, shape: tuple[int, ...],
-                     ext: tuple[int, ...], axis: int, geometry: Geometry, factors: Any,
-                     random_bits: Any) -> tuple[QuantizedArray, Any]:
+def _quantize_blocks(
+    xp: Any,
+    x: Any,
+    bits: Any,
+    fmt: BlockFormat,
+    shape: tuple[int, ...],
+    ext: tuple[int, ...],
+    axis: int,
+    geometry: Geometry,
+    factors: Any,
+    random_bits: Any,
+) -> tuple[QuantizedArray, Any]:
     """The block scales and element codes of float32 ``x`` (one pass; unpacked)."""
     blocked = _blocked_shape(shape, ext)
     scale_shape = tuple(n // b for n, b in zip(shape, ext))
@@ -962,12 +1121,16 @@ def _quantize_blocks(xp: Any, x: Any, bits: Any, fmt: BlockFormat, shape: tuple[
         if fmt.arithmetic is Arithmetic.JAX:  # code 0xFF decodes to +Inf: x/Inf
             xb = xp.where(code == 255, div_f32(xb, np.float32(np.inf)), xb)
         elif fmt.arithmetic is Arithmetic.TORCHAO:  # torchao's handling of the 2^-127 code
-            e = xp.where(code == 0, np.int32(0), e) if fmt.rule is ScaleRule.RCEIL \
+            e = (
+                xp.where(code == 0, np.int32(0), e)
+                if fmt.rule is ScaleRule.RCEIL
                 else xp.maximum(e, np.int32(-126))
+            )
         if fmt.rule is ScaleRule.AMPLITUDE:
             # fl(fl(x·2^-e)·M), both flushed, then the element rounding (the value is 2^e·q/M)
-            y = mul_ftz(ldexp_ftz(xb, -xp.where(code == 255, np.int32(0), e)),
-                        np.float32(fmt.elem.max))
+            y = mul_ftz(
+                ldexp_ftz(xb, -xp.where(code == 255, np.int32(0), e)), np.float32(fmt.elem.max)
+            )
         else:
             # the elements are encoded as the exact x·2^-e: one rounding, exponent arithmetic only
             y, shift = xb, -xp.where(code == 255, np.int32(0), e)
@@ -982,8 +1145,9 @@ def _quantize_blocks(xp: Any, x: Any, bits: Any, fmt: BlockFormat, shape: tuple[
         y = xp.reshape(y, [blocked[i] for i in keep])
         shift = xp.reshape(shift, [shift.shape[i] for i in keep])
         rb = None if random_bits is None else xp.reshape(random_bits, tuple(y.shape))
-        codes = xp.reshape(codec.encode(y, fmt.elem, policy, exp_shift=shift, random_bits=rb),
-                           shape)
+        codes = xp.reshape(
+            codec.encode(y, fmt.elem, policy, exp_shift=shift, random_bits=rb), shape
+        )
     if scales is not None:
         scales = xp.reshape(scales, scale_shape)
     if g_dec is not None:
@@ -995,10 +1159,14 @@ def _quantize_blocks(xp: Any, x: Any, bits: Any, fmt: BlockFormat, shape: tuple[
     return q, block_amax
 
 
-
-
-def round_trip(x: Any, fmt: BlockFormat | FloatFormat, policy: Policy | None = None, *,
-               random_bits: Any = None, **quantize_args: Any) -> Any:
+def round_trip(
+    x: Any,
+    fmt: BlockFormat | FloatFormat,
+    policy: Policy | None = None,
+    *,
+    random_bits: Any = None,
+    **quantize_args: Any,
+) -> Any:
     """float32 ``dequantize(quantize(x, fmt, random_bits=..., **quantize_args))`` (``fmt`` a
     :class:`BlockFormat`; ``policy`` must be None: the block format carries it) or
     ``decode(encode(x, fmt, policy, random_bits=...), fmt)`` (``fmt`` a
@@ -1010,28 +1178,39 @@ def round_trip(x: Any, fmt: BlockFormat | FloatFormat, policy: Policy | None = N
     scales. NumPy and jax inputs give the same bits as the two calls it stands for."""
     if isinstance(fmt, BlockFormat):
         if policy is not None:
-            raise TypeError(f"policy={policy!r}: a BlockFormat carries its policy; use "
-                            f"fmt.replace(policy=...) and pass policy=None")
+            raise TypeError(
+                f"policy={policy!r}: a BlockFormat carries its policy; use "
+                f"fmt.replace(policy=...) and pass policy=None"
+            )
         gs = quantize_args.pop("global_scale", None)
         ges = quantize_args.pop("global_encode_scale", None)
 
         def fn(v, bits, g, ge):
-            return dequantize(quantize(v, fmt, random_bits=bits, global_scale=g,
-                                       global_encode_scale=ge, **quantize_args))
+            return dequantize(
+                quantize(
+                    v,
+                    fmt,
+                    random_bits=bits,
+                    global_scale=g,
+                    global_encode_scale=ge,
+                    **quantize_args,
+                )
+            )
 
         return straight_through(fn, x, random_bits, gs, ges)
     if isinstance(fmt, FloatFormat):
         if quantize_args:
-            raise TypeError(f"round_trip with the element format {fmt} takes no "
-                            f"{sorted(quantize_args)} (block-format arguments)")
+            raise TypeError(
+                f"round_trip with the element format {fmt} takes no "
+                f"{sorted(quantize_args)} (block-format arguments)"
+            )
         pol = DEFAULT_POLICY if policy is None else policy
 
         def efn(v, bits):
             return codec.decode(codec.encode(v, fmt, pol, random_bits=bits), fmt)
 
         return straight_through(efn, x, random_bits)
-    raise TypeError(f"fmt={fmt!r} must be a BlockFormat (e.g. MXFP8) or a FloatFormat (e.g. "
-                    f"E4M3)")
+    raise TypeError(f"fmt={fmt!r} must be a BlockFormat (e.g. MXFP8) or a FloatFormat (e.g. E4M3)")
 
 
 def _to_blocked(xp: Any, g: Any, shape: tuple[int, ...], blocked: tuple[int, ...]) -> Any:
@@ -1061,8 +1240,9 @@ def _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec, s_enc):
     """(scaled elements, scale codes) for UE4M3/UE5M3 block scales, per ``fmt.arithmetic``."""
     M = np.float32(fmt.elem.max)
     S = np.float32(fmt.scale.max)
-    spolicy = Policy(rounding=(Rounding.UP if fmt.rule is ScaleRule.RCEIL
-                               else Rounding.NEAREST_EVEN))
+    spolicy = Policy(
+        rounding=(Rounding.UP if fmt.rule is ScaleRule.RCEIL else Rounding.NEAREST_EVEN)
+    )
     f32max = np.float32(np.finfo(np.float32).max)
     one = np.float32(1.0)
     if fmt.arithmetic is Arithmetic.JAX:
@@ -1091,15 +1271,14 @@ def _e4m3_scaled(xp, xb, bits, blocked, fmt, g_dec, s_enc):
     return mul_f32(xb, div_f32(inv_g, s)), s_code
 
 
-
-
 # --- dequantize -------------------------------------------------------------------------------
 def scale_exponents(q: QuantizedArray) -> Array:
     """int32 power-of-two exponents of UE8M0 scales (code − 127; NaN code 0xFF gives 128)."""
     check_static("q", q, QuantizedArray, "fp4sim.quantize(x, fp4sim.MXFP8)")
     if not q.format.pow2:
-        raise ValueError(f"scale_exponents needs UE8M0 scales; {q.format.name} has "
-                         f"{q.format.scale}")
+        raise ValueError(
+            f"scale_exponents needs UE8M0 scales; {q.format.name} has {q.format.scale}"
+        )
     return q.scales.astype(np.int32) - 127
 
 
@@ -1113,8 +1292,12 @@ def _mul_exact_small(xp: ModuleType, v: Array, g: Array) -> Array:
     sv = sv >> sh
     ev = ev + sh.astype(np.int32)
     out = compose(xp, (vb ^ gb) >> _U(31), sv * sg, ev + eg)
-    plain = ((vb & _U(0x7FFFFFFF)) != 0) & ((gb & _U(0x7FFFFFFF)) != 0) & \
-        ((vb & _U(0x7F800000)) != _U(0x7F800000)) & ((gb & _U(0x7F800000)) != _U(0x7F800000))
+    plain = (
+        ((vb & _U(0x7FFFFFFF)) != 0)
+        & ((gb & _U(0x7FFFFFFF)) != 0)
+        & ((vb & _U(0x7F800000)) != _U(0x7F800000))
+        & ((gb & _U(0x7F800000)) != _U(0x7F800000))
+    )
     return xp.where(plain, bitcast(out, np.float32), mul_f32(v, g))
 
 
@@ -1135,12 +1318,20 @@ def dequantize(q: QuantizedArray) -> Array:
             sl = (slice(None),) * d + (slice(r0, min(shape[d], r0 + rows)),)
             ssl = (slice(None),) * d + (slice(r0 // ext[d], -(-sl[d].stop // ext[d])),)
             sub = object.__new__(QuantizedArray)
-            for name, value in (("codes", q.codes[sl]),
-                                ("scales", None if q.scales is None else q.scales[ssl]),
-                                ("global_scale", None if q.global_scale is None else
-                                 _rows_of(q.global_scale, sl, len(shape), ext)),
-                                ("format", fmt), ("geometry", q.geometry), ("axis", q.axis),
-                                ("packed", q.packed)):
+            for name, value in (
+                ("codes", q.codes[sl]),
+                ("scales", None if q.scales is None else q.scales[ssl]),
+                (
+                    "global_scale",
+                    None
+                    if q.global_scale is None
+                    else _rows_of(q.global_scale, sl, len(shape), ext),
+                ),
+                ("format", fmt),
+                ("geometry", q.geometry),
+                ("axis", q.axis),
+                ("packed", q.packed),
+            ):
                 object.__setattr__(sub, name, value)
             out[sl] = dequantize(sub)
         return out
@@ -1158,8 +1349,7 @@ def dequantize(q: QuantizedArray) -> Array:
             # AMPLITUDE: fl(2^e·q/M), one rounding: 2^e·q is exact (at least 2^-149) unless it
             # overflows, and then 2^e·fl(q/M) is normal, so the scaling is exact
             m = np.float32(fmt.divisor)
-            out = xp.where(xp.isinf(out), ldexp_f32(div_f32(vb, m), code - 127),
-                           div_f32(out, m))
+            out = xp.where(xp.isinf(out), ldexp_f32(div_f32(vb, m), code - 127), div_f32(out, m))
         out = xp.where(code == 255, np.float32(np.nan), out)
     else:
         s = xp.reshape(q.scale_values(), sshape)

@@ -206,12 +206,26 @@ class FormatInfo:
 def finfo(fmt: FloatFormat) -> FormatInfo:
     """:class:`FormatInfo` of ``fmt``, derived from its spec fields."""
     _check_format(fmt)
-    return FormatInfo(name=fmt.name, bits=fmt.nbits, ebits=fmt.ebits, mbits=fmt.mbits,
-                      bias=fmt.bias, emax=fmt.emax, emin=fmt.emin, max=fmt.max,
-                      min_normal=fmt.min_normal, min_subnormal=fmt.min_subnormal, eps=fmt.eps,
-                      has_inf=fmt.has_inf, has_nan=fmt.has_nan, has_zero=fmt.has_zero,
-                      signed=fmt.signed, max_code=max_code(fmt), nan_code=nan_code(fmt),
-                      inf_code=inf_code(fmt))
+    return FormatInfo(
+        name=fmt.name,
+        bits=fmt.nbits,
+        ebits=fmt.ebits,
+        mbits=fmt.mbits,
+        bias=fmt.bias,
+        emax=fmt.emax,
+        emin=fmt.emin,
+        max=fmt.max,
+        min_normal=fmt.min_normal,
+        min_subnormal=fmt.min_subnormal,
+        eps=fmt.eps,
+        has_inf=fmt.has_inf,
+        has_nan=fmt.has_nan,
+        has_zero=fmt.has_zero,
+        signed=fmt.signed,
+        max_code=max_code(fmt),
+        nan_code=nan_code(fmt),
+        inf_code=inf_code(fmt),
+    )
 
 
 # --- tables -------------------------------------------------------------------------------
@@ -234,11 +248,14 @@ def finite_codes(fmt: FloatFormat) -> np.ndarray:
 
 # --- validation -----------------------------------------------------------------------------
 def _check_format(fmt: Any) -> None:
-    check_static("fmt", fmt, FloatFormat, "fp4sim.E2M1; fp4sim.format_by_name turns a name "
-                 "into one")
+    check_static(
+        "fmt", fmt, FloatFormat, "fp4sim.E2M1; fp4sim.format_by_name turns a name into one"
+    )
     if not (fmt.min_subnormal >= 2.0**-149 and fmt.max < 2.0**128):
-        raise ValueError(f"fmt={fmt!r}: its values must all be float32 values (2^-149 .. < 2^128) "
-                         f"for decode to return float32")
+        raise ValueError(
+            f"fmt={fmt!r}: its values must all be float32 values (2^-149 .. < 2^128) "
+            f"for decode to return float32"
+        )
 
 
 def check_policy(fmt: FloatFormat, policy: Policy) -> None:
@@ -246,11 +263,15 @@ def check_policy(fmt: FloatFormat, policy: Policy) -> None:
     _check_format(fmt)
     check_static("policy", policy, Policy, "fp4sim.Policy(rounding=fp4sim.Rounding.UP)")
     if policy.overflow is Overflow.INF and not fmt.has_inf:
-        raise ValueError(f"policy.overflow={policy.overflow} is invalid for {fmt}: it has no Inf; "
-                         f"allowed: Overflow.SATURATE" + (", Overflow.NAN" if fmt.has_nan else ""))
+        raise ValueError(
+            f"policy.overflow={policy.overflow} is invalid for {fmt}: it has no Inf; "
+            f"allowed: Overflow.SATURATE" + (", Overflow.NAN" if fmt.has_nan else "")
+        )
     if policy.overflow is Overflow.NAN and not fmt.has_nan:
-        raise ValueError(f"policy.overflow={policy.overflow} is invalid for {fmt}: it has no NaN; "
-                         f"allowed: Overflow.SATURATE")
+        raise ValueError(
+            f"policy.overflow={policy.overflow} is invalid for {fmt}: it has no NaN; "
+            f"allowed: Overflow.SATURATE"
+        )
 
 
 def _source_bits(xp: ModuleType, values: Array) -> tuple[Any, _Source]:
@@ -268,15 +289,18 @@ def _source_bits(xp: ModuleType, values: Array) -> tuple[Any, _Source]:
         e = (h >> 10) & 0x1F
         m = h & 0x3FF
         p = _ilog2_small(xp, m, 10)  # leading-bit position of a subnormal's mantissa
-        sub = ((p.astype(np.uint32) + 103) << 23) | ((m - (np.uint32(1) << p.astype(np.uint32)))
-                                                     << (23 - p).astype(np.uint32))
+        sub = ((p.astype(np.uint32) + 103) << 23) | (
+            (m - (np.uint32(1) << p.astype(np.uint32))) << (23 - p).astype(np.uint32)
+        )
         sub = xp.where(m == 0, np.uint32(0), sub)
         normal = ((e + 112) << 23) | (m << 13)
         special = np.uint32(0x7F800000) | (m << 13)
         mag = xp.where(e == 0, sub, xp.where(e == 0x1F, special, normal))
         return sign | mag, _F32
-    raise TypeError(f"values has dtype {dtype}; allowed: {_ALLOWED_DTYPES} "
-                    f"(integer arrays are codes: use decode)")
+    raise TypeError(
+        f"values has dtype {dtype}; allowed: {_ALLOWED_DTYPES} "
+        f"(integer arrays are codes: use decode)"
+    )
 
 
 def widen_to_f32(values: Array) -> Array:
@@ -285,8 +309,10 @@ def widen_to_f32(values: Array) -> Array:
     xp = namespace(values)
     values = xp.asarray(values)
     if np.dtype(values.dtype) == np.float64:
-        raise TypeError("values has dtype float64; allowed: float32, bfloat16, float16 "
-                        "(widening is exact; round float64 to float32 yourself)")
+        raise TypeError(
+            "values has dtype float64; allowed: float32, bfloat16, float16 "
+            "(widening is exact; round float64 to float32 yourself)"
+        )
     return bitcast(_source_bits(xp, values)[0], np.float32)
 
 
@@ -316,8 +342,14 @@ def _ilog2_small(xp: ModuleType, m: Array, nbits: int) -> Array:
 
 
 # --- encode ---------------------------------------------------------------------------------
-def encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
-           random_bits: Array = None, exp_shift: Array = None) -> Any:
+def encode(
+    values: Array,
+    fmt: FloatFormat,
+    policy: Policy = DEFAULT_POLICY,
+    *,
+    random_bits: Array = None,
+    exp_shift: Array = None,
+) -> Any:
     """Codes (uint8, same shape) of ``values`` in ``fmt`` under ``policy`` (see module doc).
 
     ``random_bits`` (uint32, same shape as ``values``) is required for ``Rounding.STOCHASTIC``
@@ -331,14 +363,25 @@ def encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
     device.
     """
     if is_foreign(values) or is_foreign(random_bits) or is_foreign(exp_shift):
-        codes = _encode(adopt(values, "values"), fmt, policy, random_bits=adopt(random_bits, "random_bits"),
-                        exp_shift=adopt(exp_shift, "exp_shift"))
+        codes = _encode(
+            adopt(values, "values"),
+            fmt,
+            policy,
+            random_bits=adopt(random_bits, "random_bits"),
+            exp_shift=adopt(exp_shift, "exp_shift"),
+        )
         return like_caller(codes, values)
     return _encode(values, fmt, policy, random_bits=random_bits, exp_shift=exp_shift)
 
 
-def _encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
-            random_bits: Array = None, exp_shift: Array = None) -> Any:
+def _encode(
+    values: Array,
+    fmt: FloatFormat,
+    policy: Policy = DEFAULT_POLICY,
+    *,
+    random_bits: Array = None,
+    exp_shift: Array = None,
+) -> Any:
     """Codes (uint8, same shape) of ``values`` in ``fmt`` under ``policy`` (see module doc).
 
     ``random_bits`` (uint32, same shape as ``values``) is required for ``Rounding.STOCHASTIC``
@@ -353,56 +396,77 @@ def _encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
     if xp is not np and not is_jax(values):
         values = np.asarray(values)
         if values.dtype == np.float64 and xp.asarray(values).dtype != np.float64:
-            raise TypeError("values is a float64 NumPy array but random_bits or exp_shift is a "
-                            "jax array and jax_enable_x64 is off: converting would round twice; "
-                            "pass float32 values or NumPy arrays")
+            raise TypeError(
+                "values is a float64 NumPy array but random_bits or exp_shift is a "
+                "jax array and jax_enable_x64 is off: converting would round twice; "
+                "pass float32 values or NumPy arrays"
+            )
     values = no_derivative(xp.asarray(as_float_array("values", values, xp)), "encode")
     if xp is np and values.ndim == 0:  # NumPy scalars warn where the integer steps below wrap
         one = lambda a: None if a is None else np.reshape(a, (1,))  # noqa: E731
-        return encode(one(values), fmt, policy, random_bits=one(random_bits),
-                      exp_shift=one(exp_shift)).reshape(())
+        return encode(
+            one(values), fmt, policy, random_bits=one(random_bits), exp_shift=one(exp_shift)
+        ).reshape(())
     if policy.rounding is not Rounding.STOCHASTIC and random_bits is not None:
-        raise ValueError(f"random_bits is only used by Rounding.STOCHASTIC, not by "
-                         f"policy.rounding={policy.rounding}; pass random_bits=None")
-    if xp is np and values.size > _NP_CHUNK and (exp_shift is None or np.shape(exp_shift) ==
-                                                 values.shape) and (random_bits is None or
-                                                                    np.shape(random_bits) ==
-                                                                    values.shape):
+        raise ValueError(
+            f"random_bits is only used by Rounding.STOCHASTIC, not by "
+            f"policy.rounding={policy.rounding}; pass random_bits=None"
+        )
+    if (
+        xp is np
+        and values.size > _NP_CHUNK
+        and (exp_shift is None or np.shape(exp_shift) == values.shape)
+        and (random_bits is None or np.shape(random_bits) == values.shape)
+    ):
         # NumPy, a large input: bounded passes (the integer steps need ~12 bytes per element)
         flat = lambda a: None if a is None else np.reshape(a, (-1,))  # noqa: E731
         v, rb, es = flat(values), flat(random_bits), flat(exp_shift)
         out = np.empty(v.shape, np.uint8)
         for i in range(0, v.size, _NP_CHUNK):
             sl = slice(i, i + _NP_CHUNK)
-            out[sl] = encode(v[sl], fmt, policy, random_bits=None if rb is None else rb[sl],
-                             exp_shift=None if es is None else es[sl])
+            out[sl] = encode(
+                v[sl],
+                fmt,
+                policy,
+                random_bits=None if rb is None else rb[sl],
+                exp_shift=None if es is None else es[sl],
+            )
         return out.reshape(values.shape)
     u, src = _source_bits(xp, values)
 
     if policy.rounding is Rounding.STOCHASTIC:
         if random_bits is None:
-            raise TypeError("random_bits is required for Rounding.STOCHASTIC: a uint32 array of "
-                            f"the shape of values {tuple(values.shape)}")
+            raise TypeError(
+                "random_bits is required for Rounding.STOCHASTIC: a uint32 array of "
+                f"the shape of values {tuple(values.shape)}"
+            )
         random_bits = xp.asarray(random_bits)
         if np.dtype(random_bits.dtype) != np.uint32:
             raise TypeError(f"random_bits has dtype {random_bits.dtype}; allowed: uint32")
         if tuple(random_bits.shape) != tuple(values.shape):
-            raise ValueError(f"random_bits has shape {tuple(random_bits.shape)}; it must equal "
-                             f"the shape of values {tuple(values.shape)}")
+            raise ValueError(
+                f"random_bits has shape {tuple(random_bits.shape)}; it must equal "
+                f"the shape of values {tuple(values.shape)}"
+            )
     elif random_bits is not None:
-        raise ValueError(f"random_bits is only used by Rounding.STOCHASTIC, not by "
-                         f"policy.rounding={policy.rounding}; pass random_bits=None")
+        raise ValueError(
+            f"random_bits is only used by Rounding.STOCHASTIC, not by "
+            f"policy.rounding={policy.rounding}; pass random_bits=None"
+        )
     if exp_shift is not None:
         exp_shift = xp.asarray(exp_shift)
         if np.dtype(exp_shift.dtype).kind not in "iu":
             raise TypeError(f"exp_shift has dtype {exp_shift.dtype}; allowed: integers")
         try:
-            if np.broadcast_shapes(tuple(exp_shift.shape), tuple(values.shape)) != \
-                    tuple(values.shape):
+            if np.broadcast_shapes(tuple(exp_shift.shape), tuple(values.shape)) != tuple(
+                values.shape
+            ):
                 raise ValueError
         except ValueError:
-            raise ValueError(f"exp_shift has shape {tuple(exp_shift.shape)}; it must broadcast "
-                             f"to the shape of values {tuple(values.shape)}") from None
+            raise ValueError(
+                f"exp_shift has shape {tuple(exp_shift.shape)}; it must broadcast "
+                f"to the shape of values {tuple(values.shape)}"
+            ) from None
 
     W, MS, U = src.width, src.mbits, src.uint
     E, M = fmt.ebits, fmt.mbits
@@ -508,8 +572,10 @@ def _encode(values: Array, fmt: FloatFormat, policy: Policy = DEFAULT_POLICY, *,
         invalid = invalid | (sign & (mag_bits != 0))
 
     if policy.nan is NanPolicy.RAISE:
-        msg = (f"values contains NaN{' or negative values' if not fmt.signed else ''} and "
-               f"policy.nan={policy.nan}")
+        msg = (
+            f"values contains NaN{' or negative values' if not fmt.signed else ''} and "
+            f"policy.nan={policy.nan}"
+        )
         if is_jax(invalid):
             from jax.experimental import checkify
 
@@ -558,8 +624,9 @@ def decode(codes: Array, fmt: FloatFormat) -> Array:
         raise TypeError(f"codes={codes!r} is a string; allowed: arrays of unsigned integers")
     if isinstance(codes, (list, tuple, int)):  # Python integers: codes if they fit a byte
         codes = np.asarray(codes)
-        if codes.dtype.kind in "iu" and (codes.size == 0 or (codes.min() >= 0 and
-                                                             codes.max() <= 0xFF)):
+        if codes.dtype.kind in "iu" and (
+            codes.size == 0 or (codes.min() >= 0 and codes.max() <= 0xFF)
+        ):
             codes = codes.astype(np.uint8)
     codes = xp.asarray(codes)
     if xp is np and not codes.dtype.isnative:
@@ -571,7 +638,7 @@ def decode(codes: Array, fmt: FloatFormat) -> Array:
         flat = np.reshape(codes, (-1,))
         out = np.empty(flat.shape, np.float32)
         for i in range(0, flat.size, _NP_CHUNK):
-            out[i:i + _NP_CHUNK] = decode(flat[i:i + _NP_CHUNK], fmt)
+            out[i : i + _NP_CHUNK] = decode(flat[i : i + _NP_CHUNK], fmt)
         return out.reshape(codes.shape)
     E, M, B = fmt.ebits, fmt.mbits, fmt.bias
     wide = codes.astype(np.uint32)
@@ -587,7 +654,8 @@ def decode(codes: Array, fmt: FloatFormat) -> Array:
         # m * 2^(1-B-M) = (m / 2^p) * 2^(p+1-B-M) with p the leading-bit position of m
         p = _ilog2_small(xp, m, max(M, 1))
         sub = (((p + (128 - B - M)).astype(np.uint32)) << 23) | (
-            (m - (np.uint32(1) << p.astype(np.uint32))) << (23 - p).astype(np.uint32))
+            (m - (np.uint32(1) << p.astype(np.uint32))) << (23 - p).astype(np.uint32)
+        )
         sub = xp.where(m == 0, np.uint32(0), sub)
         bits = xp.where(e == 0, sub, normal)
     else:  # no subnormals (UE8M0): the bottom binade may be a float32 subnormal, e.g. 2^-127

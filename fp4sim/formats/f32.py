@@ -285,7 +285,7 @@ def _quotient25_body(xp: ModuleType, num: Array, mb: Array) -> tuple[Array, Arra
     rem = bitcast((num << u(24)) - q * mb, i)  # exact: |num·2^24 − q·mb| < 2^31
 
     def correct(q: Array, rem: Array) -> tuple[Array, Array]:
-        d = xp.floor(rem.astype(np.float32) * r * np.float32(2.0 ** -23)).astype(i)
+        d = xp.floor(rem.astype(np.float32) * r * np.float32(2.0**-23)).astype(i)
         return bitcast(bitcast(q, i) + d, u), rem - d * bitcast(mb, i)
 
     q, rem = correct(q, rem)  # now −mb <= rem < 2·mb

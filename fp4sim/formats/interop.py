@@ -32,11 +32,21 @@ from fp4sim.formats.spec import E2M1, E2M3, E3M2, E4M3, E5M2, UE4M3, UE8M0, Floa
 
 __all__ = ["to_ml_dtypes", "from_ml_dtypes", "to_torch", "from_torch"]
 
-_ML_DTYPES: dict[str, FloatFormat] = {"float4_e2m1fn": E2M1, "float6_e2m3fn": E2M3,
-                                      "float6_e3m2fn": E3M2, "float8_e4m3fn": E4M3,
-                                      "float8_e5m2": E5M2, "float8_e8m0fnu": UE8M0}
-_TORCH: dict[FloatFormat, str] = {E4M3: "float8_e4m3fn", UE4M3: "float8_e4m3fn", E5M2: "float8_e5m2",
-                                  UE8M0: "float8_e8m0fnu", E2M1: "float4_e2m1fn_x2"}
+_ML_DTYPES: dict[str, FloatFormat] = {
+    "float4_e2m1fn": E2M1,
+    "float6_e2m3fn": E2M3,
+    "float6_e3m2fn": E3M2,
+    "float8_e4m3fn": E4M3,
+    "float8_e5m2": E5M2,
+    "float8_e8m0fnu": UE8M0,
+}
+_TORCH: dict[FloatFormat, str] = {
+    E4M3: "float8_e4m3fn",
+    UE4M3: "float8_e4m3fn",
+    E5M2: "float8_e5m2",
+    UE8M0: "float8_e8m0fnu",
+    E2M1: "float4_e2m1fn_x2",
+}
 
 
 def _codes(codes: Any, fmt: FloatFormat) -> np.ndarray:
@@ -46,8 +56,10 @@ def _codes(codes: Any, fmt: FloatFormat) -> np.ndarray:
     if c.dtype != np.uint8:
         raise TypeError(f"codes has dtype {c.dtype}; allowed: uint8 (fp4sim codes)")
     if c.size and int(c.max()) >= fmt.num_codes:
-        raise ValueError(f"codes contains {int(c.max()):#x}, beyond the {fmt.nbits}-bit codes of "
-                         f"{fmt} (allowed: 0..{fmt.num_codes - 1:#x})")
+        raise ValueError(
+            f"codes contains {int(c.max()):#x}, beyond the {fmt.nbits}-bit codes of "
+            f"{fmt} (allowed: 0..{fmt.num_codes - 1:#x})"
+        )
     return c
 
 
@@ -56,8 +68,10 @@ def to_ml_dtypes(codes: Any, fmt: FloatFormat) -> np.ndarray:
     view of the same bytes: ``decode`` and ``astype(float32)`` then agree)."""
     c = _codes(codes, fmt)
     if fmt.dtype is None:
-        raise ValueError(f"fmt={fmt} has no ml_dtypes dtype; allowed: "
-                         f"{sorted({f.name for f in (*_ML_DTYPES.values(), UE4M3)})}")
+        raise ValueError(
+            f"fmt={fmt} has no ml_dtypes dtype; allowed: "
+            f"{sorted({f.name for f in (*_ML_DTYPES.values(), UE4M3)})}"
+        )
     return c.view(fmt.dtype)
 
 
@@ -65,9 +79,11 @@ def from_ml_dtypes(arr: np.ndarray) -> tuple[np.ndarray, FloatFormat]:
     """``(codes, fmt)`` of an ml_dtypes low-precision array: its bytes as uint8 codes and the
     fp4sim format that gives them the same meaning (``E4M3`` for ``float8_e4m3fn``)."""
     if not isinstance(arr, np.ndarray) or arr.dtype.name not in _ML_DTYPES:
-        raise TypeError(f"arr must be a NumPy array of an ml_dtypes dtype; got "
-                        f"{type(arr).__name__} of dtype {getattr(arr, 'dtype', None)}; allowed: "
-                        f"{sorted(_ML_DTYPES)}")
+        raise TypeError(
+            f"arr must be a NumPy array of an ml_dtypes dtype; got "
+            f"{type(arr).__name__} of dtype {getattr(arr, 'dtype', None)}; allowed: "
+            f"{sorted(_ML_DTYPES)}"
+        )
     fmt = _ML_DTYPES[arr.dtype.name]
     return _codes(arr.view(np.uint8), fmt), fmt
 
@@ -78,7 +94,9 @@ def to_torch(codes: Any, fmt: FloatFormat, *, device: Any = None) -> Any:
     float4_e2m1fn_x2 for E2M1, packed two per byte along the last axis (even length)."""
     c = _codes(codes, fmt)
     if fmt not in _TORCH:
-        raise ValueError(f"fmt={fmt} has no PyTorch dtype; allowed: {sorted({f.name for f in _TORCH})}")
+        raise ValueError(
+            f"fmt={fmt} has no PyTorch dtype; allowed: {sorted({f.name for f in _TORCH})}"
+        )
     import torch
 
     name = _TORCH[fmt]

@@ -107,8 +107,9 @@ def _check_layout(layout: Any) -> None:
         raise TypeError(f"layout={layout!r} must be a ScaleLayout")
 
 
-def padded_scale_shape(rows: int, cols: int,
-                       layout: ScaleLayout = ScaleLayout.SWIZZLED_128X4) -> tuple[int, int]:
+def padded_scale_shape(
+    rows: int, cols: int, layout: ScaleLayout = ScaleLayout.SWIZZLED_128X4
+) -> tuple[int, int]:
     """``(R, C)``: ``rows`` rounded up to a multiple of 128 (8 for ``SWIZZLED_8X4``, 1 for
     ``PLAIN``) and ``cols`` to a multiple of 4 (1 for ``PLAIN``)."""
     _check_layout(layout)
@@ -129,8 +130,9 @@ def layout_shape(layout: ScaleLayout, rows: int, cols: int) -> tuple[int, ...]:
     return (r * c,)
 
 
-def blocked_offset(row: Any, col: Any, cols: int,
-                   layout: ScaleLayout = ScaleLayout.SWIZZLED_128X4) -> Any:
+def blocked_offset(
+    row: Any, col: Any, cols: int, layout: ScaleLayout = ScaleLayout.SWIZZLED_128X4
+) -> Any:
     """Byte offset of scale ``(row, col)`` in the flat buffer of one matrix with ``cols`` scale
     columns: the cuBLAS formula for ``SWIZZLED_128X4`` (and ``MOSAIC_TMEM``, same bytes), the
     8x4-tile formula for ``SWIZZLED_8X4``, row-major for ``PLAIN``. Works on ints and integer
@@ -176,15 +178,21 @@ def to_mosaic_tmem(scales: Array) -> Array:
     return xp.reshape(t, lead + (r // _TR, c // _TC, _SUB, _W))
 
 
-def _crop(full: Any, rows: int | None, cols: int | None, name: str,
-          layout: ScaleLayout = ScaleLayout.SWIZZLED_128X4) -> Any:
+def _crop(
+    full: Any,
+    rows: int | None,
+    cols: int | None,
+    name: str,
+    layout: ScaleLayout = ScaleLayout.SWIZZLED_128X4,
+) -> Any:
     r, c = full.shape[-2:]
     rows = r if rows is None else _dim(rows, "rows")
     cols = c if cols is None else _dim(cols, "cols")
     want = padded_scale_shape(rows, cols, layout)
     if want != (r, c):
-        raise ValueError(f"rows={rows}, cols={cols} pad to {want}, but {name} holds a padded "
-                         f"{r}x{c} matrix")
+        raise ValueError(
+            f"rows={rows}, cols={cols} pad to {want}, but {name} holds a padded {r}x{c} matrix"
+        )
     return full[..., :rows, :cols]
 
 
@@ -196,8 +204,9 @@ def from_mosaic_tmem(tmem: Array, rows: int | None = None, cols: int | None = No
     lead = tuple(tmem.shape[:-4])
     ti, tj, s, w = tmem.shape[-4:]
     if (s, w) != (_SUB, _W):
-        raise ValueError(f"tmem has shape {tuple(tmem.shape)}; the last two axes must be "
-                         f"({_SUB}, {_W})")
+        raise ValueError(
+            f"tmem has shape {tuple(tmem.shape)}; the last two axes must be ({_SUB}, {_W})"
+        )
     nb = len(lead)
     t = xp.reshape(tmem, lead + (ti, tj, _SUB, _TR // _SUB, _TC))
     axes = tuple(range(nb)) + tuple(nb + a for a in (0, 3, 2, 1, 4))
@@ -219,10 +228,13 @@ def from_blocked(blocked: Array, rows: int, cols: int) -> Array:
     xp = namespace(blocked)
     r, c = padded_scale_shape(rows, cols)
     if blocked.shape[-1] != r * c:
-        raise ValueError(f"blocked has {blocked.shape[-1]} scales per matrix; a {rows}x{cols} "
-                         f"scale matrix pads to {r}x{c} = {r * c}")
-    t = xp.reshape(blocked, tuple(blocked.shape[:-1]) + layout_shape(ScaleLayout.MOSAIC_TMEM,
-                                                                       rows, cols))
+        raise ValueError(
+            f"blocked has {blocked.shape[-1]} scales per matrix; a {rows}x{cols} "
+            f"scale matrix pads to {r}x{c} = {r * c}"
+        )
+    t = xp.reshape(
+        blocked, tuple(blocked.shape[:-1]) + layout_shape(ScaleLayout.MOSAIC_TMEM, rows, cols)
+    )
     return from_mosaic_tmem(t, rows, cols)
 
 
@@ -246,8 +258,10 @@ def from_swizzled_8x4(x: Array, rows: int, cols: int) -> Array:
     xp = namespace(x)
     r, c = padded_scale_shape(rows, cols, ScaleLayout.SWIZZLED_8X4)
     if x.shape[-1] != r * c:
-        raise ValueError(f"x has {x.shape[-1]} scales per matrix; a {rows}x{cols} scale matrix "
-                         f"in SWIZZLED_8X4 pads to {r}x{c} = {r * c}")
+        raise ValueError(
+            f"x has {x.shape[-1]} scales per matrix; a {rows}x{cols} scale matrix "
+            f"in SWIZZLED_8X4 pads to {r}x{c} = {r * c}"
+        )
     lead = tuple(x.shape[:-1])
     nb = len(lead)
     t = xp.reshape(x, lead + (r // _TR8, c // _TC, _TR8, _TC))
@@ -283,8 +297,10 @@ def from_layout(x: Array, layout: ScaleLayout, rows: int, cols: int) -> Array:
     _check_matrix(x, "x", 4)
     want = layout_shape(layout, rows, cols)
     if tuple(x.shape[-4:]) != want:
-        raise ValueError(f"x has shape {tuple(x.shape)}; a {rows}x{cols} scale matrix in "
-                         f"{layout.name} is (..., {', '.join(map(str, want))})")
+        raise ValueError(
+            f"x has shape {tuple(x.shape)}; a {rows}x{cols} scale matrix in "
+            f"{layout.name} is (..., {', '.join(map(str, want))})"
+        )
     return from_mosaic_tmem(x, rows, cols)
 
 
@@ -301,11 +317,15 @@ def check_padding(x: Array, layout: ScaleLayout, rows: int, cols: int) -> None:
     axes, one ``rows x cols`` matrix per batch entry in ``layout``) holds a zero code."""
     mask = padding_mask(layout, rows, cols)
     x = np.asarray(x)
-    if tuple(x.shape[x.ndim - mask.ndim:]) != mask.shape:
-        raise ValueError(f"x has shape {x.shape}; a {rows}x{cols} scale matrix in {layout.name} "
-                         f"is (..., {', '.join(map(str, mask.shape))})")
+    if tuple(x.shape[x.ndim - mask.ndim :]) != mask.shape:
+        raise ValueError(
+            f"x has shape {x.shape}; a {rows}x{cols} scale matrix in {layout.name} "
+            f"is (..., {', '.join(map(str, mask.shape))})"
+        )
     bad = np.broadcast_to(mask, x.shape) & (x != 0)
     if bad.any():
         first = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"x has {int(bad.sum())} nonzero padding entries (first at index "
-                         f"{first}, value {x[first]!r}); padding must hold zero codes")
+        raise ValueError(
+            f"x has {int(bad.sum())} nonzero padding entries (first at index "
+            f"{first}, value {x[first]!r}); padding must hold zero codes"
+        )

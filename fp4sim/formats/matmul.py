@@ -63,8 +63,16 @@ from fp4sim.formats.f32 import bitlen, compose, ldexp_f32, mul_f32, split
 from fp4sim.formats.mma import MMA_MODELS, MmaKind, mma_dot
 from fp4sim.formats.spec import E2M1, UE4M3, UE8M0, FloatFormat
 
-__all__ = ["Accumulation", "Align", "BLayout", "WgmmaFp8Model", "HOPPER_FP8_MODEL",
-           "scaled_matmul", "wgmma_fp8_dot", "tcgen05_kind"]
+__all__ = [
+    "Accumulation",
+    "Align",
+    "BLayout",
+    "WgmmaFp8Model",
+    "HOPPER_FP8_MODEL",
+    "scaled_matmul",
+    "wgmma_fp8_dot",
+    "tcgen05_kind",
+]
 
 
 class Accumulation(enum.Enum):
@@ -103,16 +111,19 @@ class WgmmaFp8Model:
             raise TypeError(f"WgmmaFp8Model.acc_in_group={self.acc_in_group!r} must be a bool")
         if not isinstance(self.align, Align):
             raise TypeError(f"WgmmaFp8Model.align={self.align!r} must be an Align")
-        if self.out_frac_bits is not None and not (isinstance(self.out_frac_bits, int)
-                                                   and 1 <= self.out_frac_bits <= 23):
-            raise ValueError(f"WgmmaFp8Model.out_frac_bits={self.out_frac_bits!r} must be None or "
-                             f"in 1..23")
+        if self.out_frac_bits is not None and not (
+            isinstance(self.out_frac_bits, int) and 1 <= self.out_frac_bits <= 23
+        ):
+            raise ValueError(
+                f"WgmmaFp8Model.out_frac_bits={self.out_frac_bits!r} must be None or in 1..23"
+            )
         if not isinstance(self.emin, int):
             raise TypeError(f"WgmmaFp8Model.emin={self.emin!r} must be an int")
 
 
-HOPPER_FP8_MODEL = WgmmaFp8Model(group=32, frac_bits=13, acc_in_group=True,
-                                 align=Align.EXPONENT_SUM, out_frac_bits=13, emin=-6)
+HOPPER_FP8_MODEL = WgmmaFp8Model(
+    group=32, frac_bits=13, acc_in_group=True, align=Align.EXPONENT_SUM, out_frac_bits=13, emin=-6
+)
 """Hopper FP8 ``wgmma`` (E4M3 x E4M3, float32 accumulator). Per 32-product instruction: input
 exponents are clamped below at E4M3's emin (-6); the products (aligned by exponent sum) and the
 running accumulator are aligned to the largest exponent among them and truncated toward zero
@@ -141,9 +152,11 @@ def _check_operand(q: Any, name: str) -> None:
     if q.ndim < 2:
         raise ValueError(f"{name} has shape {q.shape}; need at least 2 dimensions")
     if q.format.divisor != 1.0:
-        raise ValueError(f"{name} is {q.format.name} (rule {q.format.rule.name}: values divided "
-                         f"by {q.format.divisor:g}), which no block-scaled MMA applies; allowed: "
-                         f"formats with value code·scale·global")
+        raise ValueError(
+            f"{name} is {q.format.name} (rule {q.format.rule.name}: values divided "
+            f"by {q.format.divisor:g}), which no block-scaled MMA applies; allowed: "
+            f"formats with value code·scale·global"
+        )
 
 
 def _operand(q: QuantizedArray, name: str, kn: bool):
@@ -172,8 +185,10 @@ def _operand(q: QuantizedArray, name: str, kn: bool):
     if g is not None and g.ndim:
         g = xp.reshape(g, (1,) * (len(shape) - g.ndim) + tuple(g.shape))
         if g.shape[-2 if kn else -1] != 1:
-            raise ValueError(f"{name}.global_scale has shape {tuple(q.global_scale.shape)}: it "
-                             f"varies along the contraction axis, which no MMA can apply")
+            raise ValueError(
+                f"{name}.global_scale has shape {tuple(q.global_scale.shape)}: it "
+                f"varies along the contraction axis, which no MMA can apply"
+            )
         g = swap(expand_scales(xp.broadcast_to(g, sshape), q))[..., :, :1]
     return vals, sc, k_ext, g
 
@@ -205,26 +220,33 @@ def _at(s, k):
     if s is None:
         return None
     kind, v, nan = s
-    return kind, v[..., k:k + 1], None if nan is None else nan[..., k:k + 1]
+    return kind, v[..., k : k + 1], None if nan is None else nan[..., k : k + 1]
 
 
-def scaled_matmul(a: QuantizedArray, b: QuantizedArray, *,
-                  accumulation: Accumulation = Accumulation.FLOAT32,
-                  model: WgmmaFp8Model = HOPPER_FP8_MODEL,
-                  b_layout: BLayout = BLayout.NK) -> Any:
+def scaled_matmul(
+    a: QuantizedArray,
+    b: QuantizedArray,
+    *,
+    accumulation: Accumulation = Accumulation.FLOAT32,
+    model: WgmmaFp8Model = HOPPER_FP8_MODEL,
+    b_layout: BLayout = BLayout.NK,
+) -> Any:
     """float32 ``(..., M, N)`` product of ``a (..., M, K)`` and ``b`` (``(..., N, K)``, or
     ``(..., K, N)`` with ``b_layout=BLayout.KN``); any geometry whose scales are applied per
     element of K (see the module docstring)."""
     _check_operand(a, "a")
     _check_operand(b, "b")
     if not isinstance(accumulation, Accumulation):
-        raise TypeError(f"accumulation={accumulation!r} must be an Accumulation; allowed: "
-                        f"{[m.name for m in Accumulation]}")
+        raise TypeError(
+            f"accumulation={accumulation!r} must be an Accumulation; allowed: "
+            f"{[m.name for m in Accumulation]}"
+        )
     if not isinstance(model, WgmmaFp8Model):
         raise TypeError(f"model={model!r} must be a WgmmaFp8Model")
     if not isinstance(b_layout, BLayout):
-        raise TypeError(f"b_layout={b_layout!r} must be a BLayout; allowed: "
-                        f"{[m.name for m in BLayout]}")
+        raise TypeError(
+            f"b_layout={b_layout!r} must be a BLayout; allowed: {[m.name for m in BLayout]}"
+        )
     kb = b.shape[-2] if b_layout is BLayout.KN else b.shape[-1]
     if a.shape[-1] != kb:
         raise ValueError(f"a has K={a.shape[-1]} but b ({b_layout.name}) has K={kb}")
@@ -238,8 +260,9 @@ def scaled_matmul(a: QuantizedArray, b: QuantizedArray, *,
             import jax
 
             if not jax.config.jax_enable_x64:
-                raise TypeError("accumulation=EXACT needs float64: use NumPy operands or enable "
-                                "jax_enable_x64")
+                raise TypeError(
+                    "accumulation=EXACT needs float64: use NumPy operands or enable jax_enable_x64"
+                )
         from fp4sim.formats.blocks import dequantize
 
         da = dequantize(a).astype(np.float64)
@@ -257,8 +280,10 @@ def scaled_matmul(a: QuantizedArray, b: QuantizedArray, *,
     else:
         chunk = min(ka, kb_ext)  # one wgmma chain per scale block along K, promoted in float32
         if chunk < K and chunk % 32:
-            raise ValueError(f"accumulation=HOPPER_FP8 needs scale blocks along K that are whole "
-                             f"32-element wgmma steps; got {chunk}")
+            raise ValueError(
+                f"accumulation=HOPPER_FP8 needs scale blocks along K that are whole "
+                f"32-element wgmma steps; got {chunk}"
+            )
         for start in range(0, K, chunk):
             ks = slice(start, start + chunk)
             part = wgmma_fp8_dot(av[..., :, None, ks], bv[..., None, :, ks], model)[..., None]
@@ -279,9 +304,11 @@ def tcgen05_kind(a: BlockFormat, b: BlockFormat) -> tuple[MmaKind, FloatFormat |
         if not isinstance(f, BlockFormat):
             raise TypeError(f"{name}={f!r} must be a BlockFormat")
     if (a.scale, a.block_size if a.scale else None) != (b.scale, b.block_size if b.scale else None):
-        raise ValueError(f"operands {a.name} and {b.name} have different block scales "
-                         f"({a.scale}/{a.block_size}, {b.scale}/{b.block_size}); a block-scaled "
-                         f"tcgen05.mma takes one scale format and block size for both")
+        raise ValueError(
+            f"operands {a.name} and {b.name} have different block scales "
+            f"({a.scale}/{a.block_size}, {b.scale}/{b.block_size}); a block-scaled "
+            f"tcgen05.mma takes one scale format and block size for both"
+        )
     fp4 = a.elem is E2M1 and b.elem is E2M1
     if a.scale is None:
         kind, scale, block = MmaKind.F8F6F4, None, None
@@ -290,41 +317,59 @@ def tcgen05_kind(a: BlockFormat, b: BlockFormat) -> tuple[MmaKind, FloatFormat |
     elif a.scale in (UE8M0, UE4M3) and a.block_size == 16 and fp4:
         kind, scale, block = MmaKind.MXF4NVF4, a.scale, 16
     else:
-        raise ValueError(f"no tcgen05.mma kind takes {a.name} x {b.name} ({a.elem}/{b.elem} "
-                         f"elements, {a.scale} per {a.block_size}); allowed: no block scale, "
-                         f"UE8M0 per 32, or E2M1 with UE8M0/UE4M3 per 16")
+        raise ValueError(
+            f"no tcgen05.mma kind takes {a.name} x {b.name} ({a.elem}/{b.elem} "
+            f"elements, {a.scale} per {a.block_size}); allowed: no block scale, "
+            f"UE8M0 per 32, or E2M1 with UE8M0/UE4M3 per 16"
+        )
     model = MMA_MODELS[kind]
     for name, f in (("a", a), ("b", b)):
         if f.elem not in model.elements:
-            raise ValueError(f"{name}.elem={f.elem} is not an element format of {kind.name}; "
-                             f"allowed: {[e.name for e in model.elements]}")
+            raise ValueError(
+                f"{name}.elem={f.elem} is not an element format of {kind.name}; "
+                f"allowed: {[e.name for e in model.elements]}"
+            )
     return kind, scale, block
 
 
-def _tcgen05(xp: Any, a: QuantizedArray, b: QuantizedArray, av: Any, bv: Any, ka: int,
-             kb: int, kn: bool) -> Any:
+def _tcgen05(
+    xp: Any, a: QuantizedArray, b: QuantizedArray, av: Any, bv: Any, ka: int, kb: int, kn: bool
+) -> Any:
     """The product of the element values with the block scales applied inside a chain of
     tcgen05 instructions (no global factors)."""
     kind, sfmt, block = tcgen05_kind(a.format, b.format)
     model = MMA_MODELS[kind]
     K = av.shape[-1]
     if K % model.k:
-        raise ValueError(f"accumulation=TCGEN05 ({kind.name}) needs K a multiple of {model.k}; "
-                         f"got K={K}")
+        raise ValueError(
+            f"accumulation=TCGEN05 ({kind.name}) needs K a multiple of {model.k}; got K={K}"
+        )
     scales = []
     if sfmt is not None:
         for name, q, k_ext, swap in (("a", a, ka, False), ("b", b, kb, kn)):
             if k_ext != block:
-                raise ValueError(f"accumulation=TCGEN05 ({kind.name}) needs {name}'s scale "
-                                 f"blocks along K of {block} elements; {name} has {k_ext}")
+                raise ValueError(
+                    f"accumulation=TCGEN05 ({kind.name}) needs {name}'s scale "
+                    f"blocks along K of {block} elements; {name} has {k_ext}"
+                )
             v = expand_scales(q.scale_values(), q)
             scales.append((xp.swapaxes(v, -1, -2) if swap else v)[..., ::block])
     kw = {}
     if scales:
-        kw = dict(a_scale=scales[0][..., :, None, :], b_scale=scales[1][..., None, :, :],
-                  scale_format=sfmt, block=block)
-    return mma_dot(av[..., :, None, :], bv[..., None, :, :], model=model,
-                   a_format=a.format.elem, b_format=b.format.elem, **kw)
+        kw = dict(
+            a_scale=scales[0][..., :, None, :],
+            b_scale=scales[1][..., None, :, :],
+            scale_format=sfmt,
+            block=block,
+        )
+    return mma_dot(
+        av[..., :, None, :],
+        bv[..., None, :, :],
+        model=model,
+        a_format=a.format.elem,
+        b_format=b.format.elem,
+        **kw,
+    )
 
 
 def _exponent(xp: Any, x: Any) -> Any:
@@ -333,8 +378,7 @@ def _exponent(xp: Any, x: Any) -> Any:
     return xp.where(sig == 0, np.int32(-1000), exp + bitlen(xp, sig) - 1)
 
 
-def wgmma_fp8_dot(a: Any, b: Any, model: WgmmaFp8Model = HOPPER_FP8_MODEL, *,
-                  c: Any = None) -> Any:
+def wgmma_fp8_dot(a: Any, b: Any, model: WgmmaFp8Model = HOPPER_FP8_MODEL, *, c: Any = None) -> Any:
     """``c`` + Σ_k a[..., k]·b[..., k] under ``model`` for float32 inputs whose products are exact
     (FP8/FP6/FP4 values), broadcasting ``a`` and ``b``; ``c``: the initial accumulator (default
     +0); float32 result."""
@@ -355,8 +399,8 @@ def wgmma_fp8_dot(a: Any, b: Any, model: WgmmaFp8Model = HOPPER_FP8_MODEL, *,
         acc = xp.broadcast_to(xp.asarray(c, dtype=np.float32), acc.shape)
     G = model.group
     for start in range(0, K, G):
-        terms = prods[..., start:start + G]
-        top = tops[..., start:start + G]
+        terms = prods[..., start : start + G]
+        top = tops[..., start : start + G]
         if model.acc_in_group:
             terms = xp.concatenate([acc[..., None], terms], axis=-1)
             top = xp.concatenate([_exponent(xp, acc)[..., None], top], axis=-1)
@@ -365,8 +409,9 @@ def wgmma_fp8_dot(a: Any, b: Any, model: WgmmaFp8Model = HOPPER_FP8_MODEL, *,
     return acc
 
 
-def _aligned_sum(xp: Any, terms: Any, top: Any, frac_bits: int,
-                 out_frac_bits: int | None = None) -> Any:
+def _aligned_sum(
+    xp: Any, terms: Any, top: Any, frac_bits: int, out_frac_bits: int | None = None
+) -> Any:
     """Align finite float32 terms (last axis) to the largest of ``top`` (their alignment
     exponents), truncate toward zero to ``frac_bits`` bits below it, sum exactly; then truncate
     toward zero to ``out_frac_bits`` bits below the sum's own leading bit (if given); float32

@@ -107,29 +107,43 @@ class MmaModel:
         check_int("MmaModel", "out_frac_bits", self.out_frac_bits, 1, 23)
         check_int("MmaModel", "zero_exponent", self.zero_exponent, -1000, 0)
         if self.group == 1 and self.frac_bits > 28:
-            raise ValueError(f"MmaModel.frac_bits={self.frac_bits} with group=1 must be <= 28 "
-                             f"(each aligned product is summed as one 32-bit integer)")
+            raise ValueError(
+                f"MmaModel.frac_bits={self.frac_bits} with group=1 must be <= 28 "
+                f"(each aligned product is summed as one 32-bit integer)"
+            )
         if self.k % self.group:
             raise ValueError(f"MmaModel.group={self.group} must divide k={self.k}")
         for fmt, block in self.scales:
             if self.group == 1 and block != self.k:
-                raise ValueError(f"MmaModel.scales has block {block} for {fmt}: with group=1 "
-                                 f"the block must be the instruction's k={self.k}")
+                raise ValueError(
+                    f"MmaModel.scales has block {block} for {fmt}: with group=1 "
+                    f"the block must be the instruction's k={self.k}"
+                )
             if self.k % block or block % self.group:
-                raise ValueError(f"MmaModel.scales has block {block} for {fmt}: it must divide "
-                                 f"k={self.k} and be a multiple of group={self.group}")
+                raise ValueError(
+                    f"MmaModel.scales has block {block} for {fmt}: it must divide "
+                    f"k={self.k} and be a multiple of group={self.group}"
+                )
 
 
 _F8F6F4 = (E4M3, E5M2, E3M2, E2M3, E2M1)
 MMA_MODELS: dict[MmaKind, MmaModel] = {
     MmaKind.WGMMA_FP8: MmaModel(kind=MmaKind.WGMMA_FP8, k=32, frac_bits=13, out_frac_bits=13),
     MmaKind.F8F6F4: MmaModel(kind=MmaKind.F8F6F4, k=32, frac_bits=25, elements=_F8F6F4),
-    MmaKind.MXF8F6F4: MmaModel(kind=MmaKind.MXF8F6F4, k=32, frac_bits=25, elements=_F8F6F4,
-                               scales=((UE8M0, 32),)),
-    MmaKind.MXF4: MmaModel(kind=MmaKind.MXF4, k=64, frac_bits=35, group=16, elements=(E2M1,),
-                           scales=((UE8M0, 32),)),
-    MmaKind.MXF4NVF4: MmaModel(kind=MmaKind.MXF4NVF4, k=64, frac_bits=35, group=16,
-                               elements=(E2M1,), scales=((UE8M0, 32), (UE8M0, 16), (UE4M3, 16))),
+    MmaKind.MXF8F6F4: MmaModel(
+        kind=MmaKind.MXF8F6F4, k=32, frac_bits=25, elements=_F8F6F4, scales=((UE8M0, 32),)
+    ),
+    MmaKind.MXF4: MmaModel(
+        kind=MmaKind.MXF4, k=64, frac_bits=35, group=16, elements=(E2M1,), scales=((UE8M0, 32),)
+    ),
+    MmaKind.MXF4NVF4: MmaModel(
+        kind=MmaKind.MXF4NVF4,
+        k=64,
+        frac_bits=35,
+        group=16,
+        elements=(E2M1,),
+        scales=((UE8M0, 32), (UE8M0, 16), (UE4M3, 16)),
+    ),
 }
 """The instruction models, by kind (MMA-Sim's parameters at commit c785138)."""
 
@@ -170,14 +184,14 @@ def _carry(xp: ModuleType, l0: Array, l1: Array, l2: Array) -> tuple[Array, Arra
     return l0 & _I(0xFFFF), l1 & _I(0xFFFF), l2
 
 
-def _round_out(xp: ModuleType, l0: Array, l1: Array, l2: Array, lsb: Array,
-               out_frac_bits: int) -> Array:
+def _round_out(
+    xp: ModuleType, l0: Array, l1: Array, l2: Array, lsb: Array, out_frac_bits: int
+) -> Array:
     """float32 bits of (l0 + l1·2^16 + l2·2^32)·2^lsb (signed limb sums) truncated toward zero
     to ``out_frac_bits`` bits below its leading bit (and below 2^-126); +0 for zero."""
     l0, l1, l2 = _carry(xp, l0, l1, l2)
     neg = l2 < 0
-    l0, l1, l2 = _carry(xp, xp.where(neg, -l0, l0), xp.where(neg, -l1, l1),
-                        xp.where(neg, -l2, l2))
+    l0, l1, l2 = _carry(xp, xp.where(neg, -l0, l0), xp.where(neg, -l1, l1), xp.where(neg, -l2, l2))
     hi = l2.astype(np.uint32)
     lo = (l1.astype(np.uint32) << _U(16)) | l0.astype(np.uint32)
     n = xp.where(hi > 0, _I(32) + bitlen(xp, hi), bitlen(xp, lo))
@@ -209,9 +223,19 @@ def _scale_exp(xp: ModuleType, s: Array, sfmt: FloatFormat, z: int) -> Array:
     return _exponent(xp, xp.where(xp.isnan(s), np.float32(1), s), sfmt.emin, z)
 
 
-def _instruction(xp: ModuleType, model: MmaModel, a: Array, b: Array, c: Array,
-                 sa: Array | None, sb: Array | None, fa: FloatFormat, fb: FloatFormat,
-                 sfmt: FloatFormat | None, block: int) -> Array:
+def _instruction(
+    xp: ModuleType,
+    model: MmaModel,
+    a: Array,
+    b: Array,
+    c: Array,
+    sa: Array | None,
+    sb: Array | None,
+    fa: FloatFormat,
+    fb: FloatFormat,
+    sfmt: FloatFormat | None,
+    block: int,
+) -> Array:
     """One instruction, K leading: a, b (k, ...) float32 values (broadcasting); sa, sb
     (k // block, ...) float32 scales or None; c float32 of the result's shape; float32 result.
     Work that depends on one operand only is done on that operand's own shape; the reductions
@@ -283,18 +307,30 @@ def _instruction(xp: ModuleType, model: MmaModel, a: Array, b: Array, c: Array,
     return bitcast(bits, np.float32)
 
 
-def _check_format(fmt: Any, allowed: tuple[FloatFormat, ...], name: str,
-                  kind: MmaKind) -> FloatFormat:
+def _check_format(
+    fmt: Any, allowed: tuple[FloatFormat, ...], name: str, kind: MmaKind
+) -> FloatFormat:
     if fmt not in allowed:
-        raise ValueError(f"{name}={fmt!r} is not an element format of {kind.name}; allowed: "
-                         f"{[f.name for f in allowed]}")
+        raise ValueError(
+            f"{name}={fmt!r} is not an element format of {kind.name}; allowed: "
+            f"{[f.name for f in allowed]}"
+        )
     return fmt
 
 
-def mma_dot(a: Any, b: Any, *, model: MmaModel, a_format: FloatFormat = E4M3,
-            b_format: FloatFormat = E4M3, a_scale: Any = None, b_scale: Any = None,
-            scale_format: FloatFormat | None = None, block: int | None = None,
-            c: Any = None) -> Any:
+def mma_dot(
+    a: Any,
+    b: Any,
+    *,
+    model: MmaModel,
+    a_format: FloatFormat = E4M3,
+    b_format: FloatFormat = E4M3,
+    a_scale: Any = None,
+    b_scale: Any = None,
+    scale_format: FloatFormat | None = None,
+    block: int | None = None,
+    c: Any = None,
+) -> Any:
     """``c + Σ_k a[..., k]·b[..., k]·sa·sb`` through a chain of ``model`` instructions along K.
 
     ``a``, ``b``: float32 element values (of ``a_format``/``b_format``) broadcasting against
@@ -317,22 +353,31 @@ def mma_dot(a: Any, b: Any, *, model: MmaModel, a_format: FloatFormat = E4M3,
     if (a_scale is None) != (b_scale is None):
         raise ValueError("a_scale and b_scale must be given together")
     if model.scales and a_scale is None:
-        raise ValueError(f"{model.kind.name} needs block scales (a_scale=, b_scale=); allowed "
-                         f"(scale_format, block): {[(f.name, n) for f, n in model.scales]}")
+        raise ValueError(
+            f"{model.kind.name} needs block scales (a_scale=, b_scale=); allowed "
+            f"(scale_format, block): {[(f.name, n) for f, n in model.scales]}"
+        )
     if a_scale is not None:
         if (scale_format, block) not in model.scales:
-            raise ValueError(f"(scale_format, block)=({scale_format!r}, {block!r}) is not "
-                             f"allowed for {model.kind.name}; allowed: "
-                             f"{[(f.name, n) for f, n in model.scales]}")
+            raise ValueError(
+                f"(scale_format, block)=({scale_format!r}, {block!r}) is not "
+                f"allowed for {model.kind.name}; allowed: "
+                f"{[(f.name, n) for f, n in model.scales]}"
+            )
         a_scale = xp.asarray(a_scale, dtype=np.float32)
         b_scale = xp.asarray(b_scale, dtype=np.float32)
         for nm, s in (("a_scale", a_scale), ("b_scale", b_scale)):
             if s.shape[-1] * block != K:
-                raise ValueError(f"{nm} has {s.shape[-1]} scales along K; K={K} with "
-                                 f"block {block} needs {K // block}")
+                raise ValueError(
+                    f"{nm} has {s.shape[-1]} scales along K; K={K} with "
+                    f"block {block} needs {K // block}"
+                )
     out_shape = np.broadcast_shapes(a.shape[:-1], b.shape[:-1])
-    acc = (xp.zeros(out_shape, dtype=np.float32) if c is None
-           else xp.broadcast_to(xp.asarray(c, dtype=np.float32), out_shape))
+    acc = (
+        xp.zeros(out_shape, dtype=np.float32)
+        if c is None
+        else xp.broadcast_to(xp.asarray(c, dtype=np.float32), out_shape)
+    )
     nd = len(out_shape) + 1
 
     def k_first(x):  # (..., K) -> (K, ...) with the batch rank of the result
@@ -350,7 +395,18 @@ def mma_dot(a: Any, b: Any, *, model: MmaModel, a_format: FloatFormat = E4M3,
         if a_scale is not None:
             ss = slice(start // block, (start + kk) // block)
             sa, sb = a_scale[ss], b_scale[ss]
-        acc = _instruction(xp, model, a[start:start + kk], b[start:start + kk], acc, sa, sb,
-                           a_format, b_format, scale_format, block or kk)
+        acc = _instruction(
+            xp,
+            model,
+            a[start : start + kk],
+            b[start : start + kk],
+            acc,
+            sa,
+            sb,
+            a_format,
+            b_format,
+            scale_format,
+            block or kk,
+        )
         acc = materialize(acc)  # one result per instruction: XLA must not re-fuse the chain
     return acc

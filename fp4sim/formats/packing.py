@@ -76,13 +76,17 @@ def _check_fmt(fmt: Any, order: Any) -> int:
     if not isinstance(fmt, FloatFormat):
         raise TypeError(f"fmt={fmt!r} must be a FloatFormat (E2M1, E2M3 or E3M2)")
     if fmt.nbits not in (4, 6):
-        raise ValueError(f"fmt={fmt} has {fmt.nbits}-bit codes; packing needs a 4-bit (E2M1) "
-                         f"or 6-bit (E2M3, E3M2) format")
+        raise ValueError(
+            f"fmt={fmt} has {fmt.nbits}-bit codes; packing needs a 4-bit (E2M1) "
+            f"or 6-bit (E2M3, E3M2) format"
+        )
     if not isinstance(order, NibbleOrder):
         raise TypeError(f"order={order!r} must be a NibbleOrder")
     if fmt.nbits == 6 and order is not NibbleOrder.INTERLEAVED:
-        raise ValueError(f"order={order} applies to 4-bit codes only; {fmt} packs 4 codes per "
-                         f"3 bytes in one order (use NibbleOrder.INTERLEAVED)")
+        raise ValueError(
+            f"order={order} applies to 4-bit codes only; {fmt} packs 4 codes per "
+            f"3 bytes in one order (use NibbleOrder.INTERLEAVED)"
+        )
     return fmt.nbits
 
 
@@ -92,16 +96,19 @@ def pack_group_size(fmt: FloatFormat, order: NibbleOrder = NibbleOrder.INTERLEAV
     return 4 if nbits == 6 else order.block
 
 
-def packed_length(n: int, fmt: FloatFormat, *, order: NibbleOrder = NibbleOrder.INTERLEAVED,
-                  pad: bool = False) -> int:
+def packed_length(
+    n: int, fmt: FloatFormat, *, order: NibbleOrder = NibbleOrder.INTERLEAVED, pad: bool = False
+) -> int:
     """Bytes that ``n`` codes occupy along the packed axis (``pad=True``: after zero padding)."""
     g = pack_group_size(fmt, order)
     n = operator.index(n)
     if n < 0:
         raise ValueError(f"n={n} must be >= 0")
     if n % g and not pad:
-        raise ValueError(f"n={n} codes of {fmt} ({order.name}) do not fill whole groups of {g}; "
-                         f"pass pad=True to pad with zero codes")
+        raise ValueError(
+            f"n={n} codes of {fmt} ({order.name}) do not fill whole groups of {g}; "
+            f"pass pad=True to pad with zero codes"
+        )
     groups = -(-n // g)
     return groups * g * fmt.nbits // 8
 
@@ -112,8 +119,10 @@ def _axis(axis: Any, ndim: int, name: str) -> int:
     except TypeError:
         raise TypeError(f"axis={axis!r} must be an int") from None
     if not -ndim <= axis < ndim:
-        raise ValueError(f"axis={axis} is out of range for {name} with {ndim} dimensions "
-                         f"(allowed: {-ndim}..{ndim - 1})")
+        raise ValueError(
+            f"axis={axis} is out of range for {name} with {ndim} dimensions "
+            f"(allowed: {-ndim}..{ndim - 1})"
+        )
     return axis % ndim
 
 
@@ -126,8 +135,14 @@ def _check_uint8(x: Array, name: str) -> None:
         raise ValueError(f"{name} is a scalar; packing needs at least one axis")
 
 
-def pack(codes: Array, fmt: FloatFormat, *, axis: int = -1,
-         order: NibbleOrder = NibbleOrder.INTERLEAVED, pad: bool = False) -> Any:
+def pack(
+    codes: Array,
+    fmt: FloatFormat,
+    *,
+    axis: int = -1,
+    order: NibbleOrder = NibbleOrder.INTERLEAVED,
+    pad: bool = False,
+) -> Any:
     """Pack one-code-per-byte ``codes`` (uint8) of a 4- or 6-bit ``fmt`` along ``axis``.
 
     FP4: ``n`` codes → ``n/2`` bytes in the given :class:`NibbleOrder`. FP6: ``n`` codes →
@@ -147,13 +162,17 @@ def pack(codes: Array, fmt: FloatFormat, *, axis: int = -1,
     if is_jax(codes):
         codes = codes & mask
     elif codes.size and int(np.max(codes)) > int(mask):
-        raise ValueError(f"codes contains {int(np.max(codes)):#x}, not a {nbits}-bit {fmt} code "
-                         f"(allowed: 0..{int(mask):#x})")
+        raise ValueError(
+            f"codes contains {int(np.max(codes)):#x}, not a {nbits}-bit {fmt} code "
+            f"(allowed: 0..{int(mask):#x})"
+        )
     c = xp.moveaxis(codes, ax, -1)
     if n % g:
         if not pad:
-            raise ValueError(f"codes has {n} elements along axis {axis}, not a multiple of "
-                             f"{g} ({fmt}, {order.name}); pass pad=True to pad with zero codes")
+            raise ValueError(
+                f"codes has {n} elements along axis {axis}, not a multiple of "
+                f"{g} ({fmt}, {order.name}); pass pad=True to pad with zero codes"
+            )
         c = xp.pad(c, [(0, 0)] * (c.ndim - 1) + [(0, g - n % g)])
     lead = tuple(c.shape[:-1])
     m = c.shape[-1]
@@ -176,8 +195,14 @@ def pack(codes: Array, fmt: FloatFormat, *, axis: int = -1,
     return xp.moveaxis(out.astype(np.uint8), -1, ax)
 
 
-def unpack(packed: Array, fmt: FloatFormat, *, axis: int = -1,
-           order: NibbleOrder = NibbleOrder.INTERLEAVED, length: int | None = None) -> Any:
+def unpack(
+    packed: Array,
+    fmt: FloatFormat,
+    *,
+    axis: int = -1,
+    order: NibbleOrder = NibbleOrder.INTERLEAVED,
+    length: int | None = None,
+) -> Any:
     """Inverse of :func:`pack`: one uint8 code per byte along ``axis``.
 
     ``length`` (the unpadded number of codes) drops the zero codes that ``pack(..., pad=True)``
@@ -191,9 +216,11 @@ def unpack(packed: Array, fmt: FloatFormat, *, axis: int = -1,
     g = pack_group_size(fmt, order)
     bytes_per_group = g * nbits // 8
     if nb % bytes_per_group:
-        raise ValueError(f"packed has {nb} bytes along axis {axis}, not a multiple of "
-                         f"{bytes_per_group} ({fmt}, {order.name}: {g} codes per "
-                         f"{bytes_per_group} bytes)")
+        raise ValueError(
+            f"packed has {nb} bytes along axis {axis}, not a multiple of "
+            f"{bytes_per_group} ({fmt}, {order.name}: {g} codes per "
+            f"{bytes_per_group} bytes)"
+        )
     m = nb // bytes_per_group * g
     if length is not None:
         try:
@@ -201,8 +228,10 @@ def unpack(packed: Array, fmt: FloatFormat, *, axis: int = -1,
         except TypeError:
             raise TypeError(f"length={length!r} must be an int or None") from None
         if not (0 <= length <= m and -(-length // g) * g == m):
-            raise ValueError(f"length={length} does not match {nb} packed bytes of {fmt} "
-                             f"({order.name}): allowed {max(m - g + 1, 0)}..{m}")
+            raise ValueError(
+                f"length={length} does not match {nb} packed bytes of {fmt} "
+                f"({order.name}): allowed {max(m - g + 1, 0)}..{m}"
+            )
     p = xp.moveaxis(packed, ax, -1)
     lead = tuple(p.shape[:-1])
     if nbits == 4:

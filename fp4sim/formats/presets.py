@@ -71,31 +71,51 @@ _MX = (MXFP4, MXFP6_E2M3, MXFP6_E3M2, MXFP8_E4M3, MXFP8_E5M2)
 _AWAY = Policy(rounding=Rounding.NEAREST_AWAY)
 
 OCP_MXFP4, OCP_MXFP6_E2M3, OCP_MXFP6_E3M2, OCP_MXFP8_E4M3, OCP_MXFP8_E5M2 = (
-    f.replace(name="OCP_" + f.name, rule=ScaleRule.FLOOR, policy=_AWAY) for f in _MX)
+    f.replace(name="OCP_" + f.name, rule=ScaleRule.FLOOR, policy=_AWAY) for f in _MX
+)
 
 TORCHAO_MX: dict[tuple[str, ScaleRule], BlockFormat] = {
-    (f.elem.name, rule): f.replace(name=f"TORCHAO_{f.name}_{rule.name}", rule=rule,
-                                   arithmetic=Arithmetic.TORCHAO, nonfinite=NonFinite.FORMULA)
-    for f in _MX for rule in (ScaleRule.FLOOR, ScaleRule.RCEIL, ScaleRule.CEIL, ScaleRule.EVEN)
+    (f.elem.name, rule): f.replace(
+        name=f"TORCHAO_{f.name}_{rule.name}",
+        rule=rule,
+        arithmetic=Arithmetic.TORCHAO,
+        nonfinite=NonFinite.FORMULA,
+    )
+    for f in _MX
+    for rule in (ScaleRule.FLOOR, ScaleRule.RCEIL, ScaleRule.CEIL, ScaleRule.EVEN)
 }
 
-TORCHAO_NVFP4 = NVFP4.replace(name="TORCHAO_NVFP4", arithmetic=Arithmetic.TORCHAO,
-                              min_scale=float.fromhex("0x1p-6"))
-TORCHAO_NVFP4_SINGLE = TORCHAO_NVFP4.replace(name="TORCHAO_NVFP4_SINGLE",
-                                             global_scale=GlobalScale.NONE)
+TORCHAO_NVFP4 = NVFP4.replace(
+    name="TORCHAO_NVFP4", arithmetic=Arithmetic.TORCHAO, min_scale=float.fromhex("0x1p-6")
+)
+TORCHAO_NVFP4_SINGLE = TORCHAO_NVFP4.replace(
+    name="TORCHAO_NVFP4_SINGLE", global_scale=GlobalScale.NONE
+)
 
 TE_MXFP8 = MXFP8_E4M3.replace(name="TE_MXFP8")
 TE_NVFP4 = NVFP4.replace(name="TE_NVFP4", policy=Policy(nan=NanPolicy.ZERO))
 
-JAX_MXFP8 = MXFP8_E4M3.replace(name="JAX_MXFP8", arithmetic=Arithmetic.JAX,
-                               nonfinite=NonFinite.JAX)
-JAX_NVFP4 = NVFP4.replace(name="JAX_NVFP4", arithmetic=Arithmetic.JAX,
-                          global_scale=GlobalScale.CONSTANT)
+JAX_MXFP8 = MXFP8_E4M3.replace(name="JAX_MXFP8", arithmetic=Arithmetic.JAX, nonfinite=NonFinite.JAX)
+JAX_NVFP4 = NVFP4.replace(
+    name="JAX_NVFP4", arithmetic=Arithmetic.JAX, global_scale=GlobalScale.CONSTANT
+)
 
 BLOCK_PRESETS: dict[str, BlockFormat] = {
-    f.name: f for f in (OCP_MXFP4, OCP_MXFP6_E2M3, OCP_MXFP6_E3M2, OCP_MXFP8_E4M3, OCP_MXFP8_E5M2,
-                        *TORCHAO_MX.values(), TORCHAO_NVFP4, TORCHAO_NVFP4_SINGLE, TE_MXFP8,
-                        TE_NVFP4, JAX_MXFP8, JAX_NVFP4)
+    f.name: f
+    for f in (
+        OCP_MXFP4,
+        OCP_MXFP6_E2M3,
+        OCP_MXFP6_E3M2,
+        OCP_MXFP8_E4M3,
+        OCP_MXFP8_E5M2,
+        *TORCHAO_MX.values(),
+        TORCHAO_NVFP4,
+        TORCHAO_NVFP4_SINGLE,
+        TE_MXFP8,
+        TE_NVFP4,
+        JAX_MXFP8,
+        JAX_NVFP4,
+    )
 }
 
 

@@ -67,7 +67,9 @@ class NanEncoding(enum.Enum):
     """Which bit patterns of a format mean NaN (and whether Inf exists)."""
 
     NONE = "none"  # every pattern is a finite number (E2M1, E2M3, E3M2)
-    ALL_ONES = "all_ones"  # only exponent and mantissa all ones is NaN (E4M3 fn, UE8M0, UE4M3, UE5M3)
+    ALL_ONES = (
+        "all_ones"  # only exponent and mantissa all ones is NaN (E4M3 fn, UE8M0, UE4M3, UE5M3)
+    )
     IEEE = "ieee"  # top exponent: mantissa 0 is Inf, others NaN (E5M2)
 
 
@@ -175,22 +177,73 @@ class FloatFormat:
         return self.name
 
 
-E2M1 = FloatFormat(name="E2M1", ebits=2, mbits=1, bias=1, signed=True, nan=NanEncoding.NONE,
-                   dtype=ml_dtypes.float4_e2m1fn)
-E2M3 = FloatFormat(name="E2M3", ebits=2, mbits=3, bias=1, signed=True, nan=NanEncoding.NONE,
-                   dtype=ml_dtypes.float6_e2m3fn)
-E3M2 = FloatFormat(name="E3M2", ebits=3, mbits=2, bias=3, signed=True, nan=NanEncoding.NONE,
-                   dtype=ml_dtypes.float6_e3m2fn)
-E4M3 = FloatFormat(name="E4M3", ebits=4, mbits=3, bias=7, signed=True, nan=NanEncoding.ALL_ONES,
-                   dtype=ml_dtypes.float8_e4m3fn)
-E5M2 = FloatFormat(name="E5M2", ebits=5, mbits=2, bias=15, signed=True, nan=NanEncoding.IEEE,
-                   dtype=ml_dtypes.float8_e5m2)
-UE8M0 = FloatFormat(name="UE8M0", ebits=8, mbits=0, bias=127, signed=False,
-                    nan=NanEncoding.ALL_ONES, subnormals=False, dtype=ml_dtypes.float8_e8m0fnu)
-UE4M3 = FloatFormat(name="UE4M3", ebits=4, mbits=3, bias=7, signed=False,
-                    nan=NanEncoding.ALL_ONES, dtype=ml_dtypes.float8_e4m3fn)
-UE5M3 = FloatFormat(name="UE5M3", ebits=5, mbits=3, bias=15, signed=False,
-                    nan=NanEncoding.ALL_ONES, dtype=None)
+E2M1 = FloatFormat(
+    name="E2M1",
+    ebits=2,
+    mbits=1,
+    bias=1,
+    signed=True,
+    nan=NanEncoding.NONE,
+    dtype=ml_dtypes.float4_e2m1fn,
+)
+E2M3 = FloatFormat(
+    name="E2M3",
+    ebits=2,
+    mbits=3,
+    bias=1,
+    signed=True,
+    nan=NanEncoding.NONE,
+    dtype=ml_dtypes.float6_e2m3fn,
+)
+E3M2 = FloatFormat(
+    name="E3M2",
+    ebits=3,
+    mbits=2,
+    bias=3,
+    signed=True,
+    nan=NanEncoding.NONE,
+    dtype=ml_dtypes.float6_e3m2fn,
+)
+E4M3 = FloatFormat(
+    name="E4M3",
+    ebits=4,
+    mbits=3,
+    bias=7,
+    signed=True,
+    nan=NanEncoding.ALL_ONES,
+    dtype=ml_dtypes.float8_e4m3fn,
+)
+E5M2 = FloatFormat(
+    name="E5M2",
+    ebits=5,
+    mbits=2,
+    bias=15,
+    signed=True,
+    nan=NanEncoding.IEEE,
+    dtype=ml_dtypes.float8_e5m2,
+)
+UE8M0 = FloatFormat(
+    name="UE8M0",
+    ebits=8,
+    mbits=0,
+    bias=127,
+    signed=False,
+    nan=NanEncoding.ALL_ONES,
+    subnormals=False,
+    dtype=ml_dtypes.float8_e8m0fnu,
+)
+UE4M3 = FloatFormat(
+    name="UE4M3",
+    ebits=4,
+    mbits=3,
+    bias=7,
+    signed=False,
+    nan=NanEncoding.ALL_ONES,
+    dtype=ml_dtypes.float8_e4m3fn,
+)
+UE5M3 = FloatFormat(
+    name="UE5M3", ebits=5, mbits=3, bias=15, signed=False, nan=NanEncoding.ALL_ONES, dtype=None
+)
 
 ELEMENT_FORMATS = (E2M1, E2M3, E3M2, E4M3, E5M2)
 SCALE_FORMATS = (UE8M0, UE4M3, UE5M3)
@@ -227,7 +280,9 @@ class Overflow(enum.Enum):
 class NanPolicy(enum.Enum):
     """What a NaN input becomes."""
 
-    PROPAGATE = "propagate"  # the format's NaN; formats without NaN: ValueError on NumPy, +max under jax
+    PROPAGATE = (
+        "propagate"  # the format's NaN; formats without NaN: ValueError on NumPy, +max under jax
+    )
     ZERO = "zero"  # +0 (TransformerEngine's E2M1 reference)
     MAX = "max"  # +max (what satfinite conversions of NaN to E2M1 give on some hardware)
     RAISE = "raise"  # ValueError when a NaN is present (NumPy only; under jit it is PROPAGATE)
@@ -258,12 +313,18 @@ class Policy:
     flush_outputs: bool = False
 
     def __post_init__(self) -> None:
-        for field, kind in (("rounding", Rounding), ("overflow", Overflow), ("nan", NanPolicy),
-                            ("signed_zero", SignedZero)):
+        for field, kind in (
+            ("rounding", Rounding),
+            ("overflow", Overflow),
+            ("nan", NanPolicy),
+            ("signed_zero", SignedZero),
+        ):
             value = getattr(self, field)
             if not isinstance(value, kind):
-                raise TypeError(f"Policy.{field}={value!r} must be a {kind.__name__} member; "
-                                f"allowed: {[m.name for m in kind]}")
+                raise TypeError(
+                    f"Policy.{field}={value!r} must be a {kind.__name__} member; "
+                    f"allowed: {[m.name for m in kind]}"
+                )
         for field in ("flush_inputs", "flush_outputs"):
             if not isinstance(getattr(self, field), bool):
                 raise TypeError(f"Policy.{field}={getattr(self, field)!r} must be a bool")

@@ -22,24 +22,50 @@ DEFAULT_WRITE_DIR = Path("golden")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    w = sub.add_parser("write", help="generate the cases and write .npz files plus manifest.json",
-                       description="Generate every golden case (or those named) and write "
-                                   "<name>.npz plus manifest.json into --out.")
-    w.add_argument("--out", type=Path, default=DEFAULT_WRITE_DIR, metavar="DIR",
-                   help="output folder (default: ./golden in the working directory; the set "
-                        "shipped with fp4sim is regenerated with --out fp4sim/golden/data)")
-    c = sub.add_parser("check", help="regenerate the cases and compare them bitwise with the stored files",
-                       description="Regenerate every golden case (or those named) and compare bit for "
-                                   "bit with the files in --dir; exit 1 naming each failing case.")
-    c.add_argument("--dir", "--out", dest="out", type=Path, default=DATA_DIR, metavar="DIR",
-                   help="folder holding manifest.json (default: the set shipped with fp4sim, "
-                        f"{display_dir(DATA_DIR)})")
-    ls = sub.add_parser("list", help="list the registered cases", description="List the registered cases.")
+    w = sub.add_parser(
+        "write",
+        help="generate the cases and write .npz files plus manifest.json",
+        description="Generate every golden case (or those named) and write "
+        "<name>.npz plus manifest.json into --out.",
+    )
+    w.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_WRITE_DIR,
+        metavar="DIR",
+        help="output folder (default: ./golden in the working directory; the set "
+        "shipped with fp4sim is regenerated with --out fp4sim/golden/data)",
+    )
+    c = sub.add_parser(
+        "check",
+        help="regenerate the cases and compare them bitwise with the stored files",
+        description="Regenerate every golden case (or those named) and compare bit for "
+        "bit with the files in --dir; exit 1 naming each failing case.",
+    )
+    c.add_argument(
+        "--dir",
+        "--out",
+        dest="out",
+        type=Path,
+        default=DATA_DIR,
+        metavar="DIR",
+        help="folder holding manifest.json (default: the set shipped with fp4sim, "
+        f"{display_dir(DATA_DIR)})",
+    )
+    ls = sub.add_parser(
+        "list", help="list the registered cases", description="List the registered cases."
+    )
     for p in (w, c):
-        p.add_argument("--case", dest="names", action="append", metavar="NAME",
-                       help="only this case (repeatable); default: all")
-        p.add_argument("--no-progress", dest="progress", action="store_false",
-                       help="no progress bar")
+        p.add_argument(
+            "--case",
+            dest="names",
+            action="append",
+            metavar="NAME",
+            help="only this case (repeatable); default: all",
+        )
+        p.add_argument(
+            "--no-progress", dest="progress", action="store_false", help="no progress bar"
+        )
     ls.set_defaults(out=None, names=None, progress=False)
 
 
@@ -52,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "write":
             manifest = write(args.out, args.names, progress=args.progress)
             n = len(set(args.names)) if args.names else len(manifest["cases"])
-            print(f"wrote {n} golden case(s) to {args.out}; the manifest lists {len(manifest['cases'])}")
+            print(
+                f"wrote {n} golden case(s) to {args.out}; the manifest lists {len(manifest['cases'])}"
+            )
             return 0
         n = check(args.out, args.names, progress=args.progress)
     except ValueError as e:

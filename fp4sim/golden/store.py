@@ -60,8 +60,10 @@ FORMAT_VERSION = 1
 DATA_DIR = Path(__file__).resolve().parent / "data"
 """The golden set shipped with fp4sim (package data): what ``golden check`` reads by default."""
 DEFAULT_DIR = DATA_DIR  # the name this folder had before it became package data
-PLAIN_DTYPES = frozenset(np.dtype(d) for d in
-                         ("uint8", "uint16", "uint32", "int32", "int64", "float32", "float64", "bool"))
+PLAIN_DTYPES = frozenset(
+    np.dtype(d)
+    for d in ("uint8", "uint16", "uint32", "int32", "int64", "float32", "float64", "bool")
+)
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed member timestamp: the same arrays give the same bytes
 _MANIFEST = "manifest.json"
 _REGENERATE = "python -m fp4sim golden write --out {dir}"
@@ -87,22 +89,30 @@ class GoldenCase:
     def __post_init__(self) -> None:
         parts = self.name.split(".")
         if len(parts) < 3 or not all(p and all(c.isalnum() or c in "_-" for c in p) for p in parts):
-            raise ValueError(f"name={self.name!r} must look like 'package.topic.variant' "
-                             "(letters, digits, '_' or '-' between dots)")
+            raise ValueError(
+                f"name={self.name!r} must look like 'package.topic.variant' "
+                "(letters, digits, '_' or '-' between dots)"
+            )
 
     def generate(self) -> dict[str, np.ndarray]:
         arrays = self.make()
         if not isinstance(arrays, dict) or not arrays:
-            raise TypeError(f"golden case {self.name}: make() returned {type(arrays).__name__}; "
-                            "expected a non-empty dict[str, np.ndarray]")
+            raise TypeError(
+                f"golden case {self.name}: make() returned {type(arrays).__name__}; "
+                "expected a non-empty dict[str, np.ndarray]"
+            )
         out = {}
         for key in sorted(arrays):
             a = np.asarray(arrays[key])
             if not key.isidentifier():
-                raise ValueError(f"golden case {self.name}: array name {key!r} is not an identifier")
+                raise ValueError(
+                    f"golden case {self.name}: array name {key!r} is not an identifier"
+                )
             if a.dtype not in PLAIN_DTYPES:
-                raise TypeError(f"golden case {self.name}: array {key!r} has dtype {a.dtype}; "
-                                f"allowed: {sorted(str(d) for d in PLAIN_DTYPES)}")
+                raise TypeError(
+                    f"golden case {self.name}: array {key!r} has dtype {a.dtype}; "
+                    f"allowed: {sorted(str(d) for d in PLAIN_DTYPES)}"
+                )
             out[key] = np.ascontiguousarray(a)
         return out
 
@@ -116,8 +126,9 @@ def register(name: str, *, description: str, **params: Any) -> Callable[[Callabl
     def deco(fn: Callable[[], dict[str, np.ndarray]]) -> Callable[[], dict[str, np.ndarray]]:
         if name in CASES:
             raise ValueError(f"golden case {name!r} is registered twice")
-        CASES[name] = GoldenCase(name=name, make=fn, description=description,
-                                 params=tuple(sorted(params.items())))
+        CASES[name] = GoldenCase(
+            name=name, make=fn, description=description, params=tuple(sorted(params.items()))
+        )
         return fn
 
     return deco
@@ -131,6 +142,7 @@ def generate(name: str) -> dict[str, np.ndarray]:
 
 
 # --- hashing and the byte-reproducible npz --------------------------------------------------------
+
 
 def array_sha256(a: np.ndarray) -> str:
     """sha256 of an array's dtype, shape and raw little-endian C-order bytes."""
@@ -161,8 +173,13 @@ def _file_name(name: str) -> str:
 
 def _git_revision() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -184,8 +201,9 @@ def _select(names: Iterable[str] | None) -> list[GoldenCase]:
     return [CASES[n] for n in sorted(set(names))]
 
 
-def write(out_dir: str | Path, names: Iterable[str] | None = None, *,
-          progress: bool = False) -> dict[str, Any]:
+def write(
+    out_dir: str | Path, names: Iterable[str] | None = None, *, progress: bool = False
+) -> dict[str, Any]:
     """Write the selected cases (all by default) as ``<name>.npz`` plus ``manifest.json``.
 
     With ``names`` given, the other entries of an existing manifest are kept. Returns the manifest.
@@ -206,8 +224,10 @@ def write(out_dir: str | Path, names: Iterable[str] | None = None, *,
             "description": case.description,
             "params": {k: _jsonable(v) for k, v in case.params},
             "sha256": hashlib.sha256(blob).hexdigest(),
-            "arrays": {k: {"dtype": a.dtype.str, "shape": list(a.shape), "sha256": array_sha256(a)}
-                       for k, a in arrays.items()},
+            "arrays": {
+                k: {"dtype": a.dtype.str, "shape": list(a.shape), "sha256": array_sha256(a)}
+                for k, a in arrays.items()
+            },
         }
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -222,8 +242,9 @@ def write(out_dir: str | Path, names: Iterable[str] | None = None, *,
     return manifest
 
 
-def check(directory: str | Path = DATA_DIR, names: Iterable[str] | None = None, *,
-          progress: bool = False) -> int:
+def check(
+    directory: str | Path = DATA_DIR, names: Iterable[str] | None = None, *, progress: bool = False
+) -> int:
     """Regenerate the cases and compare them bitwise with ``directory``; returns the number checked.
 
     Raises :class:`GoldenMismatch` listing every failing case by name.
@@ -234,8 +255,12 @@ def check(directory: str | Path = DATA_DIR, names: Iterable[str] | None = None, 
         raise GoldenMismatch([f"{manifest_path}: no manifest; run `{_REGENERATE.format(dir=d)}`"])
     manifest = json.loads(manifest_path.read_text())
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise GoldenMismatch([f"{manifest_path}: format_version={manifest.get('format_version')!r}, "
-                              f"this fp4sim reads {FORMAT_VERSION}"])
+        raise GoldenMismatch(
+            [
+                f"{manifest_path}: format_version={manifest.get('format_version')!r}, "
+                f"this fp4sim reads {FORMAT_VERSION}"
+            ]
+        )
     stored = manifest["cases"]
     problems: list[str] = []
     full = names is None
@@ -243,11 +268,14 @@ def check(directory: str | Path = DATA_DIR, names: Iterable[str] | None = None, 
     if full:
         missing = sorted(set(CASES) - set(stored))
         extra = sorted(set(stored) - set(CASES))
-        problems += [f"{n}: registered but absent from the manifest (run golden write)" for n in missing]
+        problems += [
+            f"{n}: registered but absent from the manifest (run golden write)" for n in missing
+        ]
         problems += [f"{n}: in the manifest but no longer registered" for n in extra]
         if len(stored) < int(manifest.get("min_cases", 0)):
-            problems.append(f"manifest lists {len(stored)} cases, fewer than min_cases="
-                            f"{manifest['min_cases']}")
+            problems.append(
+                f"manifest lists {len(stored)} cases, fewer than min_cases={manifest['min_cases']}"
+            )
     checked = 0
     for case in _progress(cases, progress, "golden check"):
         entry = stored.get(case.name)
@@ -271,8 +299,10 @@ def _check_case(d: Path, case: GoldenCase, entry: Mapping[str, Any]) -> list[str
     blob = path.read_bytes()
     digest = hashlib.sha256(blob).hexdigest()
     if digest != entry["sha256"]:
-        return [f"{case.name}: file {path.name} is corrupted or edited (sha256 {digest[:12]}..., "
-                f"manifest says {entry['sha256'][:12]}...)"]
+        return [
+            f"{case.name}: file {path.name} is corrupted or edited (sha256 {digest[:12]}..., "
+            f"manifest says {entry['sha256'][:12]}...)"
+        ]
     try:
         with np.load(io.BytesIO(blob), allow_pickle=False) as z:
             stored = {k: z[k] for k in z.files}
@@ -291,7 +321,9 @@ def _check_case(d: Path, case: GoldenCase, entry: Mapping[str, Any]) -> list[str
 
 def _bitwise_diff(stored: np.ndarray, fresh: np.ndarray) -> str:
     if stored.dtype != fresh.dtype or stored.shape != fresh.shape:
-        return f"is {stored.dtype}{list(stored.shape)} on disk, {fresh.dtype}{list(fresh.shape)} now"
+        return (
+            f"is {stored.dtype}{list(stored.shape)} on disk, {fresh.dtype}{list(fresh.shape)} now"
+        )
     if stored.tobytes() == fresh.tobytes():
         return ""
     width = stored.dtype.itemsize
@@ -301,9 +333,11 @@ def _bitwise_diff(stored: np.ndarray, fresh: np.ndarray) -> str:
     bad = np.flatnonzero(a != b)
     i = int(bad[0])
     idx = np.unravel_index(i, stored.shape) if stored.shape else ()
-    return (f"differs bitwise in {bad.size} of {a.size} elements; first at index "
-            f"{tuple(int(j) for j in idx)}: stored {stored.ravel()[i]!r} (0x{int(a[i]):0{2 * width}x}), "
-            f"regenerated {fresh.ravel()[i]!r} (0x{int(b[i]):0{2 * width}x})")
+    return (
+        f"differs bitwise in {bad.size} of {a.size} elements; first at index "
+        f"{tuple(int(j) for j in idx)}: stored {stored.ravel()[i]!r} (0x{int(a[i]):0{2 * width}x}), "
+        f"regenerated {fresh.ravel()[i]!r} (0x{int(b[i]):0{2 * width}x})"
+    )
 
 
 def _jsonable(v: Any) -> Any:

@@ -85,8 +85,9 @@ __all__ = [
 CHUNK = 32
 """Tokens per scale block of P and dS along each axis (and the K of one FP8 wgmma)."""
 
-P_SQUARE_RCEIL = sc.OperandScaling(name="P 32x32 pow2 RCEIL", fmt=MXFP8_E4M3,
-                                   geometry=Geometry.SQUARE)
+P_SQUARE_RCEIL = sc.OperandScaling(
+    name="P 32x32 pow2 RCEIL", fmt=MXFP8_E4M3, geometry=Geometry.SQUARE
+)
 """P as the dV operand: E4M3 with one UE8M0 (rounded up) per 32×32 (query × key) block."""
 
 _LOG2E = float.fromhex("0x1.71547652b82fep+0")
@@ -141,8 +142,10 @@ class BackwardConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.ablation, BackwardAblation):
-            raise TypeError(f"BackwardConfig.ablation={self.ablation!r} must be a "
-                            f"BackwardAblation; allowed: {[m.name for m in BackwardAblation]}")
+            raise TypeError(
+                f"BackwardConfig.ablation={self.ablation!r} must be a "
+                f"BackwardAblation; allowed: {[m.name for m in BackwardAblation]}"
+            )
         _check_int("block_kv", self.block_kv, (64,))
         _check_int("dkv_warpgroups", self.dkv_warpgroups, (1, 2))
         _check_int("dq_warpgroups", self.dq_warpgroups, (1, 2))
@@ -153,13 +156,19 @@ class BackwardConfig:
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"BackwardConfig.{name}={getattr(self, name)!r} must be a bool")
         if self.debug_step is not None and self.dkv_warpgroups != 1:
-            raise ValueError(f"BackwardConfig.debug_step={self.debug_step} needs dkv_warpgroups=1 "
-                             f"(the debug tiles of two warpgroups exceed the SMEM)")
+            raise ValueError(
+                f"BackwardConfig.debug_step={self.debug_step} needs dkv_warpgroups=1 "
+                f"(the debug tiles of two warpgroups exceed the SMEM)"
+            )
         if self.debug_step is not None:
-            if isinstance(self.debug_step, bool) or not isinstance(self.debug_step, int) \
-                    or self.debug_step < 0:
-                raise ValueError(f"BackwardConfig.debug_step={self.debug_step!r} must be None "
-                                 f"or an int >= 0")
+            if (
+                isinstance(self.debug_step, bool)
+                or not isinstance(self.debug_step, int)
+                or self.debug_step < 0
+            ):
+                raise ValueError(
+                    f"BackwardConfig.debug_step={self.debug_step!r} must be None or an int >= 0"
+                )
 
     def replace(self, **changes: Any) -> BackwardConfig:
         return dataclasses.replace(self, **changes)
@@ -229,8 +238,11 @@ def _rceil_exponent(amax: Any) -> Any:
     field = lax.shift_right_logical(bits, 23) & 0xFF
     mant = bits & 0x7FFFFF
     # +1 iff a mantissa bit is set, except at 0xFE and for d <= 2^-127 (bool-free selects)
-    up = jnp.where(mant == 0, 0, jnp.where(field == 0xFE, 0, jnp.where(
-        field == 0, jnp.where(mant <= 0x400000, 0, 1), 1)))
+    up = jnp.where(
+        mant == 0,
+        0,
+        jnp.where(field == 0xFE, 0, jnp.where(field == 0, jnp.where(mant <= 0x400000, 0, 1), 1)),
+    )
     code = jnp.minimum(field + up, 0xFE)
     return code - 127
 
@@ -246,8 +258,9 @@ class SquareQuantized(NamedTuple):
     scales: Any
 
 
-def _square_quantize(x: Any, rows: Any, cols: Any, *, with_scales: bool = False,
-                     plain: bool = False) -> SquareQuantized:
+def _square_quantize(
+    x: Any, rows: Any, cols: Any, *, with_scales: bool = False, plain: bool = False
+) -> SquareQuantized:
     """E4M3 codes of ``x`` (R, C) float32 with one RCEIL power-of-two scale per 32×32 block
     (R, C multiples of 32); ``rows``/``cols`` are the int32 index arrays of x's layout.
 
@@ -262,8 +275,11 @@ def _square_quantize(x: Any, rows: Any, cols: Any, *, with_scales: bool = False,
     n_r, n_c = x.shape
     if plain:  # BackwardAblation.PLAIN_CAST: scale 1 everywhere
         ones = jnp.where(rows >= 0, 1.0, 0.0)  # in x's layout
-        return SquareQuantized(x.astype(jnp.float8_e4m3fn), (ones.max(axis=1),) * (n_c // CHUNK),
-                               ones if with_scales else None)
+        return SquareQuantized(
+            x.astype(jnp.float8_e4m3fn),
+            (ones.max(axis=1),) * (n_c // CHUNK),
+            ones if with_scales else None,
+        )
     a = jnp.abs(x)
     grp = None  # each row's max-abs over its 32-column chunk, broadcast along the chunk
     for j in range(n_c // CHUNK):
@@ -283,8 +299,10 @@ def _square_quantize(x: Any, rows: Any, cols: Any, *, with_scales: bool = False,
     codes = (x * inv).astype(jnp.float8_e4m3fn)
     # the row scales from the inverse scales (one tile fewer live): 2^e = 1/2^-e exactly,
     # and 0 where 2^-e is out of range (e = -127: an all-zero block, 2^127 kept as inf-safe 0)
-    row_scales = tuple(_block_scale_from_inverse(jnp.where(_in_chunk(cols, j), inv, 0.0)
-                                                 .max(axis=1)) for j in range(n_c // CHUNK))
+    row_scales = tuple(
+        _block_scale_from_inverse(jnp.where(_in_chunk(cols, j), inv, 0.0).max(axis=1))
+        for j in range(n_c // CHUNK)
+    )
     return SquareQuantized(codes, row_scales, scale)
 
 
@@ -304,8 +322,9 @@ def _recip_pow2(s: Any) -> Any:
     import jax.numpy as jnp
     from jax import lax
 
-    return lax.bitcast_convert_type((254 << 23) - lax.bitcast_convert_type(s, jnp.int32),
-                                    jnp.float32)
+    return lax.bitcast_convert_type(
+        (254 << 23) - lax.bitcast_convert_type(s, jnp.int32), jnp.float32
+    )
 
 
 def _accumulate_chunks(issue: Any, accs: tuple, scales: tuple) -> tuple:
@@ -328,8 +347,9 @@ def _accumulate_chunks(issue: Any, accs: tuple, scales: tuple) -> tuple:
             prev = 1.0 if j == 0 else safe[a][j - 1]
             ratio = prev * _recip_pow2(safe[a][j])
             accs[a] = accs[a] * lax.broadcast_in_dim(ratio, accs[a].shape, [0])
-        accs = list(pl.run_state(functools.partial(issue, j))(
-            tuple(plgpu.ACC.init(x) for x in accs)))
+        accs = list(
+            pl.run_state(functools.partial(issue, j))(tuple(plgpu.ACC.init(x) for x in accs))
+        )
     return tuple(x * lax.broadcast_in_dim(sf[n - 1], x.shape, [0]) for x, sf in zip(accs, safe))
 
 
@@ -365,7 +385,7 @@ def _write_f32(acc: Any, o_smem: Any, dst: Any) -> None:
     w = o_smem.shape[-1]
     for j in range(acc.shape[1] // w):
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # earlier stores have read it
-        o_smem[...] = acc[:, j * w:(j + 1) * w]
+        o_smem[...] = acc[:, j * w : (j + 1) * w]
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(o_smem, dst.at[:, pl.ds(j * w, w)])
 
@@ -394,13 +414,23 @@ def backward_inputs(res: BackwardResiduals, d_out: Any, softmax_scale: float) ->
     delta = jnp.sum(do_q * res.out.astype(jnp.float32), axis=-1)  # (B, T, Hq)
     rep = lambda e: jnp.repeat(e.astype(jnp.int32), TOKEN_BLOCK, axis=-1)  # noqa: E731
     q2 = _pow2(rep(ops.q_exp))
-    rows = jnp.stack([q2 * np.float32(c), res.lse.astype(jnp.float32),
-                      jnp.transpose(delta, (0, 2, 1)), q2], axis=2)
+    rows = jnp.stack(
+        [q2 * np.float32(c), res.lse.astype(jnp.float32), jnp.transpose(delta, (0, 2, 1)), q2],
+        axis=2,
+    )
     cols = jnp.stack([_pow2(rep(ops.k_exp)), _pow2(rep(ops.v_exp))], axis=2)
     do8 = do_q.astype(jnp.float8_e5m2)
-    return dict(q=ops.q_codes, qt=_chunks_t(ops.q_codes), k=ops.k_codes, kt=_chunks_t(ops.k_codes),
-                v=jnp.transpose(ops.vt_codes, (0, 3, 1, 2)), do=do8, dot=_chunks_t(do8),
-                rows=rows, cols=cols)
+    return dict(
+        q=ops.q_codes,
+        qt=_chunks_t(ops.q_codes),
+        k=ops.k_codes,
+        kt=_chunks_t(ops.k_codes),
+        v=jnp.transpose(ops.vt_codes, (0, 3, 1, 2)),
+        do=do8,
+        dot=_chunks_t(do8),
+        rows=rows,
+        cols=cols,
+    )
 
 
 def _check_residuals(res: BackwardResiduals, d_out: Any, cfg: BackwardConfig) -> None:
@@ -414,41 +444,50 @@ def _check_residuals(res: BackwardResiduals, d_out: Any, cfg: BackwardConfig) ->
     if not isinstance(ops, FP8Operands):
         raise TypeError(f"res.ops must be FP8Operands, got {type(ops).__name__}")
     if len(ops.q_codes.shape) != 4 or len(ops.k_codes.shape) != 4:
-        raise ValueError(f"res.ops.q_codes/k_codes must be 4-D (B, N, H, D); got "
-                         f"{tuple(ops.q_codes.shape)}, {tuple(ops.k_codes.shape)}")
+        raise ValueError(
+            f"res.ops.q_codes/k_codes must be 4-D (B, N, H, D); got "
+            f"{tuple(ops.q_codes.shape)}, {tuple(ops.k_codes.shape)}"
+        )
     b, t, hq, d = ops.q_codes.shape
     _, s, hkv, dk = ops.k_codes.shape
     f8 = np.dtype(jnp.float8_e4m3fn)
-    for name, x in (("q_codes", ops.q_codes), ("k_codes", ops.k_codes),
-                    ("vt_codes", ops.vt_codes)):
+    for name, x in (("q_codes", ops.q_codes), ("k_codes", ops.k_codes), ("vt_codes", ops.vt_codes)):
         if np.dtype(x.dtype) != f8:
             raise TypeError(f"res.ops.{name} has dtype {x.dtype}; allowed: float8_e4m3fn")
     if dk != d or ops.k_codes.shape[0] != b or hq % hkv:
-        raise ValueError(f"res.ops.k_codes shape {tuple(ops.k_codes.shape)} does not fit q_codes "
-                         f"{tuple(ops.q_codes.shape)} (same batch and head_dim, Hq a multiple "
-                         f"of Hkv)")
+        raise ValueError(
+            f"res.ops.k_codes shape {tuple(ops.k_codes.shape)} does not fit q_codes "
+            f"{tuple(ops.q_codes.shape)} (same batch and head_dim, Hq a multiple "
+            f"of Hkv)"
+        )
     if d not in (64, 128):
         raise ValueError(f"head_dim={d} is not supported; allowed: 64, 128")
     if tuple(ops.vt_codes.shape) != (b, hkv, d, s):
-        raise ValueError(f"res.ops.vt_codes shape {tuple(ops.vt_codes.shape)} must be "
-                         f"{(b, hkv, d, s)}")
-    for name, x, shp in (("q_exp", ops.q_exp, (b, hq, t // TOKEN_BLOCK)),
-                         ("k_exp", ops.k_exp, (b, hkv, s // TOKEN_BLOCK)),
-                         ("v_exp", ops.v_exp, (b, hkv, s // TOKEN_BLOCK))):
+        raise ValueError(
+            f"res.ops.vt_codes shape {tuple(ops.vt_codes.shape)} must be {(b, hkv, d, s)}"
+        )
+    for name, x, shp in (
+        ("q_exp", ops.q_exp, (b, hq, t // TOKEN_BLOCK)),
+        ("k_exp", ops.k_exp, (b, hkv, s // TOKEN_BLOCK)),
+        ("v_exp", ops.v_exp, (b, hkv, s // TOKEN_BLOCK)),
+    ):
         if tuple(x.shape) != shp:
             raise ValueError(f"res.ops.{name} shape {tuple(x.shape)} must be {shp}")
     if tuple(res.out.shape) != (b, t, hq, d):
         raise ValueError(f"res.out shape {tuple(res.out.shape)} must be {(b, t, hq, d)}")
     if tuple(res.lse.shape) != (b, hq, t) or np.dtype(res.lse.dtype) != np.float32:
-        raise ValueError(f"res.lse must be float32 of shape {(b, hq, t)} (the forward's base-2 "
-                         f"LSE); got {res.lse.dtype} {tuple(res.lse.shape)}")
+        raise ValueError(
+            f"res.lse must be float32 of shape {(b, hq, t)} (the forward's base-2 "
+            f"LSE); got {res.lse.dtype} {tuple(res.lse.shape)}"
+        )
     if tuple(d_out.shape) != (b, t, hq, d):
         raise ValueError(f"d_out shape {tuple(d_out.shape)} must be {(b, t, hq, d)} (O's shape)")
     if not jnp.issubdtype(d_out.dtype, jnp.floating):
         raise TypeError(f"d_out has dtype {d_out.dtype}; allowed: a floating dtype")
-    for name, n, blk in (("q tokens", t, max(cfg.block_q, cfg.dq_warpgroups * cfg.dq_block_q)),
-                         ("kv tokens", s, max(cfg.dkv_warpgroups * cfg.block_kv,
-                                              cfg.dq_block_kv))):
+    for name, n, blk in (
+        ("q tokens", t, max(cfg.block_q, cfg.dq_warpgroups * cfg.dq_block_q)),
+        ("kv tokens", s, max(cfg.dkv_warpgroups * cfg.block_kv, cfg.dq_block_kv)),
+    ):
         if n % blk:
             raise ValueError(f"{name}={n} must be a multiple of {blk} (the config's tiles)")
     if cfg.causal and s != t:
@@ -459,13 +498,19 @@ def _check_residuals(res: BackwardResiduals, d_out: Any, cfg: BackwardConfig) ->
             last = (s - cfg.dkv_warpgroups * cfg.block_kv) // cfg.block_q  # last CTA's first
             n_steps = (hq // hkv) * (t // cfg.block_q - last)
         if cfg.debug_step >= n_steps:
-            raise ValueError(f"debug_step={cfg.debug_step} out of range: the last key tile's loop "
-                             f"has {n_steps} steps")
+            raise ValueError(
+                f"debug_step={cfg.debug_step} out of range: the last key tile's loop "
+                f"has {n_steps} steps"
+            )
 
 
-def attention_fp8_backward(res: BackwardResiduals, d_out: Any, *,
-                           softmax_scale: float | None = None,
-                           config: BackwardConfig = BackwardConfig()) -> Any:
+def attention_fp8_backward(
+    res: BackwardResiduals,
+    d_out: Any,
+    *,
+    softmax_scale: float | None = None,
+    config: BackwardConfig = BackwardConfig(),
+) -> Any:
     """dQ (B, T, Hq, D), dK, dV (B, S, Hkv, D) float32 of the FP8 forward's output (module
     docstring), or with a fourth :class:`BackwardDebug` when ``config.debug_step`` is set.
     Every argument is checked before anything is launched."""
@@ -476,13 +521,19 @@ def attention_fp8_backward(res: BackwardResiduals, d_out: Any, *,
         from fp4sim.kernels.harness import interpreting
 
         if interpreting():
-            raise ValueError("BackwardConfig.tc_accumulate=True needs the GPU: interpret mode has "
-                             "no rule for pl.run_state with plgpu.ACC.init; use False there")
+            raise ValueError(
+                "BackwardConfig.tc_accumulate=True needs the GPU: interpret mode has "
+                "no rule for pl.run_state with plgpu.ACC.init; use False there"
+            )
     d = res.ops.q_codes.shape[3]
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
-            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+    if (
+        isinstance(softmax_scale, bool)
+        or not isinstance(softmax_scale, (int, float))
+        or not math.isfinite(softmax_scale)
+        or softmax_scale <= 0
+    ):
         raise ValueError(f"softmax_scale={softmax_scale!r} must be a positive finite float")
     return _jitted()(res, d_out, float(softmax_scale), config)
 
@@ -514,15 +565,22 @@ def _backward(res: BackwardResiduals, d_out: Any, softmax_scale: float, cfg: Bac
         dq = zq
     else:
         dq = _build_dq(q_shape, k_shape, softmax_scale, cfg)(
-            x["q"], x["k"], x["kt"], x["v"], x["do"], x["rows"], x["cols"])
+            x["q"], x["k"], x["kt"], x["v"], x["do"], x["rows"], x["cols"]
+        )
     if cfg.debug_step is None:
         dk, dv = outs
         return dq, dk, dv
     dk, dv, tiles, codes, meta = outs
-    dbg = BackwardDebug(p=tiles[:, :, :, 0], ds=tiles[:, :, :, 1], p_scale=tiles[:, :, :, 2],
-                        ds_scale=tiles[:, :, :, 3], p_codes=_unchunk(codes[:, :, :, 0]),
-                        ds_codes=_unchunk(codes[:, :, :, 1]), q_tile=meta[..., 0],
-                        head=meta[..., 1])
+    dbg = BackwardDebug(
+        p=tiles[:, :, :, 0],
+        ds=tiles[:, :, :, 1],
+        p_scale=tiles[:, :, :, 2],
+        ds_scale=tiles[:, :, :, 3],
+        p_codes=_unchunk(codes[:, :, :, 0]),
+        ds_codes=_unchunk(codes[:, :, :, 1]),
+        q_tile=meta[..., 0],
+        head=meta[..., 1],
+    )
     return dq, dk, dv, dbg
 
 
@@ -588,22 +646,59 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
     def bc_col(x):
         return lax.broadcast_in_dim(x, (bkv, bq), [1])
 
-    def kernel(q_ref, qt_ref, k_ref, v_ref, do_ref, dot_ref, rows_ref, cols_ref, dk_ref, dv_ref,
-               dbg_t_ref, dbg_c_ref, scoped):
+    def kernel(
+        q_ref,
+        qt_ref,
+        k_ref,
+        v_ref,
+        do_ref,
+        dot_ref,
+        rows_ref,
+        cols_ref,
+        dk_ref,
+        dv_ref,
+        dbg_t_ref,
+        dbg_c_ref,
+        scoped,
+    ):
         bi = lax.axis_index("batch")
         kvh = lax.axis_index("heads")
         w = lax.axis_index("wg") if n_wg > 1 else 0  # this warpgroup's key tile in the CTA
         cta = lax.axis_index("kv_seq")
         kt = cta * n_wg + w
-        (k_all, v_all, kc_all, q_smem, qt_smem, do_smem, dot_smem, r_smem, pt_all, dst_all,
-         o_all, dbg_all), bars, kv_bar, cons = scoped
+        (
+            (
+                k_all,
+                v_all,
+                kc_all,
+                q_smem,
+                qt_smem,
+                do_smem,
+                dot_smem,
+                r_smem,
+                pt_all,
+                dst_all,
+                o_all,
+                dbg_all,
+            ),
+            bars,
+            kv_bar,
+            cons,
+        ) = scoped
         if n_wg > 1:  # per-warpgroup buffers (one warpgroup: allocated without the axis)
             k_smem, v_smem, kc_smem = k_all.at[w], v_all.at[w], kc_all.at[w]
             pt_smem, dst_smem, o_smem = pt_all.at[w], dst_all.at[w], o_all.at[w]
             dbg_t_smem = dbg_all.at[w] if debug else None
         else:
             k_smem, v_smem, kc_smem, pt_smem, dst_smem, o_smem, dbg_t_smem = (
-                k_all, v_all, kc_all, pt_all, dst_all, o_all, dbg_all)
+                k_all,
+                v_all,
+                kc_all,
+                pt_all,
+                dst_all,
+                o_all,
+                dbg_all,
+            )
         k0 = kt * bkv
         # every warpgroup of the CTA runs the loop of its first key tile (the later tiles'
         # extra causal steps are fully masked: p = 0)
@@ -617,17 +712,22 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
         def issue(step, slot):
             head, qi = locate(step)
             t0 = qi * bq
-            srcs = (q_ref.at[bi, pl.ds(t0, bq), head], qt_ref.at[bi, head, pl.ds(t0 // CHUNK, nch)],
-                    do_ref.at[bi, pl.ds(t0, bq), head], dot_ref.at[bi, head, pl.ds(t0 // CHUNK, nch)],
-                    rows_ref.at[bi, head, :, pl.ds(t0, bq)])
+            srcs = (
+                q_ref.at[bi, pl.ds(t0, bq), head],
+                qt_ref.at[bi, head, pl.ds(t0 // CHUNK, nch)],
+                do_ref.at[bi, pl.ds(t0, bq), head],
+                dot_ref.at[bi, head, pl.ds(t0 // CHUNK, nch)],
+                rows_ref.at[bi, head, :, pl.ds(t0, bq)],
+            )
             dsts = (q_smem, qt_smem, do_smem, dot_smem, r_smem)
             for src, dst, bar in zip(srcs, dsts, bars):
                 plgpu.copy_gmem_to_smem(src, dst.at[slot], bar.at[slot])
 
         plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(k0, bkv), kvh], k_smem, kv_bar.at[3 * w])
         plgpu.copy_gmem_to_smem(v_ref.at[bi, pl.ds(k0, bkv), kvh], v_smem, kv_bar.at[3 * w + 1])
-        plgpu.copy_gmem_to_smem(cols_ref.at[bi, kvh, :, pl.ds(k0, bkv)], kc_smem,
-                                kv_bar.at[3 * w + 2])
+        plgpu.copy_gmem_to_smem(
+            cols_ref.at[bi, kvh, :, pl.ds(k0, bkv)], kc_smem, kv_bar.at[3 * w + 2]
+        )
 
         def prologue():  # warpgroup 0 feeds the shared ring
             for i in range(min(slots, group * n_q)):  # static bound: no slice past the end
@@ -638,6 +738,7 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
             plgpu.barrier_wait(kv_bar.at[3 * w + i])
         kscale = plgpu.load(kc_smem.at[0], layout=row_l)
         vscale = plgpu.load(kc_smem.at[1], layout=row_l)
+
         def step_fn(step, carry):
             dk_acc, dv_acc = carry
             # index tiles made per step (cheap, from the lane ids): not live across the loop
@@ -653,8 +754,9 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
                 plgpu.wgmma(dp_ref, v_smem, do_smem.at[slot].T)
                 return s_ref[...], dp_ref[...]
 
-            s_t, dp_t = pl.run_scoped(products, plgpu.ACC((bkv, bq), f32),
-                                      plgpu.ACC((bkv, bq), f32))
+            s_t, dp_t = pl.run_scoped(
+                products, plgpu.ACC((bkv, bq), f32), plgpu.ACC((bkv, bq), f32)
+            )
             cq = plgpu.load(r_smem.at[slot, 0], layout=col_l)
             lse = plgpu.load(r_smem.at[slot, 1], layout=col_l)
             u = (s_t * bc_row(kscale, bq)) * bc_col(cq)
@@ -664,16 +766,17 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
             pq = _square_quantize(p, rows, cols, with_scales=debug, plain=plain)
             p_codes = pq.codes
             for j in range(nch):
-                pt_smem.at[j][...] = p_codes[:, j * CHUNK:(j + 1) * CHUNK]
+                pt_smem.at[j][...] = p_codes[:, j * CHUNK : (j + 1) * CHUNK]
             dp_t = dp_t * bc_row(vscale, bq)
             dlt = plgpu.load(r_smem.at[slot, 2], layout=col_l)
             ds = p * (dp_t - bc_col(dlt))
             dsq = _square_quantize(ds, rows, cols, with_scales=debug, plain=plain)
             ds_codes = dsq.codes
             for j in range(nch):
-                dst_smem.at[j][...] = ds_codes[:, j * CHUNK:(j + 1) * CHUNK]
+                dst_smem.at[j][...] = ds_codes[:, j * CHUNK : (j + 1) * CHUNK]
             plgpu.commit_smem()
             if debug:
+
                 @pl.when(step == cfg.debug_step)
                 def _dump():
                     for i, tile in enumerate((p, ds, pq.scales, dsq.scales)):
@@ -686,11 +789,15 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
                         plgpu.copy_smem_to_gmem(pt_smem.at[j], dbg_c_ref.at[2 * cta, j])
                         plgpu.copy_smem_to_gmem(dst_smem.at[j], dbg_c_ref.at[2 * cta + 1, j])
                     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
             q2 = plgpu.load(r_smem.at[slot, 3], layout=col_l)  # 2^e_Q, constant per chunk
             sps = tuple(pq.row_scales)
-            sds = tuple(dsq.row_scales[j] * _chunk_scalar(q2, cols, j)  # 2^(e_dS + e_Q)
-                        for j in range(nch))
+            sds = tuple(
+                dsq.row_scales[j] * _chunk_scalar(q2, cols, j)  # 2^(e_dS + e_Q)
+                for j in range(nch)
+            )
             if cfg.tc_accumulate:
+
                 def both(j, refs):  # dV += Pᵀ_j·dO_j and dK += dSᵀ_j·Q_j in the tensor core
                     dv_ref, dk_ref = refs
                     plgpu.wgmma(dv_ref, pt_smem.at[j], dot_smem.at[slot, j].T)
@@ -699,6 +806,7 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
                 dv_acc, dk_acc = _accumulate_chunks(both, (dv_acc, dk_acc), (sps, sds))
             else:
                 for j in range(nch):
+
                     def dv_c(acc_ref, j=j):  # dV += Pᵀ_j · dO_j (K = 32 queries)
                         plgpu.wgmma(acc_ref, pt_smem.at[j], dot_smem.at[slot, j].T)
                         return acc_ref[...]
@@ -707,10 +815,12 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
                         plgpu.wgmma(acc_ref, dst_smem.at[j], qt_smem.at[slot, j].T)
                         return acc_ref[...]
 
-                    dv_acc = dv_acc + pl.run_scoped(dv_c, plgpu.ACC((bkv, d), f32)) \
-                        * bc_row(sps[j], d)
-                    dk_acc = dk_acc + pl.run_scoped(dk_c, plgpu.ACC((bkv, d), f32)) \
-                        * bc_row(sds[j], d)
+                    dv_acc = dv_acc + pl.run_scoped(dv_c, plgpu.ACC((bkv, d), f32)) * bc_row(
+                        sps[j], d
+                    )
+                    dk_acc = dk_acc + pl.run_scoped(dk_c, plgpu.ACC((bkv, d), f32)) * bc_row(
+                        sds[j], d
+                    )
             nxt = step + slots
             if n_wg > 1:  # every warpgroup is done with the slot before warpgroup 0 refills it
                 plgpu.barrier_arrive(cons.at[slot])
@@ -753,8 +863,20 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
             plgpu.SMEM(lead + (4, bkv, bq), f32) if debug else None,
         ]
         pl.run_scoped(
-            lambda *args: kernel(q_ref, qt_ref, k_ref, v_ref, do_ref, dot_ref, rows_ref,
-                                 cols_ref, dk_ref, dv_ref, *dbg, args),
+            lambda *args: kernel(
+                q_ref,
+                qt_ref,
+                k_ref,
+                v_ref,
+                do_ref,
+                dot_ref,
+                rows_ref,
+                cols_ref,
+                dk_ref,
+                dv_ref,
+                *dbg,
+                args,
+            ),
             scratch,
             tuple(plgpu.Barrier(num_barriers=slots) for _ in range(5)),
             plgpu.Barrier(num_barriers=3 * n_wg),
@@ -764,12 +886,19 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
 
     out_types = [jax.ShapeDtypeStruct((b_sz, s_len, hkv, d), f32)] * 2
     if debug:
-        out_types += [jax.ShapeDtypeStruct((b_sz * hkv * n_kt, 4, bkv, bq), f32),
-                      jax.ShapeDtypeStruct((b_sz * hkv * n_kt * 2, nch, bkv, CHUNK), f8)]
+        out_types += [
+            jax.ShapeDtypeStruct((b_sz * hkv * n_kt, 4, bkv, bq), f32),
+            jax.ShapeDtypeStruct((b_sz * hkv * n_kt * 2, nch, bkv, CHUNK), f8),
+        ]
     threads = {"num_threads": n_wg, "thread_name": "wg"} if n_wg > 1 else {}
-    call = plgpu.kernel(entry, out_type=out_types, grid=(hkv, n_kt // n_wg, b_sz),
-                        grid_names=("heads", "kv_seq", "batch"),
-                        compiler_params=plgpu.CompilerParams(approx_math=True), **threads)
+    call = plgpu.kernel(
+        entry,
+        out_type=out_types,
+        grid=(hkv, n_kt // n_wg, b_sz),
+        grid_names=("heads", "kv_seq", "batch"),
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        **threads,
+    )
 
     def run(*args):
         outs = call(*args)
@@ -780,8 +909,9 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
         first = ((kt // n_wg) * n_wg * bkv) // bq if cfg.causal else jnp.zeros_like(kt)
         n_per = n_q - first
         qi = first + cfg.debug_step % n_per  # (n_kt,)
-        head = jnp.arange(hkv, dtype=jnp.int32)[:, None] * group + \
-            (cfg.debug_step // n_per)[None, :]  # (hkv, n_kt)
+        head = (
+            jnp.arange(hkv, dtype=jnp.int32)[:, None] * group + (cfg.debug_step // n_per)[None, :]
+        )  # (hkv, n_kt)
         meta = jnp.stack([jnp.broadcast_to(qi, (hkv, n_kt)), head], axis=-1)
         meta = jnp.broadcast_to(meta, (b_sz, hkv, n_kt, 2))
         tiles = jnp.reshape(outs[2], (b_sz, hkv, n_kt, 4, bkv, bq))
@@ -828,8 +958,12 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
         if cfg.causal:  # the longest loops (last query tiles) launch first
             cta = (t_len // (n_wg * bq) - 1) - cta
         w = lax.axis_index("wg") if n_wg > 1 else 0  # this warpgroup's query tile in the CTA
-        (q_all, do_all, r_all, k_smem, kt_smem, v_smem, c_smem, ds_all, o_all), bars, \
-            q_bar, cons = scoped
+        (
+            (q_all, do_all, r_all, k_smem, kt_smem, v_smem, c_smem, ds_all, o_all),
+            bars,
+            q_bar,
+            cons,
+        ) = scoped
         if n_wg > 1:
             q_smem, do_smem, r_smem = q_all.at[w], do_all.at[w], r_all.at[w]
             ds_smem, o_smem = ds_all.at[w], o_all.at[w]
@@ -844,15 +978,20 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
 
         def issue(step, slot):
             s0 = step * bkv
-            srcs = (k_ref.at[bi, pl.ds(s0, bkv), kvh], kt_ref.at[bi, kvh, pl.ds(s0 // CHUNK, nch)],
-                    v_ref.at[bi, pl.ds(s0, bkv), kvh], cols_ref.at[bi, kvh, :, pl.ds(s0, bkv)])
+            srcs = (
+                k_ref.at[bi, pl.ds(s0, bkv), kvh],
+                kt_ref.at[bi, kvh, pl.ds(s0 // CHUNK, nch)],
+                v_ref.at[bi, pl.ds(s0, bkv), kvh],
+                cols_ref.at[bi, kvh, :, pl.ds(s0, bkv)],
+            )
             for src, dst, bar in zip(srcs, (k_smem, kt_smem, v_smem, c_smem), bars):
                 plgpu.copy_gmem_to_smem(src, dst.at[slot], bar.at[slot])
 
         plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(q0, bq), head], q_smem, q_bar.at[3 * w])
         plgpu.copy_gmem_to_smem(do_ref.at[bi, pl.ds(q0, bq), head], do_smem, q_bar.at[3 * w + 1])
-        plgpu.copy_gmem_to_smem(rows_ref.at[bi, head, :, pl.ds(q0, bq)], r_smem,
-                                q_bar.at[3 * w + 2])
+        plgpu.copy_gmem_to_smem(
+            rows_ref.at[bi, head, :, pl.ds(q0, bq)], r_smem, q_bar.at[3 * w + 2]
+        )
 
         def prologue():  # warpgroup 0 feeds the shared ring
             for i in range(min(slots, n_kv)):  # static bound: no slice past the end
@@ -864,6 +1003,7 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
         cq = plgpu.load(r_smem.at[0], layout=row_l)
         lse = plgpu.load(r_smem.at[1], layout=row_l)
         dlt = plgpu.load(r_smem.at[2], layout=row_l)
+
         def step_fn(step, dq_acc):
             # index tiles made per step (cheap, from the lane ids): not live across the loop
             rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=wg)
@@ -889,23 +1029,28 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
             dsq = _square_quantize(ds, rows, cols, plain=plain)
             ds_codes = dsq.codes
             for j in range(nch):
-                ds_smem.at[j][...] = ds_codes[:, j * CHUNK:(j + 1) * CHUNK]
+                ds_smem.at[j][...] = ds_codes[:, j * CHUNK : (j + 1) * CHUNK]
             plgpu.commit_smem()
-            sds = tuple(dsq.row_scales[j] * _chunk_scalar(kscale, cols, j)  # 2^(e_dS + e_K)
-                        for j in range(nch))
+            sds = tuple(
+                dsq.row_scales[j] * _chunk_scalar(kscale, cols, j)  # 2^(e_dS + e_K)
+                for j in range(nch)
+            )
             if cfg.tc_accumulate:
+
                 def one(j, refs):  # dQ += dS_j · K_j in the tensor core
                     plgpu.wgmma(refs[0], ds_smem.at[j], kt_smem.at[slot, j].T)
 
                 (dq_acc,) = _accumulate_chunks(one, (dq_acc,), (sds,))
             else:
                 for j in range(nch):
+
                     def dq_c(acc_ref, j=j):  # dQ += dS_j · K_j (K = 32 keys)
                         plgpu.wgmma(acc_ref, ds_smem.at[j], kt_smem.at[slot, j].T)
                         return acc_ref[...]
 
-                    dq_acc = dq_acc + pl.run_scoped(dq_c, plgpu.ACC((bq, d), f32)) \
-                        * bc_row(sds[j], d)
+                    dq_acc = dq_acc + pl.run_scoped(dq_c, plgpu.ACC((bq, d), f32)) * bc_row(
+                        sds[j], d
+                    )
             nxt = step + slots
             if n_wg > 1:  # every warpgroup is done with the slot before warpgroup 0 refills it
                 plgpu.barrier_arrive(cons.at[slot])
@@ -942,8 +1087,9 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
             plgpu.SMEM(lead + (bq, _OUT_COLS), f32, transforms=tr(f32, _OUT_COLS)),
         ]
         pl.run_scoped(
-            lambda *args: kernel(q_ref, k_ref, kt_ref, v_ref, do_ref, rows_ref, cols_ref,
-                                 dq_ref, args),
+            lambda *args: kernel(
+                q_ref, k_ref, kt_ref, v_ref, do_ref, rows_ref, cols_ref, dq_ref, args
+            ),
             scratch,
             tuple(plgpu.Barrier(num_barriers=slots) for _ in range(4)),
             plgpu.Barrier(num_barriers=3 * n_wg),
@@ -952,16 +1098,27 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
         )
 
     threads = {"num_threads": n_wg, "thread_name": "wg"} if n_wg > 1 else {}
-    return plgpu.kernel(entry, out_type=jax.ShapeDtypeStruct((b_sz, t_len, hq, d), f32),
-                        grid=(hq, t_len // (n_wg * bq), b_sz),
-                        grid_names=("heads", "q_seq", "batch"),
-                        compiler_params=plgpu.CompilerParams(approx_math=True), **threads)
+    return plgpu.kernel(
+        entry,
+        out_type=jax.ShapeDtypeStruct((b_sz, t_len, hq, d), f32),
+        grid=(hq, t_len // (n_wg * bq), b_sz),
+        grid_names=("heads", "q_seq", "batch"),
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        **threads,
+    )
 
 
 # --- float64 reference of the kernels' numerics (the test oracle) -------------------------------
-def reference_backward(res: BackwardResiduals, d_out: Any, *, softmax_scale: float,
-                       causal: bool, scores: Any = None, dp: Any = None,
-                       delta: Any = None) -> dict[str, np.ndarray]:
+def reference_backward(
+    res: BackwardResiduals,
+    d_out: Any,
+    *,
+    softmax_scale: float,
+    causal: bool,
+    scores: Any = None,
+    dp: Any = None,
+    delta: Any = None,
+) -> dict[str, np.ndarray]:
     """NumPy evaluation of the module docstring's steps 1-5 on NumPy residuals.
 
     float32 where the kernels' result is bit-defined given S and dP (u, p with a correctly
@@ -991,9 +1148,17 @@ def reference_backward(res: BackwardResiduals, d_out: Any, *, softmax_scale: flo
     if delta is None:
         delta = np.sum(do_q.astype(np.float64) * out, axis=-1).astype(np.float32)
     delta = np.asarray(delta, np.float32)
-    r = {name: np.zeros((b, n, h, d)) for name, n, h in
-         (("dq", t, hq), ("dk", s, hkv), ("dv", s, hkv), ("abs_dq", t, hq), ("abs_dk", s, hkv),
-          ("abs_dv", s, hkv))}
+    r = {
+        name: np.zeros((b, n, h, d))
+        for name, n, h in (
+            ("dq", t, hq),
+            ("dk", s, hkv),
+            ("dv", s, hkv),
+            ("abs_dq", t, hq),
+            ("abs_dk", s, hkv),
+            ("abs_dv", s, hkv),
+        )
+    }
     for name in ("p", "ds", "p_q", "ds_q"):
         r[name] = np.zeros((b, hq, t, s), np.float32)
     visible = np.tril(np.ones((t, s), bool)) if causal else np.ones((t, s), bool)
@@ -1001,10 +1166,10 @@ def reference_backward(res: BackwardResiduals, d_out: Any, *, softmax_scale: flo
         for h in range(hq):
             kh = h // group
             if scores is None:
-                sc_ = (qc[bi, :, h].astype(np.float64) @ kc[bi, :, kh].astype(np.float64).T)
+                sc_ = qc[bi, :, h].astype(np.float64) @ kc[bi, :, kh].astype(np.float64).T
             else:
                 sc_ = np.asarray(scores)[bi, h]
-            z = (sc_.astype(np.float32) * np.exp2(ek[bi, kh]).astype(np.float32)[None, :])
+            z = sc_.astype(np.float32) * np.exp2(ek[bi, kh]).astype(np.float32)[None, :]
             cq = (c * np.exp2(eq[bi, h]).astype(np.float32)).astype(np.float32)
             u = (z.astype(np.float32) * cq[:, None]).astype(np.float32)
             with np.errstate(invalid="ignore", over="ignore"):
@@ -1014,15 +1179,18 @@ def reference_backward(res: BackwardResiduals, d_out: Any, *, softmax_scale: flo
                 dpr = do_q[bi, :, h].astype(np.float64) @ vc[bi, kh].astype(np.float64).T
             else:
                 dpr = np.asarray(dp)[bi, h]
-            dpv = (dpr.astype(np.float32) * np.exp2(ev[bi, kh]).astype(np.float32)[None, :])
-            ds = (p * (dpv.astype(np.float32) - delta[bi, :, h][:, None]).astype(np.float32))
+            dpv = dpr.astype(np.float32) * np.exp2(ev[bi, kh]).astype(np.float32)[None, :]
+            ds = p * (dpv.astype(np.float32) - delta[bi, :, h][:, None]).astype(np.float32)
             ds = ds.astype(np.float32)
             p_q = np.asarray(sc.fake_quantize(p, P_SQUARE_RCEIL), np.float32)
             ds_q = np.asarray(sc.fake_quantize(ds, sc.DS_SQUARE_RCEIL), np.float32)
             q_hat = qc[bi, :, h].astype(np.float64) * np.exp2(eq[bi, h])[:, None]
             k_hat = kc[bi, :, kh].astype(np.float64) * np.exp2(ek[bi, kh])[:, None]
-            dq64, pq64, do64 = ds_q.astype(np.float64), p_q.astype(np.float64), \
-                do_q[bi, :, h].astype(np.float64)
+            dq64, pq64, do64 = (
+                ds_q.astype(np.float64),
+                p_q.astype(np.float64),
+                do_q[bi, :, h].astype(np.float64),
+            )
             r["dq"][bi, :, h] = float(cs) * (dq64 @ k_hat)
             r["dk"][bi, :, kh] += float(cs) * (dq64.T @ q_hat)
             r["dv"][bi, :, kh] += pq64.T @ do64

@@ -26,8 +26,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["StepContext", "StepResult", "TileMath", "build_forward", "pow2_f32", "ceil_f32",
-           "floor_f32", "check_qkv_shapes"]
+__all__ = [
+    "StepContext",
+    "StepResult",
+    "TileMath",
+    "build_forward",
+    "pow2_f32",
+    "ceil_f32",
+    "floor_f32",
+    "check_qkv_shapes",
+]
 
 
 class StepContext(NamedTuple):
@@ -130,11 +138,25 @@ def _when(cond: Any, fn: Callable[[], None]) -> None:
         pl.when(cond)(fn)
 
 
-def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any,
-                  out_dtype: Any, block_q: int, block_kv: int, max_concurrent_steps: int,
-                  causal: bool, n_columns: int, row_input: bool, math: TileMath,
-                  debug_step: int | None, skip_pv: bool = False,
-                  kv_len: int | None = None, block_sums: bool = False) -> Callable[..., Any]:
+def build_forward(
+    *,
+    q_shape: tuple,
+    k_shape: tuple,
+    in_dtype: Any,
+    p_dtype: Any,
+    out_dtype: Any,
+    block_q: int,
+    block_kv: int,
+    max_concurrent_steps: int,
+    causal: bool,
+    n_columns: int,
+    row_input: bool,
+    math: TileMath,
+    debug_step: int | None,
+    skip_pv: bool = False,
+    kv_len: int | None = None,
+    block_sums: bool = False,
+) -> Callable[..., Any]:
     """A function ``(q, k, vt, rows, cols) -> [o, lse, (dbg_p, dbg_rows)]`` running the kernel.
 
     Shapes: ``q`` (B, T, Hq, D), ``k`` (B, S, Hkv, D), ``vt`` (B, Hkv, D, S) in ``in_dtype``;
@@ -166,12 +188,16 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
     bq, bkv = block_q, block_kv
     n_kv = s_len // bkv
     if t_len % (2 * bq) or s_len % bkv or n_kv < 1:
-        raise ValueError(f"build_forward: T={t_len} must be a multiple of 2·block_q={2 * bq} and "
-                         f"S={s_len} a positive multiple of block_kv={bkv} (pad the inputs)")
+        raise ValueError(
+            f"build_forward: T={t_len} must be a multiple of 2·block_q={2 * bq} and "
+            f"S={s_len} a positive multiple of block_kv={bkv} (pad the inputs)"
+        )
     kv_len = s_len if kv_len is None else kv_len
     if not (n_kv - 1) * bkv < kv_len <= s_len:
-        raise ValueError(f"build_forward: kv_len={kv_len} must lie in the last key tile "
-                         f"({(n_kv - 1) * bkv}, {s_len}]")
+        raise ValueError(
+            f"build_forward: kv_len={kv_len} must lie in the last key tile "
+            f"({(n_kv - 1) * bkv}, {s_len}]"
+        )
     tail = kv_len < s_len  # the last key tile is masked
     slots = min(max_concurrent_steps, n_kv)
     block_sums = block_sums and not skip_pv
@@ -185,8 +211,19 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
     wgmma_layout = plgpu.Layout.WGMMA
     o_in_q = np.dtype(out_dtype) == np.dtype(in_dtype)  # stage O in Q's buffer
 
-    def kernel(q_ref, k_ref, vt_ref, rows_ref, cols_ref, ind_ref, o_ref, lse_ref, dbg_p_ref,
-               dbg_r_ref, scoped):
+    def kernel(
+        q_ref,
+        k_ref,
+        vt_ref,
+        rows_ref,
+        cols_ref,
+        ind_ref,
+        o_ref,
+        lse_ref,
+        dbg_p_ref,
+        dbg_r_ref,
+        scoped,
+    ):
         bi = lax.axis_index("batch")
         head = lax.axis_index("heads")
         wg = lax.axis_index("wg")
@@ -218,8 +255,9 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
             rows = None
             if row_input:
                 r_smem = r_smem2.at[wg]
-                plgpu.copy_gmem_to_smem(rows_ref.at[bi, head, pl.ds(q_base, bq)], r_smem,
-                                        r_bar.at[wg])
+                plgpu.copy_gmem_to_smem(
+                    rows_ref.at[bi, head, pl.ds(q_base, bq)], r_smem, r_bar.at[wg]
+                )
                 plgpu.barrier_wait(r_bar.at[wg])
                 rows = plgpu.load(r_smem, layout=row_layout)
             plgpu.barrier_wait(q_bar.at[wg])
@@ -254,8 +292,9 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
                 col_ref = None
 
                 def cols(slot=slot):
-                    return tuple(plgpu.load(c_smem.at[slot, i], layout=col_layout)
-                                 for i in range(n_columns))
+                    return tuple(
+                        plgpu.load(c_smem.at[slot, i], layout=col_layout) for i in range(n_columns)
+                    )
 
                 if n_columns:
                     plgpu.barrier_wait(c_bar.at[slot])
@@ -269,11 +308,15 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
                     if tail:
                         in_seq = key < kv_len
                         visible = in_seq if visible is None else visible & in_seq
-                res = math.step(StepContext(s_tile, cols, col_ref, visible, rows, kv_step,
-                                            key_iota), m_i, state)
+                res = math.step(
+                    StepContext(s_tile, cols, col_ref, visible, rows, kv_step, key_iota), m_i, state
+                )
                 acc = acc * lax.broadcast_in_dim(res.beta, (bq, d), [0])
-                pv_scale = (None if res.pv_scale is None
-                            else lax.broadcast_in_dim(res.pv_scale, (bq, d), [0]))
+                pv_scale = (
+                    None
+                    if res.pv_scale is None
+                    else lax.broadcast_in_dim(res.pv_scale, (bq, d), [0])
+                )
                 if res.l_sums is None:
                     l_i = l_i * res.beta + (1.0 if res.l_tile is None else res.l_tile)
                 if not skip_pv:
@@ -311,24 +354,27 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
                             dbg_smem.at[i][...] = vec
                         plgpu.commit_smem()
                         plgpu.copy_smem_to_gmem(p_smem, dbg_p_ref.at[bi, head, pl.ds(q_base, bq)])
-                        plgpu.copy_smem_to_gmem(dbg_smem,
-                                                dbg_r_ref.at[bi, head, :, pl.ds(q_base, bq)])
+                        plgpu.copy_smem_to_gmem(
+                            dbg_smem, dbg_r_ref.at[bi, head, :, pl.ds(q_base, bq)]
+                        )
                         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
                 return acc, res.m, l_i, res.state
 
             carry = (acc, m_i, l_i, state)
             if not causal:
-                carry = lax.fori_loop(0, n_kv - tail, functools.partial(kv_step_fn, masked=False),
-                                      carry)
+                carry = lax.fori_loop(
+                    0, n_kv - tail, functools.partial(kv_step_fn, masked=False), carry
+                )
                 if tail:  # the masked tail tile
                     carry = kv_step_fn(jnp.int32(n_kv - 1), carry, masked=True)
             else:
                 # tiles wholly below the diagonal and wholly inside the sequence run unmasked
                 full = jnp.minimum(lax.div(q_base, jnp.int32(bkv)), n_kv - tail)
                 carry = lax.fori_loop(0, full, functools.partial(kv_step_fn, masked=False), carry)
-                carry = lax.fori_loop(full, kv_steps, functools.partial(kv_step_fn, masked=True),
-                                      carry)
+                carry = lax.fori_loop(
+                    full, kv_steps, functools.partial(kv_step_fn, masked=True), carry
+                )
 
                 def drain_step(kv_step, _):  # tiles this warpgroup skips: keep barriers in step
                     slot = lax.rem(kv_step, jnp.int32(slots))
@@ -359,16 +405,21 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
             kv_head = lax.div(head, jnp.int32(heads_per_kv))
 
             def issue_k(step, slot):
-                plgpu.copy_gmem_to_smem(k_ref.at[bi, pl.ds(step * bkv, bkv), kv_head],
-                                        k_smem.at[slot], k_bar.at[slot])
+                plgpu.copy_gmem_to_smem(
+                    k_ref.at[bi, pl.ds(step * bkv, bkv), kv_head], k_smem.at[slot], k_bar.at[slot]
+                )
 
             def issue_v(step, slot):
                 dst = vt_smem.at[slot, pl.ds(0, d)] if ext else vt_smem.at[slot]
-                plgpu.copy_gmem_to_smem(vt_ref.at[bi, kv_head, :, pl.ds(step * bkv, bkv)],
-                                        dst, v_bar.at[slot])
+                plgpu.copy_gmem_to_smem(
+                    vt_ref.at[bi, kv_head, :, pl.ds(step * bkv, bkv)], dst, v_bar.at[slot]
+                )
                 if n_columns:
-                    plgpu.copy_gmem_to_smem(cols_ref.at[bi, kv_head, :, pl.ds(step * bkv, bkv)],
-                                            c_smem.at[slot], c_bar.at[slot])
+                    plgpu.copy_gmem_to_smem(
+                        cols_ref.at[bi, kv_head, :, pl.ds(step * bkv, bkv)],
+                        c_smem.at[slot],
+                        c_bar.at[slot],
+                    )
 
             def prologue(i):
                 issue_k(i, i)
@@ -403,33 +454,53 @@ def build_forward(*, q_shape: tuple, k_shape: tuple, in_dtype: Any, p_dtype: Any
         scratch = [
             plgpu.SMEM((2, bq, d), in_dtype, transforms=smem_transforms(in_dtype, d)),
             plgpu.SMEM((slots, bkv, d), in_dtype, transforms=smem_transforms(in_dtype, d)),
-            plgpu.SMEM((slots, d + ext, bkv), in_dtype,
-                       transforms=smem_transforms(in_dtype, bkv)),
+            plgpu.SMEM((slots, d + ext, bkv), in_dtype, transforms=smem_transforms(in_dtype, bkv)),
             plgpu.SMEM((slots, n_columns, bkv), f32) if n_columns else None,
             plgpu.SMEM((2, bq, bkv), p_dtype, transforms=smem_transforms(p_dtype, bkv)),
-            None if o_in_q else plgpu.SMEM((2, bq, d), out_dtype,
-                                           transforms=smem_transforms(out_dtype, d)),
+            None
+            if o_in_q
+            else plgpu.SMEM((2, bq, d), out_dtype, transforms=smem_transforms(out_dtype, d)),
             plgpu.SMEM((2, bq), f32) if row_input else None,
             plgpu.SMEM((2, bq), f32),
             plgpu.SMEM((2, n_dbg, bq), f32) if debug else None,
         ]
         pl.run_scoped(
-            lambda *args: kernel(q_ref, k_ref, vt_ref, rows_ref, cols_ref, ind_ref, o_ref,
-                                 lse_ref, dbg_p_ref, dbg_r_ref, args),
+            lambda *args: kernel(
+                q_ref,
+                k_ref,
+                vt_ref,
+                rows_ref,
+                cols_ref,
+                ind_ref,
+                o_ref,
+                lse_ref,
+                dbg_p_ref,
+                dbg_r_ref,
+                args,
+            ),
             scratch,
-            (plgpu.Barrier(num_barriers=slots), plgpu.Barrier(num_barriers=slots),
-             plgpu.Barrier(num_barriers=slots), plgpu.Barrier(num_barriers=2),
-             plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=slots)),
+            (
+                plgpu.Barrier(num_barriers=slots),
+                plgpu.Barrier(num_barriers=slots),
+                plgpu.Barrier(num_barriers=slots),
+                plgpu.Barrier(num_barriers=2),
+                plgpu.Barrier(num_barriers=2),
+                plgpu.Barrier(num_barriers=slots),
+            ),
             (plgpu.Barrier(num_arrivals=2, num_barriers=slots),) * 2,
             plgpu.Barrier(num_arrivals=2),
             collective_axes="wg",
         )
 
-    out_types = [jax.ShapeDtypeStruct((batch_size, t_len, hq, d), out_dtype),
-                 jax.ShapeDtypeStruct((batch_size, hq, t_len), f32)]
+    out_types = [
+        jax.ShapeDtypeStruct((batch_size, t_len, hq, d), out_dtype),
+        jax.ShapeDtypeStruct((batch_size, hq, t_len), f32),
+    ]
     if debug:
-        out_types += [jax.ShapeDtypeStruct((batch_size, hq, t_len, bkv), p_dtype),
-                      jax.ShapeDtypeStruct((batch_size, hq, n_dbg, t_len), f32)]
+        out_types += [
+            jax.ShapeDtypeStruct((batch_size, hq, t_len, bkv), p_dtype),
+            jax.ShapeDtypeStruct((batch_size, hq, n_dbg, t_len), f32),
+        ]
     call = plgpu.kernel(
         entry,
         out_type=out_types,

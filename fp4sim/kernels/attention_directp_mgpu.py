@@ -54,8 +54,15 @@ from fp4sim.attention.recipe import (
 )
 from fp4sim.kernels.attention_mgpu import OutType
 
-__all__ = ["DirectPConfig", "DirectPOperands", "DirectPDebug", "prepare_operands",
-           "attention_directp", "attention_directp_prepared", "SHIPPED_CONFIGS"]
+__all__ = [
+    "DirectPConfig",
+    "DirectPOperands",
+    "DirectPDebug",
+    "prepare_operands",
+    "attention_directp",
+    "attention_directp_prepared",
+    "SHIPPED_CONFIGS",
+]
 
 _LOG2E = float.fromhex("0x1.71547652b82fep+0")
 _LOG2_6 = float(np.float32(math.log2(6.0)))
@@ -67,8 +74,9 @@ def _check_int(name: str, value: Any, lo: int, multiple: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"DirectPConfig.{name}={value!r} must be an int")
     if value < lo or value % multiple:
-        raise ValueError(f"DirectPConfig.{name}={value!r} must be >= {lo} and a multiple of "
-                         f"{multiple}")
+        raise ValueError(
+            f"DirectPConfig.{name}={value!r} must be >= {lo} and a multiple of {multiple}"
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,8 +117,9 @@ class DirectPConfig:
         if r.block_kv not in (64, 128):
             problems.append("block_kv must be 64 or 128")
         if problems:
-            raise ValueError(f"DirectPConfig.recipe is not a route this kernel implements: "
-                             f"{'; '.join(problems)}")
+            raise ValueError(
+                f"DirectPConfig.recipe is not a route this kernel implements: {'; '.join(problems)}"
+            )
         _check_int("block_q", self.block_q, 64, 64)
         _check_int("max_concurrent_steps", self.max_concurrent_steps, 2)
         if not isinstance(self.causal, bool):
@@ -120,8 +129,10 @@ class DirectPConfig:
         if self.debug_step is not None:
             _check_int("debug_step", self.debug_step, 0)
         if self.causal and r.block_kv % self.block_q and self.block_q % r.block_kv:
-            raise ValueError(f"causal attention needs block_kv={r.block_kv} and block_q="
-                             f"{self.block_q} to divide one another")
+            raise ValueError(
+                f"causal attention needs block_kv={r.block_kv} and block_q="
+                f"{self.block_q} to divide one another"
+            )
 
     @property
     def block_kv(self) -> int:
@@ -167,8 +178,9 @@ class DirectPDebug(NamedTuple):
     l: Any
 
 
-def prepare_operands(q: Any, k: Any, v: Any, recipe: AttentionRecipe = HW_FP4_DIRECT_P
-                     ) -> DirectPOperands:
+def prepare_operands(
+    q: Any, k: Any, v: Any, recipe: AttentionRecipe = HW_FP4_DIRECT_P
+) -> DirectPOperands:
     """Quantize float Q (B, T, Hq, D), K, V (B, S, Hkv, D) per ``recipe`` with the emulator's
     quantizers and decode them exactly to float16 (works under ``jax.jit``)."""
     import jax.numpy as jnp
@@ -189,13 +201,21 @@ def prepare_operands(q: Any, k: Any, v: Any, recipe: AttentionRecipe = HW_FP4_DI
     e = jnp.repeat(vop.exps, _P_BLOCK, axis=-2)
     vvals = (vop.values * _pow2_f32(jnp.maximum(e, -126)))[:, :, :s]  # exact (−127: zero block)
     f16 = jnp.float16
-    return DirectPOperands(q=jnp.swapaxes(qv, 1, 2).astype(f16),
-                           k=jnp.swapaxes(kv, 1, 2).astype(f16),
-                           vt=jnp.swapaxes(vvals, 2, 3).astype(f16))
+    return DirectPOperands(
+        q=jnp.swapaxes(qv, 1, 2).astype(f16),
+        k=jnp.swapaxes(kv, 1, 2).astype(f16),
+        vt=jnp.swapaxes(vvals, 2, 3).astype(f16),
+    )
 
 
-def attention_directp(q: Any, k: Any, v: Any, *, softmax_scale: float | None = None,
-                      config: DirectPConfig = DirectPConfig()) -> Any:
+def attention_directp(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    softmax_scale: float | None = None,
+    config: DirectPConfig = DirectPConfig(),
+) -> Any:
     """Prepare float Q, K, V per ``config.recipe`` and run the kernel: ``(O, LSE₂)`` (plus a
     :class:`DirectPDebug` with a debug step). O (B, T, Hq, D) in ``config.out_type``; LSE₂
     (B, Hq, T) float32 in log2 units."""
@@ -205,8 +225,12 @@ def attention_directp(q: Any, k: Any, v: Any, *, softmax_scale: float | None = N
     return attention_directp_prepared(ops, softmax_scale=softmax_scale, config=config)
 
 
-def attention_directp_prepared(ops: DirectPOperands, *, softmax_scale: float | None = None,
-                               config: DirectPConfig = DirectPConfig()) -> Any:
+def attention_directp_prepared(
+    ops: DirectPOperands,
+    *,
+    softmax_scale: float | None = None,
+    config: DirectPConfig = DirectPConfig(),
+) -> Any:
     """Run the Direct-P kernel on prepared operands (see :func:`attention_directp`)."""
     import jax.numpy as jnp
 
@@ -215,8 +239,9 @@ def attention_directp_prepared(ops: DirectPOperands, *, softmax_scale: float | N
     if not isinstance(config, DirectPConfig):
         raise TypeError(f"config={config!r} must be a DirectPConfig")
     if not isinstance(ops, DirectPOperands):
-        raise TypeError(f"ops must be DirectPOperands (see prepare_operands), got "
-                        f"{type(ops).__name__}")
+        raise TypeError(
+            f"ops must be DirectPOperands (see prepare_operands), got {type(ops).__name__}"
+        )
     b, t, hq, d = ops.q.shape
     s, hkv = ops.k.shape[1], ops.k.shape[2]
     _check_qkv_shapes(tuple(ops.q.shape), tuple(ops.k.shape), (b, s, hkv, d))
@@ -230,8 +255,9 @@ def attention_directp_prepared(ops: DirectPOperands, *, softmax_scale: float | N
         raise ValueError(f"causal attention needs as many keys as queries; got T={t}, S={s}")
     n_kv = -(-s // cfg.block_kv)
     if cfg.debug_step is not None and cfg.debug_step >= n_kv:
-        raise ValueError(f"debug_step={cfg.debug_step} out of range; this shape has "
-                         f"{n_kv} key tiles")
+        raise ValueError(
+            f"debug_step={cfg.debug_step} out of range; this shape has {n_kv} key tiles"
+        )
     softmax_scale = _checks.softmax_scale(softmax_scale, d)
     return _jitted()(ops, softmax_scale, cfg)
 
@@ -262,8 +288,11 @@ def _jitted():
         if cfg.debug_step is None:
             return o, lse
         dbg = outs[2]
-        return o, lse, DirectPDebug(p=dbg.p[:, :, :t], k=dbg.k[..., :t], m=dbg.m[..., :t],
-                                    l=dbg.l[..., :t])
+        return (
+            o,
+            lse,
+            DirectPDebug(p=dbg.p[:, :, :t], k=dbg.k[..., :t], m=dbg.m[..., :t], l=dbg.l[..., :t]),
+        )
 
     return jax.jit(fwd, static_argnums=(1, 2))
 
@@ -278,8 +307,13 @@ def _e2m1_rne(a: Any) -> Any:
     return jnp.minimum(q, 6.0)
 
 
-def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: DirectPConfig,
-                kv_len: int | None = None):
+def _build_call(
+    q_shape: tuple,
+    k_shape: tuple,
+    softmax_scale: float,
+    cfg: DirectPConfig,
+    kv_len: int | None = None,
+):
     import jax.numpy as jnp
     from jax import lax
 
@@ -313,8 +347,7 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Direc
             k_el = jnp.where(block == blk, bc_row(ks[blk]), k_el)
         x = t + (_LOG2_6 - k_el)
         if isinstance(conv, AffineP):
-            value = jnp.maximum(ftz(float(np.float32(conv.a)) * x) + float(np.float32(conv.b)),
-                                0.0)
+            value = jnp.maximum(ftz(float(np.float32(conv.a)) * x) + float(np.float32(conv.b)), 0.0)
         else:  # MitchellP: 2^floor(y)·(1 + frac(y)) from the float32 bit pattern
             y = x - float(np.float32(conv.shift))
             ok = y >= -126.0
@@ -326,8 +359,9 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Direc
         p16 = p32.astype(jnp.float16)
         l_tile = p16.astype(jnp.float32).sum(axis=1)  # Σ α_B·q_j as the tensor core sees it
         beta = jnp.exp2(m_i - m_new)
-        return StepResult(p=p16, l_tile=l_tile, m=m_new, beta=beta, pv_scale=None, state=(),
-                          debug=(*ks, m_new))
+        return StepResult(
+            p=p16, l_tile=l_tile, m=m_new, beta=beta, pv_scale=None, state=(), debug=(*ks, m_new)
+        )
 
     def finish(acc, l_i, m_i, state, rows):
         l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
@@ -336,18 +370,33 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Direc
         return out, lse
 
     run = build_forward(
-        q_shape=q_shape, k_shape=k_shape, in_dtype=jnp.float16, p_dtype=jnp.float16,
-        out_dtype=cfg.out_type.dtype, block_q=bq, block_kv=bkv,
-        max_concurrent_steps=cfg.max_concurrent_steps, causal=cfg.causal, n_columns=0,
-        row_input=False, math=TileMath(step=step, finish=finish, n_debug=n_blocks + 1),
-        debug_step=cfg.debug_step, kv_len=kv_len)
+        q_shape=q_shape,
+        k_shape=k_shape,
+        in_dtype=jnp.float16,
+        p_dtype=jnp.float16,
+        out_dtype=cfg.out_type.dtype,
+        block_q=bq,
+        block_kv=bkv,
+        max_concurrent_steps=cfg.max_concurrent_steps,
+        causal=cfg.causal,
+        n_columns=0,
+        row_input=False,
+        math=TileMath(step=step, finish=finish, n_debug=n_blocks + 1),
+        debug_step=cfg.debug_step,
+        kv_len=kv_len,
+    )
 
     def call(q16, k16, vt16):
         outs = run(q16, k16, vt16)
         if cfg.debug_step is None:
             return outs[0], outs[1]
         o, lse, dp, dr = outs
-        return o, lse, DirectPDebug(p=dp, k=dr[:, :, :n_blocks], m=dr[:, :, n_blocks],
-                                    l=dr[:, :, n_blocks + 1])
+        return (
+            o,
+            lse,
+            DirectPDebug(
+                p=dp, k=dr[:, :, :n_blocks], m=dr[:, :, n_blocks], l=dr[:, :, n_blocks + 1]
+            ),
+        )
 
     return call

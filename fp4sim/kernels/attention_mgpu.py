@@ -159,16 +159,22 @@ class OutType(enum.Enum):
     def dtype(self) -> np.dtype:
         import jax.numpy as jnp
 
-        return np.dtype({OutType.BFLOAT16: jnp.bfloat16, OutType.FLOAT16: jnp.float16,
-                         OutType.FLOAT32: jnp.float32}[self])
+        return np.dtype(
+            {
+                OutType.BFLOAT16: jnp.bfloat16,
+                OutType.FLOAT16: jnp.float16,
+                OutType.FLOAT32: jnp.float32,
+            }[self]
+        )
 
 
 def _check_int(name: str, value: Any, lo: int, multiple: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"FP8AttentionConfig.{name}={value!r} must be an int")
     if value < lo or value % multiple:
-        raise ValueError(f"FP8AttentionConfig.{name}={value!r} must be >= {lo} and a multiple "
-                         f"of {multiple}")
+        raise ValueError(
+            f"FP8AttentionConfig.{name}={value!r} must be >= {lo} and a multiple of {multiple}"
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -207,26 +213,37 @@ class FP8AttentionConfig:
         _check_int("block_q", self.block_q, 64, 64)
         _check_int("block_kv", self.block_kv, 64, 64)
         if self.block_kv > 256:
-            raise ValueError(f"FP8AttentionConfig.block_kv={self.block_kv} exceeds wgmma's N "
-                             f"limit; allowed: 64, 128, 192, 256")
+            raise ValueError(
+                f"FP8AttentionConfig.block_kv={self.block_kv} exceeds wgmma's N "
+                f"limit; allowed: 64, 128, 192, 256"
+            )
         _check_int("max_concurrent_steps", self.max_concurrent_steps, 2)
         for name in ("causal", "scale_blocks", "block_sums"):
             if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"FP8AttentionConfig.{name}={getattr(self, name)!r} must be a "
-                                f"bool")
-        for name, kind in (("conversion", PConversion), ("normalization", Normalization),
-                           ("out_type", OutType), ("ablation", Ablation)):
+                raise TypeError(f"FP8AttentionConfig.{name}={getattr(self, name)!r} must be a bool")
+        for name, kind in (
+            ("conversion", PConversion),
+            ("normalization", Normalization),
+            ("out_type", OutType),
+            ("ablation", Ablation),
+        ):
             if not isinstance(getattr(self, name), kind):
-                raise TypeError(f"FP8AttentionConfig.{name}={getattr(self, name)!r} must be a "
-                                f"{kind.__name__}; allowed: {[m.name for m in kind]}")
+                raise TypeError(
+                    f"FP8AttentionConfig.{name}={getattr(self, name)!r} must be a "
+                    f"{kind.__name__}; allowed: {[m.name for m in kind]}"
+                )
         if self.normalization is Normalization.EXACT:
-            raise ValueError("FP8AttentionConfig.normalization=EXACT needs an unquantized P; "
-                             "allowed: CONSISTENT, MISMATCHED")
+            raise ValueError(
+                "FP8AttentionConfig.normalization=EXACT needs an unquantized P; "
+                "allowed: CONSISTENT, MISMATCHED"
+            )
         if self.debug_step is not None:
             _check_int("debug_step", self.debug_step, 0)
         if self.causal and self.block_kv % self.block_q and self.block_q % self.block_kv:
-            raise ValueError(f"causal attention needs block_kv={self.block_kv} and block_q="
-                             f"{self.block_q} to divide one another")
+            raise ValueError(
+                f"causal attention needs block_kv={self.block_kv} and block_q="
+                f"{self.block_q} to divide one another"
+            )
 
     def replace(self, **changes: Any) -> FP8AttentionConfig:
         return dataclasses.replace(self, **changes)
@@ -237,8 +254,9 @@ SHIPPED_CONFIGS: tuple[FP8AttentionConfig, ...] = (
     FP8AttentionConfig(causal=True),
     FP8AttentionConfig(normalization=Normalization.MISMATCHED),
     FP8AttentionConfig(conversion=PConversion.EXACT),
-    FP8AttentionConfig(conversion=PConversion.EXACT, causal=True, debug_step=0,
-                       out_type=OutType.FLOAT32),
+    FP8AttentionConfig(
+        conversion=PConversion.EXACT, causal=True, debug_step=0, out_type=OutType.FLOAT32
+    ),
     FP8AttentionConfig(block_kv=64),
     FP8AttentionConfig(block_q=128, block_kv=64),
     FP8AttentionConfig(scale_blocks=False, block_sums=False),
@@ -311,8 +329,14 @@ def quantize_operands(q: Any, k: Any, v: Any) -> FP8Operands:
     kc, ke = tb(k)
     vc, ve = tb(v)
     as_f8 = lambda c: lax.bitcast_convert_type(c, f8)  # noqa: E731
-    return FP8Operands(q_codes=jnp.swapaxes(as_f8(qc), 1, 2), k_codes=jnp.swapaxes(as_f8(kc), 1, 2),
-                       vt_codes=jnp.swapaxes(as_f8(vc), 2, 3), q_exp=qe, k_exp=ke, v_exp=ve)
+    return FP8Operands(
+        q_codes=jnp.swapaxes(as_f8(qc), 1, 2),
+        k_codes=jnp.swapaxes(as_f8(kc), 1, 2),
+        vt_codes=jnp.swapaxes(as_f8(vc), 2, 3),
+        q_exp=qe,
+        k_exp=ke,
+        v_exp=ve,
+    )
 
 
 # --- the exact, exp-free P converter -----------------------------------------------------------
@@ -348,7 +372,10 @@ def _verify_threshold(th: np.float32, level: float, scale: float) -> None:
     def exact_level(f32: np.float32) -> float:
         x = ctx.power(decimal.Decimal(2), decimal.Decimal(float(f32)))  # 2^f to 60 digits
         r = np.float32(float(x))  # nearest double, then float32: checked against x below
-        lo_d, hi_d = decimal.Decimal(float(np.nextafter(r, np.float32(0)))), decimal.Decimal(float(np.nextafter(r, np.float32(4))))
+        lo_d, hi_d = (
+            decimal.Decimal(float(np.nextafter(r, np.float32(0)))),
+            decimal.Decimal(float(np.nextafter(r, np.float32(4)))),
+        )
         rd = decimal.Decimal(float(r))
         assert abs(x - rd) <= abs(x - lo_d) and abs(x - rd) <= abs(x - hi_d), f"CR32 check at {th}"
         return float(np.rint(np.float64(r) * scale))
@@ -371,9 +398,13 @@ def e4m3_exp2_thresholds() -> dict[int, tuple[float, ...]]:
     even) included.
     """
     out: dict[int, tuple[float, ...]] = {}
-    for key, scale, levels in ((0, 8.0, range(9, 17)), (-7, 4.0, range(5, 9)),
-                               (-8, 2.0, range(3, 5)), (-9, 1.0, range(2, 3)),
-                               (-10, 0.5, range(1, 2))):
+    for key, scale, levels in (
+        (0, 8.0, range(9, 17)),
+        (-7, 4.0, range(5, 9)),
+        (-8, 2.0, range(3, 5)),
+        (-9, 1.0, range(2, 3)),
+        (-10, 0.5, range(1, 2)),
+    ):
         ths = []
         for lev in levels:
             th = _first_f_reaching(float(lev), scale)
@@ -404,10 +435,17 @@ def exact_e4m3_exp2(t: Any, g: Any) -> Any:
     k = count(f, th[0])
     nc = jnp.minimum(jnp.maximum(n, -6.0), 8.0)
     normal = (1.0 + k * 0.125) * _pow2_f32(nc)
-    sub = jnp.where(n == -7.0, 4.0 + count(f, th[-7]),
-                    jnp.where(n == -8.0, 2.0 + count(f, th[-8]),
-                              jnp.where(n == -9.0, 1.0 + count(f, th[-9]),
-                                        jnp.where(n == -10.0, count(f, th[-10]), 0.0))))
+    sub = jnp.where(
+        n == -7.0,
+        4.0 + count(f, th[-7]),
+        jnp.where(
+            n == -8.0,
+            2.0 + count(f, th[-8]),
+            jnp.where(
+                n == -9.0, 1.0 + count(f, th[-9]), jnp.where(n == -10.0, count(f, th[-10]), 0.0)
+            ),
+        ),
+    )
     return jnp.where(n >= -6.0, normal, sub * float.fromhex("0x1p-9"))
 
 
@@ -428,8 +466,14 @@ class DebugTile(NamedTuple):
     l: Any
 
 
-def attention_fp8(q: Any, k: Any, v: Any, *, softmax_scale: float | None = None,
-                  config: FP8AttentionConfig = FP8AttentionConfig()) -> Any:
+def attention_fp8(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    softmax_scale: float | None = None,
+    config: FP8AttentionConfig = FP8AttentionConfig(),
+) -> Any:
     """Quantize float Q, K, V to token-block E4M3 and run the FP8 forward kernel.
 
     Shapes ``q`` (B, T, Hq, D), ``k``/``v`` (B, S, Hkv, D). Returns ``(O, LSE₂)`` (or with a
@@ -440,8 +484,12 @@ def attention_fp8(q: Any, k: Any, v: Any, *, softmax_scale: float | None = None,
     return attention_fp8_quantized(ops, softmax_scale=softmax_scale, config=config)
 
 
-def attention_fp8_quantized(ops: FP8Operands, *, softmax_scale: float | None = None,
-                            config: FP8AttentionConfig = FP8AttentionConfig()) -> Any:
+def attention_fp8_quantized(
+    ops: FP8Operands,
+    *,
+    softmax_scale: float | None = None,
+    config: FP8AttentionConfig = FP8AttentionConfig(),
+) -> Any:
     """Run the forward kernel on already quantized operands (see :func:`attention_fp8`).
 
     Any ``T`` and ``S`` (``T == S`` when causal), any ``Hq`` that is a multiple of ``Hkv``.
@@ -458,21 +506,24 @@ def attention_fp8_quantized(ops: FP8Operands, *, softmax_scale: float | None = N
     if not isinstance(config, FP8AttentionConfig):
         raise TypeError(f"config={config!r} must be an FP8AttentionConfig")
     if not isinstance(ops, FP8Operands):
-        raise TypeError(f"ops must be FP8Operands (see quantize_operands), got {type(ops).__name__}")
+        raise TypeError(
+            f"ops must be FP8Operands (see quantize_operands), got {type(ops).__name__}"
+        )
     b, t, hq, d = ops.q_codes.shape
     s = ops.k_codes.shape[1]
     hkv = ops.k_codes.shape[2]
-    _check_qkv_shapes(ops.q_codes.shape, ops.k_codes.shape,
-                      (b, s, hkv, d))
+    _check_qkv_shapes(ops.q_codes.shape, ops.k_codes.shape, (b, s, hkv, d))
     for name, x in (("q_codes", ops.q_codes), ("k_codes", ops.k_codes), ("vt_codes", ops.vt_codes)):
         if np.dtype(x.dtype) != np.dtype(jnp.float8_e4m3fn):
             raise TypeError(f"ops.{name} has dtype {x.dtype}; allowed: float8_e4m3fn")
     if tuple(ops.vt_codes.shape) != (b, hkv, d, s):
         raise ValueError(f"ops.vt_codes shape {tuple(ops.vt_codes.shape)} must be {(b, hkv, d, s)}")
     nb = lambda n: -(-n // TOKEN_BLOCK)  # noqa: E731
-    for name, x, shp in (("q_exp", ops.q_exp, (b, hq, nb(t))),
-                         ("k_exp", ops.k_exp, (b, hkv, nb(s))),
-                         ("v_exp", ops.v_exp, (b, hkv, nb(s)))):
+    for name, x, shp in (
+        ("q_exp", ops.q_exp, (b, hq, nb(t))),
+        ("k_exp", ops.k_exp, (b, hkv, nb(s))),
+        ("v_exp", ops.v_exp, (b, hkv, nb(s))),
+    ):
         if tuple(x.shape) != shp:
             raise ValueError(f"ops.{name} shape {tuple(x.shape)} must be {shp}")
     cfg = config
@@ -480,7 +531,9 @@ def attention_fp8_quantized(ops: FP8Operands, *, softmax_scale: float | None = N
         raise ValueError(f"causal attention needs as many keys as queries; got T={t}, S={s}")
     n_kv = _padded(s, cfg.block_kv) // cfg.block_kv
     if cfg.debug_step is not None and cfg.debug_step >= n_kv:
-        raise ValueError(f"debug_step={cfg.debug_step} out of range; this shape has {n_kv} key tiles")
+        raise ValueError(
+            f"debug_step={cfg.debug_step} out of range; this shape has {n_kv} key tiles"
+        )
     softmax_scale = _checks.softmax_scale(softmax_scale, d)
     return _attention_jit(ops, softmax_scale, cfg)
 
@@ -561,8 +614,15 @@ def _kernel_inputs(ops: FP8Operands, cfg: FP8AttentionConfig, xp: Any) -> dict[s
     e_tile = xp.where(e_tile == -1000, 0, e_tile)
     e_tile = xp.repeat(e_tile, bkv, axis=-1)
     ev = xp.where(zero_v, e_tile, ev)
-    cols = xp.stack([pow2(ek), (ev - e_tile + _P_HEADROOM).astype(f32),
-                     pow2(xp.minimum(e_tile - ev, _COL_CLAMP)), e_tile.astype(f32)], axis=2)
+    cols = xp.stack(
+        [
+            pow2(ek),
+            (ev - e_tile + _P_HEADROOM).astype(f32),
+            pow2(xp.minimum(e_tile - ev, _COL_CLAMP)),
+            e_tile.astype(f32),
+        ],
+        axis=2,
+    )
     return {"q_scale": q_scale, "cols": cols, "t_pad": t_pad, "s_pad": s_pad}
 
 
@@ -592,12 +652,22 @@ def _forward(ops: FP8Operands, softmax_scale: float, cfg: FP8AttentionConfig) ->
     if cfg.debug_step is None:
         return o, lse
     dbg = outs[2]
-    return o, lse, DebugTile(p_codes=dbg.p_codes[:, :, :t], f=dbg.f[..., :t], m=dbg.m[..., :t],
-                             l=dbg.l[..., :t])
+    return (
+        o,
+        lse,
+        DebugTile(
+            p_codes=dbg.p_codes[:, :, :t], f=dbg.f[..., :t], m=dbg.m[..., :t], l=dbg.l[..., :t]
+        ),
+    )
 
 
-def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8AttentionConfig,
-                kv_len: int | None = None):
+def _build_call(
+    q_shape: tuple,
+    k_shape: tuple,
+    softmax_scale: float,
+    cfg: FP8AttentionConfig,
+    kv_len: int | None = None,
+):
     import jax.numpy as jnp
     from jax import lax
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -615,7 +685,7 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
 
     nb = bkv // TOKEN_BLOCK
     bc_blk = lambda x: lax.broadcast_in_dim(x, (bq, TOKEN_BLOCK), [0])  # noqa: E731
-    sums_on_mma = (cfg.block_sums and consistent and ab is Ablation.NONE)
+    sums_on_mma = cfg.block_sums and consistent and ab is Ablation.NONE
 
     def l_from_sums(ctx, f_tile, e_t):
         """The tile's normalizer from the tensor core's per-block sums of the P codes:
@@ -630,6 +700,7 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
 
         def fn(sums):  # (bq, 8): column b = block b's sum (b < nb), zero beyond
             return (sums * w8).sum(axis=1) * unit_l
+
         return fn
 
     def blocked_step(ctx, m_i, cq):
@@ -640,7 +711,7 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
         hb = [col(1, b) for b in range(nb)]
         lc = [col(2, b) for b in range(nb)]
         e_t = ctx.col_ref[3, 0]
-        s_b = [ctx.s[:, b * TOKEN_BLOCK:(b + 1) * TOKEN_BLOCK] for b in range(nb)]
+        s_b = [ctx.s[:, b * TOKEN_BLOCK : (b + 1) * TOKEN_BLOCK] for b in range(nb)]
         z_b = [x * k for x, k in zip(s_b, ks, strict=True)]  # exact: power-of-two scales
         z_el = functools.reduce(jnp.maximum, z_b)
         z_max = z_el.max(axis=1)
@@ -648,41 +719,56 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
         g_row = _ceil_f32((z_max - m_new) * cq)  # every key visible: A = E_T
         f_tile = g_row + (e_t - _P_HEADROOM)
         if exact:
-            p_b = [exact_e4m3_exp2((z - bc_blk(m_new)) * bc_blk(cq), h - bc_blk(g_row))
-                   for z, h in zip(z_b, hb, strict=True)]
+            p_b = [
+                exact_e4m3_exp2((z - bc_blk(m_new)) * bc_blk(cq), h - bc_blk(g_row))
+                for z, h in zip(z_b, hb, strict=True)
+            ]
         else:  # 2^(z·c_r + h − r) with z·c_r = s·(2^e_K·c_r) exactly: one FMA per element
             r = m_new * cq + g_row
-            p_b = [jnp.exp2(x * bc_blk(k * cq) + bc_blk(h - r))
-                   for x, k, h in zip(s_b, ks, hb, strict=True)]
+            p_b = [
+                jnp.exp2(x * bc_blk(k * cq) + bc_blk(h - r))
+                for x, k, h in zip(s_b, ks, hb, strict=True)
+            ]
         p_all = jnp.concatenate(p_b, axis=1)
         p8 = p_all.astype(f8)
         unit = jnp.exp2(f_tile)
         l_tile = None
         if sums_on_mma:
             beta = jnp.exp2((m_i - m_new) * cq)
-            return StepResult(p=p8, l_tile=None, m=m_new, beta=beta, pv_scale=unit, state=(),
-                              debug=(f_tile, m_new), l_sums=l_from_sums(ctx, f_tile, e_t))
+            return StepResult(
+                p=p8,
+                l_tile=None,
+                m=m_new,
+                beta=beta,
+                pv_scale=unit,
+                state=(),
+                debug=(f_tile, m_new),
+                l_sums=l_from_sums(ctx, f_tile, e_t),
+            )
         if ab is not Ablation.SKIP_NORMALIZER:
             if consistent:
                 w_all = p8.astype(f32)
-                w_b = [w_all[:, b * TOKEN_BLOCK:(b + 1) * TOKEN_BLOCK] for b in range(nb)]
+                w_b = [w_all[:, b * TOKEN_BLOCK : (b + 1) * TOKEN_BLOCK] for b in range(nb)]
             elif not exact:
                 w_b = p_b
             else:
-                w_b = [jnp.exp2((z - bc_blk(m_new)) * bc_blk(cq) + (h - bc_blk(g_row)))
-                       for z, h in zip(z_b, hb, strict=True)]
+                w_b = [
+                    jnp.exp2((z - bc_blk(m_new)) * bc_blk(cq) + (h - bc_blk(g_row)))
+                    for z, h in zip(z_b, hb, strict=True)
+                ]
             acc_w = w_b[0] * lc[0]
             for w, lcb in zip(w_b[1:], lc[1:], strict=True):
                 acc_w = acc_w + w * lcb
             l_tile = acc_w.sum(axis=1) * jnp.exp2(f_tile - e_t)
         beta = jnp.exp2((m_i - m_new) * cq)
-        return StepResult(p=p8, l_tile=l_tile, m=m_new, beta=beta, pv_scale=unit, state=(),
-                          debug=(f_tile, m_new))
+        return StepResult(
+            p=p8, l_tile=l_tile, m=m_new, beta=beta, pv_scale=unit, state=(), debug=(f_tile, m_new)
+        )
 
     def step(ctx, m_i, state):
         # c·2^e_Q per row: exact scaling of c (NaN-marked rows run as zero rows)
         cq = jnp.where(ctx.rows != ctx.rows, 0.0, ctx.rows) * c
-        if (cfg.scale_blocks and ctx.visible is None and ab is not Ablation.SKIP_KEY_COLUMNS):
+        if cfg.scale_blocks and ctx.visible is None and ab is not Ablation.SKIP_KEY_COLUMNS:
             return blocked_step(ctx, m_i, cq)
         if ab is Ablation.SKIP_KEY_COLUMNS:
             z, h, evinv, e_t = ctx.s, None, None, 0.0
@@ -715,23 +801,33 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
         l_tile = None
         if sums_on_mma:
             beta = jnp.exp2((m_i - m_new) * cq)
-            return StepResult(p=p8, l_tile=None, m=m_new, beta=beta, pv_scale=unit, state=(),
-                              debug=(f_tile, m_new), l_sums=l_from_sums(ctx, f_tile, e_t))
+            return StepResult(
+                p=p8,
+                l_tile=None,
+                m=m_new,
+                beta=beta,
+                pv_scale=unit,
+                state=(),
+                debug=(f_tile, m_new),
+                l_sums=l_from_sums(ctx, f_tile, e_t),
+            )
         if ab is not Ablation.SKIP_NORMALIZER:
             if consistent:
                 w = p8.astype(f32)
             elif p_u is not None:
                 w = p_u
             else:
-                w = jnp.exp2((z - bc_row(m_new, bkv)) * bc_row(cq, bkv)
-                             + (hcol - bc_row(g_row, bkv)))
+                w = jnp.exp2(
+                    (z - bc_row(m_new, bkv)) * bc_row(cq, bkv) + (hcol - bc_row(g_row, bkv))
+                )
             # Σ_j P_c(j)·2^(F − e_V(j)) = 2^(F − E_T)·Σ_j P_c(j)·2^(E_T − e_V(j)): each term of
             # the sum is <= 2^8 (P_c carries 2^(e_V − F)), so it neither overflows nor flushes.
             l_unit = unit if h is None else jnp.exp2(f_tile - e_t)
             l_tile = (w if evinv is None else w * bc_col(evinv)).sum(axis=1) * l_unit
         beta = jnp.exp2((m_i - m_new) * cq)
-        return StepResult(p=p8, l_tile=l_tile, m=m_new, beta=beta, pv_scale=unit, state=(),
-                          debug=(f_tile, m_new))
+        return StepResult(
+            p=p8, l_tile=l_tile, m=m_new, beta=beta, pv_scale=unit, state=(), debug=(f_tile, m_new)
+        )
 
     def finish(acc, l_i, m_i, state, rows):
         l_safe = jnp.where(l_i == 0.0, 1.0, l_i)
@@ -742,12 +838,23 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
         return out, lse
 
     run = build_forward(
-        q_shape=q_shape, k_shape=k_shape, in_dtype=f8, p_dtype=f8, out_dtype=cfg.out_type.dtype,
-        block_q=bq, block_kv=bkv, max_concurrent_steps=cfg.max_concurrent_steps,
-        causal=cfg.causal, n_columns=4, row_input=True,
+        q_shape=q_shape,
+        k_shape=k_shape,
+        in_dtype=f8,
+        p_dtype=f8,
+        out_dtype=cfg.out_type.dtype,
+        block_q=bq,
+        block_kv=bkv,
+        max_concurrent_steps=cfg.max_concurrent_steps,
+        causal=cfg.causal,
+        n_columns=4,
+        row_input=True,
         math=TileMath(step=step, finish=finish, n_debug=2),
-        debug_step=cfg.debug_step, skip_pv=ab is Ablation.SKIP_PV, kv_len=kv_len,
-        block_sums=sums_on_mma)
+        debug_step=cfg.debug_step,
+        skip_pv=ab is Ablation.SKIP_PV,
+        kv_len=kv_len,
+        block_sums=sums_on_mma,
+    )
 
     def call(q_codes, k_codes, vt_codes, q_scale, kv_cols):
         outs = run(q_codes, k_codes, vt_codes, q_scale, kv_cols)
@@ -760,8 +867,9 @@ def _build_call(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: FP8At
 
 
 # --- float64 reference of the kernel's recipe (the test oracle) --------------------------------
-def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8AttentionConfig,
-                      scores: Any = None) -> dict[str, np.ndarray]:
+def reference_forward(
+    ops: FP8Operands, *, softmax_scale: float, config: FP8AttentionConfig, scores: Any = None
+) -> dict[str, np.ndarray]:
     """NumPy evaluation of the kernel's numerics (module docstring, steps 1-7), tile by tile.
 
     Float32 where the kernel's result is bit-defined (z, m, t, F, P codes), float64 for the
@@ -790,15 +898,19 @@ def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8Atte
     kscale, ev, lcol, e_tile = (ins["cols"][:, :, i] for i in range(4))
     ev = ev + e_tile - _P_HEADROOM  # e_V' (zero blocks take E_T)
     c = np.float32(softmax_scale * _LOG2E)
-    out = {"o": np.zeros((b, t_pad, hq, d)), "lse": np.zeros((b, hq, t_pad)),
-           "p_codes": np.full((n_kv, b, hq, t_pad, bkv), np.nan, np.float32),
-           "f": np.full((n_kv, b, hq, t_pad), np.nan), "m": np.full((n_kv, b, hq, t_pad), np.nan),
-           "l": np.full((n_kv, b, hq, t_pad), np.nan)}
+    out = {
+        "o": np.zeros((b, t_pad, hq, d)),
+        "lse": np.zeros((b, hq, t_pad)),
+        "p_codes": np.full((n_kv, b, hq, t_pad, bkv), np.nan, np.float32),
+        "f": np.full((n_kv, b, hq, t_pad), np.nan),
+        "m": np.full((n_kv, b, hq, t_pad), np.nan),
+        "l": np.full((n_kv, b, hq, t_pad), np.nan),
+    }
     for bi in range(b):
         for h in range(hq):
             kh = h // (hq // hkv)
             if scores is None:
-                sc = (qc[bi, :, h, :].astype(np.float64) @ kc[bi, :, kh, :].astype(np.float64).T)
+                sc = qc[bi, :, h, :].astype(np.float64) @ kc[bi, :, kh, :].astype(np.float64).T
                 sc = sc.astype(np.float32)
             else:
                 sc = np.zeros((t_pad, s_pad), np.float32)
@@ -814,7 +926,7 @@ def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8Atte
                 cq = (c * np.where(np.isnan(qs), 0, qs)).astype(np.float32)  # exact scaling of c
                 for j in range(steps):
                     cols = slice(j * bkv, (j + 1) * bkv)
-                    z = (sc[rows, cols] * kscale[bi, kh, cols][None, :])
+                    z = sc[rows, cols] * kscale[bi, kh, cols][None, :]
                     z = z.astype(np.float32)  # exact: power-of-two column scale
                     keys = np.arange(j * bkv, (j + 1) * bkv)[None, :]
                     visible = np.broadcast_to(keys < s_len, (bq, bkv))
@@ -824,7 +936,9 @@ def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8Atte
                     z_max = z.max(axis=1)
                     m_new = np.maximum(m, z_max)
                     with np.errstate(invalid="ignore"):
-                        t = ((z - m_new[:, None]).astype(np.float32) * cq[:, None]).astype(np.float32)
+                        t = ((z - m_new[:, None]).astype(np.float32) * cq[:, None]).astype(
+                            np.float32
+                        )
                         t_max = ((z_max - m_new).astype(np.float32) * cq).astype(np.float32)
                     evj = ev[bi, kh, cols].astype(np.float32)
                     a_r = np.where(visible, evj[None, :], -np.inf).max(axis=1)
@@ -835,20 +949,31 @@ def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8Atte
                         n0 = np.floor(t.astype(np.float64))
                         frac = np.where(np.isfinite(n0), t - n0, 0.0)
                     p32 = np.exp2(frac).astype(np.float32)  # CR32 exp2 of the fraction
-                    scaled = np.where(np.isfinite(n0), p32.astype(np.float64) *
-                                      np.exp2(np.where(np.isfinite(n0), n0, 0.0) + g), 0.0)
-                    codes = scaled.astype(np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+                    scaled = np.where(
+                        np.isfinite(n0),
+                        p32.astype(np.float64) * np.exp2(np.where(np.isfinite(n0), n0, 0.0) + g),
+                        0.0,
+                    )
+                    codes = (
+                        scaled.astype(np.float32).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+                    )
                     unit = np.exp2(f_tile.astype(np.float64))  # the tile's units 2^F
                     et = np.float64(e_tile[bi, kh, j * bkv])
                     if cfg.normalization is Normalization.CONSISTENT:  # see the kernel's step
                         l_add = (codes.astype(np.float64) * lcol[bi, kh, cols][None, :]).sum(
-                            axis=1) * np.exp2(f_tile.astype(np.float64) - et)
+                            axis=1
+                        ) * np.exp2(f_tile.astype(np.float64) - et)
                     else:
-                        l_add = (np.exp2(t.astype(np.float64) + g) *
-                                 np.exp2(-evj.astype(np.float64))[None, :]).sum(axis=1) * unit
+                        l_add = (
+                            np.exp2(t.astype(np.float64) + g)
+                            * np.exp2(-evj.astype(np.float64))[None, :]
+                        ).sum(axis=1) * unit
                     beta = np.exp2((m.astype(np.float64) - m_new) * cq)
-                    acc = acc * beta[:, None] + (codes.astype(np.float64) @ (
-                        vtc[bi, kh][:, cols].T.astype(np.float64))) * unit[:, None]
+                    acc = (
+                        acc * beta[:, None]
+                        + (codes.astype(np.float64) @ (vtc[bi, kh][:, cols].T.astype(np.float64)))
+                        * unit[:, None]
+                    )
                     l = l * beta + l_add
                     m, f = m_new, f_tile
                     out["p_codes"][j, bi, h, rows] = codes
@@ -860,8 +985,10 @@ def reference_forward(ops: FP8Operands, *, softmax_scale: float, config: FP8Atte
                 poison = np.where(row_nan[bi, h, rows], np.nan, 1.0)
                 out["o"][bi, rows, h, :] = acc / safe[:, None] * poison[:, None]
                 with np.errstate(divide="ignore"):
-                    out["lse"][bi, h, rows] = np.where(l == 0, -np.inf, m.astype(np.float64) * cq
-                                                       + np.log2(safe)) * poison
+                    out["lse"][bi, h, rows] = (
+                        np.where(l == 0, -np.inf, m.astype(np.float64) * cq + np.log2(safe))
+                        * poison
+                    )
     out["o"] = out["o"][:, :t_len]
     for key in ("lse", "p_codes", "f", "m", "l"):
         out[key] = out[key][..., :t_len] if key != "p_codes" else out[key][:, :, :, :t_len]

@@ -59,12 +59,15 @@ def emulator_recipe(config: FP8AttentionConfig):
     if not isinstance(config, FP8AttentionConfig):
         raise TypeError(f"config={config!r} must be an FP8AttentionConfig")
     base = r.TRAINING_PRESETS["flamia_mxfp8_training"]
-    fwd = base.forward.replace(qk=r.QKFormat.TOKEN_BLOCK_FP8, normalization=config.normalization,
-                               block_kv=config.block_kv)
-    return base.replace(name=f"fp8 kernel ({config.normalization.name.lower()}, "
-                             f"block_kv={config.block_kv})",
-                        forward=fwd, p_backward=P_SQUARE_RCEIL,
-                        ds_probabilities=r.DsProbabilities.HIGH_PRECISION)
+    fwd = base.forward.replace(
+        qk=r.QKFormat.TOKEN_BLOCK_FP8, normalization=config.normalization, block_kv=config.block_kv
+    )
+    return base.replace(
+        name=f"fp8 kernel ({config.normalization.name.lower()}, block_kv={config.block_kv})",
+        forward=fwd,
+        p_backward=P_SQUARE_RCEIL,
+        ds_probabilities=r.DsProbabilities.HIGH_PRECISION,
+    )
 
 
 NEAREST_EMULATOR_RECIPE = {cfg: emulator_recipe(cfg) for cfg in SHIPPED_CONFIGS}
@@ -73,14 +76,26 @@ NEAREST_EMULATOR_RECIPE = {cfg: emulator_recipe(cfg) for cfg in SHIPPED_CONFIGS}
 
 def tile_multiple(forward: FP8AttentionConfig, backward: BackwardConfig) -> int:
     """The length every sequence must be a multiple of for this pair of configurations."""
-    return math.lcm(2 * forward.block_q, forward.block_kv, backward.block_q, backward.block_kv,
-                    backward.dq_block_q, backward.dq_block_kv)
+    return math.lcm(
+        2 * forward.block_q,
+        forward.block_kv,
+        backward.block_q,
+        backward.block_kv,
+        backward.dq_block_q,
+        backward.dq_block_kv,
+    )
 
 
-def fp8_attention(q: Any, k: Any, v: Any, *, causal: bool = False,
-                  softmax_scale: float | None = None,
-                  forward: FP8AttentionConfig = SHIPPED_CONFIGS[0],
-                  backward: BackwardConfig = SHIPPED_BACKWARD_CONFIGS[0]) -> Any:
+def fp8_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    forward: FP8AttentionConfig = SHIPPED_CONFIGS[0],
+    backward: BackwardConfig = SHIPPED_BACKWARD_CONFIGS[0],
+) -> Any:
     """O (B, T, Hq, D) of the FP8 forward kernel, differentiable by ``jax.grad``/``jax.vjp``.
 
     ``q`` (B, T, Hq, D), ``k``/``v`` (B, S, Hkv, D) floating jax arrays. ``causal`` overrides
@@ -96,8 +111,10 @@ def fp8_attention(q: Any, k: Any, v: Any, *, causal: bool = False,
     if not isinstance(causal, bool):
         raise TypeError(f"causal={causal!r} must be a bool")
     if forward.debug_step is not None or backward.debug_step is not None:
-        raise ValueError("fp8_attention runs without debug outputs; got debug_step="
-                         f"{forward.debug_step}/{backward.debug_step} (call the kernels directly)")
+        raise ValueError(
+            "fp8_attention runs without debug outputs; got debug_step="
+            f"{forward.debug_step}/{backward.debug_step} (call the kernels directly)"
+        )
     for name, x in (("q", q), ("k", k), ("v", v)):
         if len(x.shape) != 4:
             raise ValueError(f"{name} must be 4-D (B, N, H, D); got shape {tuple(x.shape)}")
@@ -108,20 +125,28 @@ def fp8_attention(q: Any, k: Any, v: Any, *, causal: bool = False,
     b, t, hq, d = q.shape
     s, hkv = k.shape[1], k.shape[2]
     if k.shape[0] != b or k.shape[3] != d or hq % hkv:
-        raise ValueError(f"k shape {tuple(k.shape)} does not fit q shape {tuple(q.shape)} (same "
-                         f"batch and head_dim, q heads a multiple of kv heads)")
+        raise ValueError(
+            f"k shape {tuple(k.shape)} does not fit q shape {tuple(q.shape)} (same "
+            f"batch and head_dim, q heads a multiple of kv heads)"
+        )
     if d not in (64, 128):
         raise ValueError(f"head_dim={d} is not supported; allowed: 64, 128")
     mult = tile_multiple(forward, backward)
     if causal and s != t:
         raise ValueError(f"causal attention needs as many keys as queries; got T={t}, S={s}")
     if not causal and (t % mult or s % mult):
-        raise ValueError(f"non-causal lengths T={t}, S={s} must be multiples of {mult} (padded "
-                         f"keys would be attended to); causal inputs are padded")
+        raise ValueError(
+            f"non-causal lengths T={t}, S={s} must be multiples of {mult} (padded "
+            f"keys would be attended to); causal inputs are padded"
+        )
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(d)
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
-            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+    if (
+        isinstance(softmax_scale, bool)
+        or not isinstance(softmax_scale, (int, float))
+        or not math.isfinite(softmax_scale)
+        or softmax_scale <= 0
+    ):
         raise ValueError(f"softmax_scale={softmax_scale!r} must be a positive finite float")
     fcfg = forward.replace(causal=causal)
     bcfg = backward.replace(causal=causal)
@@ -149,12 +174,12 @@ def _vjp(softmax_scale: float, fcfg: FP8AttentionConfig, bcfg: BackwardConfig, m
 
     def primal(q, k, v):
         o, _ = run_forward(q, k, v)
-        return o[:, :q.shape[1]]
+        return o[:, : q.shape[1]]
 
     def fwd(q, k, v):
         o, res = run_forward(q, k, v)
         dtypes = (jnp.zeros((), q.dtype), jnp.zeros((), k.dtype), jnp.zeros((), v.dtype))
-        return o[:, :q.shape[1]], (res, dtypes)
+        return o[:, : q.shape[1]], (res, dtypes)
 
     def bwd(saved, g):
         (ops, o, lse), (zq, zk, zv) = saved
@@ -163,8 +188,9 @@ def _vjp(softmax_scale: float, fcfg: FP8AttentionConfig, bcfg: BackwardConfig, m
         if n != t:  # padded queries: p = 2^(u − inf) = 0 in the backward
             lse = lse.at[:, :, t:].set(jnp.inf)
         g = _pad(jnp.asarray(g, jnp.float32), n)
-        dq, dk, dv = attention_fp8_backward(BackwardResiduals(ops, o, lse), g,
-                                            softmax_scale=softmax_scale, config=bcfg)
+        dq, dk, dv = attention_fp8_backward(
+            BackwardResiduals(ops, o, lse), g, softmax_scale=softmax_scale, config=bcfg
+        )
         if n != t:  # causal: T == S, both padded
             dq, dk, dv = dq[:, :t], dk[:, :t], dv[:, :t]
         return dq.astype(zq.dtype), dk.astype(zk.dtype), dv.astype(zv.dtype)
@@ -172,4 +198,3 @@ def _vjp(softmax_scale: float, fcfg: FP8AttentionConfig, bcfg: BackwardConfig, m
     f = jax.custom_vjp(primal)
     f.defvjp(fwd, bwd)
     return f
-

@@ -41,8 +41,15 @@ from fp4sim.formats.blocks import (
     QuantizedArray,
 )
 
-__all__ = ["BlackwellFormat", "BlackwellMatmulConfig", "shipped_configs", "build_kernel",
-           "blackwell_scaled_matmul", "kernel_operands", "avals"]
+__all__ = [
+    "BlackwellFormat",
+    "BlackwellMatmulConfig",
+    "shipped_configs",
+    "build_kernel",
+    "blackwell_scaled_matmul",
+    "kernel_operands",
+    "avals",
+]
 
 
 class BlackwellFormat(enum.Enum):
@@ -62,8 +69,12 @@ class BlackwellFormat(enum.Enum):
         return self is not BlackwellFormat.MXFP8
 
 
-_OF_BLOCK_FORMAT = {MXFP8_E4M3.name: BlackwellFormat.MXFP8, MXFP4.name: BlackwellFormat.MXFP4,
-                    NVFP4.name: BlackwellFormat.NVFP4, NVFP4_SINGLE.name: BlackwellFormat.NVFP4}
+_OF_BLOCK_FORMAT = {
+    MXFP8_E4M3.name: BlackwellFormat.MXFP8,
+    MXFP4.name: BlackwellFormat.MXFP4,
+    NVFP4.name: BlackwellFormat.NVFP4,
+    NVFP4_SINGLE.name: BlackwellFormat.NVFP4,
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,8 +107,9 @@ class BlackwellMatmulConfig:
 
 def shipped_configs() -> tuple[BlackwellMatmulConfig, ...]:
     """Every configuration fp4sim ships (each cross-lowered and assembled for sm_100a in CI)."""
-    return tuple(BlackwellMatmulConfig(fmt=f, tile_n=t) for f in BlackwellFormat
-                 for t in (128, 256))
+    return tuple(
+        BlackwellMatmulConfig(fmt=f, tile_n=t) for f in BlackwellFormat for t in (128, 256)
+    )
 
 
 def _dtypes(fmt: BlackwellFormat) -> tuple[Any, Any]:
@@ -128,26 +140,32 @@ def build_kernel(cfg: BlackwellMatmulConfig, m: int, n: int, k: int) -> Any:
     ks = tk // cfg.fmt.block // 4  # scale columns of one K step, in 4-column tiles
     k_iters = k // tk
 
-    def body(a_g, b_g, sa_g, sb_g, o_g, a_s, b_s, sa_s, sb_s, o_s, sa_t, sb_t, acc_t, tma_bar,
-             mma_bar):
+    def body(
+        a_g, b_g, sa_g, sb_g, o_g, a_s, b_s, sa_s, sb_s, o_s, sa_t, sb_t, acc_t, tma_bar, mma_bar
+    ):
         mi = lax.axis_index("m")
         ni = lax.axis_index("n")
 
         def step(ki, carry):
-            plgpu.copy_gmem_to_smem(a_g.at[pl.ds(mi * tm, tm), pl.ds(ki * tk, tk)], a_s,
-                                    tma_bar)
-            plgpu.copy_gmem_to_smem(b_g.at[pl.ds(ni * tn, tn), pl.ds(ki * tk, tk)], b_s,
-                                    tma_bar)
-            plgpu.copy_gmem_to_smem(sa_g.at[pl.ds(mi, 1), pl.ds(ki * ks, ks)], sa_s,
-                                    tma_bar)
-            plgpu.copy_gmem_to_smem(sb_g.at[pl.ds(ni * (tn // 128), tn // 128),
-                                            pl.ds(ki * ks, ks)], sb_s, tma_bar)
+            plgpu.copy_gmem_to_smem(a_g.at[pl.ds(mi * tm, tm), pl.ds(ki * tk, tk)], a_s, tma_bar)
+            plgpu.copy_gmem_to_smem(b_g.at[pl.ds(ni * tn, tn), pl.ds(ki * tk, tk)], b_s, tma_bar)
+            plgpu.copy_gmem_to_smem(sa_g.at[pl.ds(mi, 1), pl.ds(ki * ks, ks)], sa_s, tma_bar)
+            plgpu.copy_gmem_to_smem(
+                sb_g.at[pl.ds(ni * (tn // 128), tn // 128), pl.ds(ki * ks, ks)], sb_s, tma_bar
+            )
             plgpu.barrier_wait(tma_bar)
             # issued from the same thread as the MMA: ordered ahead of it, no barrier needed
             plgpu.async_copy_scales_to_tmem(sa_s, sa_t)
             plgpu.async_copy_scales_to_tmem(sb_s, sb_t)
-            plgpu.tcgen05_mma(acc_t, a_s, b_s.transpose((1, 0)), mma_bar,
-                              a_scale=sa_t, b_scale=sb_t, accumulate=ki > 0)
+            plgpu.tcgen05_mma(
+                acc_t,
+                a_s,
+                b_s.transpose((1, 0)),
+                mma_bar,
+                a_scale=sa_t,
+                b_scale=sb_t,
+                accumulate=ki > 0,
+            )
             plgpu.barrier_wait(mma_bar)  # the MMA has read the SMEM tiles
             return carry
 
@@ -159,8 +177,10 @@ def build_kernel(cfg: BlackwellMatmulConfig, m: int, n: int, k: int) -> Any:
         plgpu.wait_smem_to_gmem(0)
 
     return plgpu.kernel(
-        body, out_type=jax.ShapeDtypeStruct((m, n), jnp.float32),
-        grid=(m // tm, n // tn), grid_names=("m", "n"),
+        body,
+        out_type=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        grid=(m // tm, n // tn),
+        grid_names=("m", "n"),
         scratch_types=[
             plgpu.SMEM((tm, tk), elem, transforms=smem_transforms(elem, tk)),
             plgpu.SMEM((tn, tk), elem, transforms=smem_transforms(elem, tk)),
@@ -172,7 +192,8 @@ def build_kernel(cfg: BlackwellMatmulConfig, m: int, n: int, k: int) -> Any:
             plgpu.TMEM((tm, tn), jnp.float32),
             plgpu.Barrier(num_arrivals=4),
             plgpu.Barrier(orders_tensor_core=True),
-        ])
+        ],
+    )
 
 
 def _format_of(q: QuantizedArray, name: str) -> BlackwellFormat:
@@ -180,15 +201,25 @@ def _format_of(q: QuantizedArray, name: str) -> BlackwellFormat:
         raise TypeError(f"{name}={q!r} must be a QuantizedArray")
     fmt: BlockFormat = q.format
     got = _OF_BLOCK_FORMAT.get(fmt.name)
-    want = {BlackwellFormat.MXFP8: MXFP8_E4M3, BlackwellFormat.MXFP4: MXFP4,
-            BlackwellFormat.NVFP4: NVFP4}.get(got)
-    if want is None or (fmt.elem, fmt.scale, fmt.block_size) != (want.elem, want.scale,
-                                                                 want.block_size):
-        raise ValueError(f"{name}.format={fmt.name} is not a format of the Blackwell kernel; "
-                         f"allowed: {sorted(_OF_BLOCK_FORMAT)}")
+    want = {
+        BlackwellFormat.MXFP8: MXFP8_E4M3,
+        BlackwellFormat.MXFP4: MXFP4,
+        BlackwellFormat.NVFP4: NVFP4,
+    }.get(got)
+    if want is None or (fmt.elem, fmt.scale, fmt.block_size) != (
+        want.elem,
+        want.scale,
+        want.block_size,
+    ):
+        raise ValueError(
+            f"{name}.format={fmt.name} is not a format of the Blackwell kernel; "
+            f"allowed: {sorted(_OF_BLOCK_FORMAT)}"
+        )
     if q.ndim != 2 or q.axis not in (-1, 1) or q.geometry.name != "BLOCK":
-        raise ValueError(f"{name} must be a 2-D operand blocked along its last axis (K); got "
-                         f"shape {q.shape}, axis {q.axis}, {q.geometry.name}")
+        raise ValueError(
+            f"{name} must be a 2-D operand blocked along its last axis (K); got "
+            f"shape {q.shape}, axis {q.axis}, {q.geometry.name}"
+        )
     return got
 
 
@@ -211,8 +242,9 @@ def kernel_operands(q: QuantizedArray) -> tuple[Any, Any]:
     return x, s
 
 
-def blackwell_scaled_matmul(a: QuantizedArray, b: QuantizedArray, *,
-                            config: BlackwellMatmulConfig | None = None) -> Any:
+def blackwell_scaled_matmul(
+    a: QuantizedArray, b: QuantizedArray, *, config: BlackwellMatmulConfig | None = None
+) -> Any:
     """float32 ``a @ b.T`` on a Blackwell GPU (sm_100a) through ``tcgen05.mma ... block_scale``;
     ``a (M, K)``, ``b (N, K)`` of the same format (MXFP8 E4M3, MXFP4, NVFP4), M and N multiples
     of 128, K of the configuration's ``tile_k``. The FP32 global factors of NVFP4 multiply the
@@ -243,7 +275,9 @@ def avals(cfg: BlackwellMatmulConfig, m: int, n: int, k: int) -> tuple[Any, ...]
 
     elem, scale = _dtypes(cfg.fmt)
     cols = k // cfg.fmt.block
-    return (jax.ShapeDtypeStruct((m, k), elem), jax.ShapeDtypeStruct((n, k), elem),
-            jax.ShapeDtypeStruct((m // 128, cols // 4, 32, 16), scale),
-            jax.ShapeDtypeStruct((n // 128, cols // 4, 32, 16), scale))
-
+    return (
+        jax.ShapeDtypeStruct((m, k), elem),
+        jax.ShapeDtypeStruct((n, k), elem),
+        jax.ShapeDtypeStruct((m // 128, cols // 4, 32, 16), scale),
+        jax.ShapeDtypeStruct((n // 128, cols // 4, 32, 16), scale),
+    )

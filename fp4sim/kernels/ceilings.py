@@ -36,18 +36,27 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["time_call", "device_time", "device_kernels", "copy_bandwidth", "matmul_rate",
-           "measure_all"]
+__all__ = [
+    "time_call",
+    "device_time",
+    "device_kernels",
+    "copy_bandwidth",
+    "matmul_rate",
+    "measure_all",
+]
 
 
-def time_call(fn: Callable[..., Any], *args: Any, warmup: int = 2, iters: int = 20,
-              repeats: int = 5) -> float:
+def time_call(
+    fn: Callable[..., Any], *args: Any, warmup: int = 2, iters: int = 20, repeats: int = 5
+) -> float:
     """Median seconds per call of ``fn(*args)`` (see the module docstring)."""
     import jax
 
     for name, v in (("warmup", warmup), ("iters", iters), ("repeats", repeats)):
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if name == "warmup" else 1):
-            raise ValueError(f"{name}={v!r} must be a {'non-negative' if name == 'warmup' else 'positive'} int")
+            raise ValueError(
+                f"{name}={v!r} must be a {'non-negative' if name == 'warmup' else 'positive'} int"
+            )
     out = None
     for _ in range(warmup):
         out = fn(*args)
@@ -62,8 +71,9 @@ def time_call(fn: Callable[..., Any], *args: Any, warmup: int = 2, iters: int = 
     return statistics.median(times)
 
 
-def device_kernels(fn: Callable[..., Any], *args: Any, iterations: int = 20
-                   ) -> list[list[tuple[str, float]]]:
+def device_kernels(
+    fn: Callable[..., Any], *args: Any, iterations: int = 20
+) -> list[list[tuple[str, float]]]:
     """Per call of ``fn(*args)`` (after one warm-up call), the kernels it launched as
     ``(name, seconds)`` in launch order, from CUPTI's activity records; ``iterations`` calls."""
     from jax.experimental.mosaic.gpu import profiler
@@ -84,8 +94,9 @@ def device_kernels(fn: Callable[..., Any], *args: Any, iterations: int = 20
 def device_time(fn: Callable[..., Any], *args: Any, iterations: int = 20) -> float:
     """Median over ``iterations`` calls of the summed GPU time (s) of the kernels one call of
     ``fn(*args)`` launches (see the module docstring)."""
-    return statistics.median(sum(t for _, t in call)
-                             for call in device_kernels(fn, *args, iterations=iterations))
+    return statistics.median(
+        sum(t for _, t in call) for call in device_kernels(fn, *args, iterations=iterations)
+    )
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, **timing: int) -> dict[str, float]:
@@ -101,8 +112,13 @@ def copy_bandwidth(nbytes: int = 1 << 30, **timing: int) -> dict[str, float]:
     f = jax.jit(lambda v: v ^ jnp.uint32(1))
     t = time_call(f, x, **timing)
     td = device_time(f, x)
-    return {"bytes": float(nbytes), "seconds": t, "bytes_per_s": 2.0 * nbytes / t,
-            "device_seconds": td, "device_bytes_per_s": 2.0 * nbytes / td}
+    return {
+        "bytes": float(nbytes),
+        "seconds": t,
+        "bytes_per_s": 2.0 * nbytes / t,
+        "device_seconds": td,
+        "device_bytes_per_s": 2.0 * nbytes / td,
+    }
 
 
 def matmul_rate(n: int = 8192, dtype: str = "bfloat16", **timing: int) -> dict[str, float]:
@@ -119,7 +135,7 @@ def matmul_rate(n: int = 8192, dtype: str = "bfloat16", **timing: int) -> dict[s
     dims = (((1,), (1,)), ((), ()))  # both operands K-major (A @ B^T)
     f = jax.jit(lambda x, y: lax.dot_general(x, y, dims, preferred_element_type=jnp.bfloat16))
     t = time_call(f, a, b, **timing)
-    return {"n": float(n), "seconds": t, "flop_per_s": 2.0 * n ** 3 / t}
+    return {"n": float(n), "seconds": t, "flop_per_s": 2.0 * n**3 / t}
 
 
 def measure_all(*, copy_bytes: int = 1 << 30, n: int = 8192) -> dict[str, Any]:

@@ -34,8 +34,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Verdict", "KernelCheck", "CheckResult", "CHECKS", "supported", "run_checks",
-           "quantize_check", "attention_fp8_check", "attention_directp_check"]
+__all__ = [
+    "Verdict",
+    "KernelCheck",
+    "CheckResult",
+    "CHECKS",
+    "supported",
+    "run_checks",
+    "quantize_check",
+    "attention_fp8_check",
+    "attention_directp_check",
+]
 
 
 class Verdict(enum.Enum):
@@ -87,9 +96,9 @@ def _special_tensor(n: int, dtype: Any, *, finite: bool, seed: int) -> Any:
     x = rng.standard_normal((n, n)).astype(np.float32)
     u = rng.integers(-120, 121, (n, 1)).astype(np.float32)
     x = x * np.exp2(u).astype(np.float32)
-    x[8:16] = (rng.standard_normal((8, n)) * 2.0 ** -130).astype(np.float32)
+    x[8:16] = (rng.standard_normal((8, n)) * 2.0**-130).astype(np.float32)
     x[16], x[17] = 0.0, -0.0
-    x[18, 5::64] = np.float32(2.0 ** -149)
+    x[18, 5::64] = np.float32(2.0**-149)
     if not finite:
         x[0, 3::96], x[1, 7::80], x[2, 11::128] = np.nan, np.inf, -np.inf
         x[3, 0::32] = np.nan
@@ -120,8 +129,10 @@ def quantize_check(fmt_name: str, dtype_name: str, finite: bool, n: int = 1024) 
         x = _special_tensor(n, getattr(jnp, dtype_name), finite=finite, seed=7)
         qk = jax.block_until_ready(gpu_quantize(x, fmt))
         qe = jax.jit(lambda v: blocks.quantize(v, fmt, pack=bool(qk.packed)))(x)
-        bad = {k: _mismatches(getattr(qk, k), getattr(qe, k))
-               for k in ("codes", "scales", "global_scale")}
+        bad = {
+            k: _mismatches(getattr(qk, k), getattr(qe, k))
+            for k in ("codes", "scales", "global_scale")
+        }
         count = int(np.asarray(qe.codes).size + np.asarray(qe.scales).size)
         return all(v == 0 for v in bad.values()), f"mismatches {bad}", count
 
@@ -141,21 +152,29 @@ def _wgmma_check() -> tuple[bool, str, int]:
         a = (rng.standard_normal((64, k)) * 2).astype(e4)
         b = (rng.standard_normal((64, k)) * 2).astype(e4)
         hw = np.asarray(fp8_wgmma(a, b))
-        model = wgmma_fp8_dot(a.astype(np.float32)[:, None, :], b.astype(np.float32)[None],
-                              HOPPER_FP8_MODEL)
+        model = wgmma_fp8_dot(
+            a.astype(np.float32)[:, None, :], b.astype(np.float32)[None], HOPPER_FP8_MODEL
+        )
         bad += int(np.sum(hw.view(np.uint32) != model.view(np.uint32)))
         n += hw.size
     return bad == 0, f"{bad} of {n} outputs differ from HOPPER_FP8_MODEL", n
 
 
-def attention_fp8_check(b: int = 2, t: int = 512, hq: int = 4, hkv: int = 2, d: int = 128,
-                        steps: tuple[int, ...] = (0, 3)) -> Callable:
+def attention_fp8_check(
+    b: int = 2,
+    t: int = 512,
+    hq: int = 4,
+    hkv: int = 2,
+    d: int = 128,
+    steps: tuple[int, ...] = (0, 3),
+) -> Callable:
     """The check of the FP8 attention kernel (exact P conversion, debug tiles ``steps``)."""
     return lambda: _attention_fp8(b, t, hq, hkv, d, steps)
 
 
-def _attention_fp8(b: int, t: int, hq: int, hkv: int, d: int,
-                   steps: tuple[int, ...]) -> tuple[bool, str, int]:
+def _attention_fp8(
+    b: int, t: int, hq: int, hkv: int, d: int, steps: tuple[int, ...]
+) -> tuple[bool, str, int]:
     import jax.numpy as jnp
     import ml_dtypes
 
@@ -167,29 +186,41 @@ def _attention_fp8(b: int, t: int, hq: int, hkv: int, d: int,
     kc = rng.integers(-3, 4, (b, t, hkv, d)).astype(np.float32).astype(f8)
     vt = (rng.standard_normal((b, hkv, d, t)) * 60).astype(np.float32).astype(f8)
     nb = t // am.TOKEN_BLOCK
-    ops = am.FP8Operands(jnp.asarray(qc), jnp.asarray(kc), jnp.asarray(vt),
-                         jnp.asarray(rng.integers(-4, -1, (b, hq, nb)), jnp.int32),
-                         jnp.asarray(rng.integers(-3, 0, (b, hkv, nb)), jnp.int32),
-                         jnp.asarray(rng.integers(-3, 4, (b, hkv, nb)), jnp.int32))
+    ops = am.FP8Operands(
+        jnp.asarray(qc),
+        jnp.asarray(kc),
+        jnp.asarray(vt),
+        jnp.asarray(rng.integers(-4, -1, (b, hq, nb)), jnp.int32),
+        jnp.asarray(rng.integers(-3, 0, (b, hkv, nb)), jnp.int32),
+        jnp.asarray(rng.integers(-3, 4, (b, hkv, nb)), jnp.int32),
+    )
     nops = am.FP8Operands(*(np.asarray(x) for x in ops))
     bad, n, worst = 0, 0, 0.0
     for causal in (False, True):
         for step in steps:
-            cfg = am.FP8AttentionConfig(causal=causal, conversion=am.PConversion.EXACT,
-                                        debug_step=step, out_type=am.OutType.FLOAT32)
+            cfg = am.FP8AttentionConfig(
+                causal=causal,
+                conversion=am.PConversion.EXACT,
+                debug_step=step,
+                out_type=am.OutType.FLOAT32,
+            )
             out = am.attention_fp8_quantized(ops, softmax_scale=2.0, config=cfg)
             ref = am.reference_forward(nops, softmax_scale=2.0, config=cfg)
             reached = ~np.isnan(ref["f"][step])
-            for got, want in ((np.asarray(out[2].p_codes).astype(np.float32),
-                               ref["p_codes"][step]),
-                              (np.asarray(out[2].f), ref["f"][step].astype(np.float32)),
-                              (np.asarray(out[2].m), ref["m"][step].astype(np.float32))):
+            for got, want in (
+                (np.asarray(out[2].p_codes).astype(np.float32), ref["p_codes"][step]),
+                (np.asarray(out[2].f), ref["f"][step].astype(np.float32)),
+                (np.asarray(out[2].m), ref["m"][step].astype(np.float32)),
+            ):
                 bad += int(np.sum(got[reached] != want[reached]))
                 n += int(reached.sum())
             o = np.asarray(out[0], np.float64)
             worst = max(worst, float(np.abs(o - ref["o"]).max() / np.abs(ref["o"]).max()))
-    return bad == 0 and worst <= 2e-3, (f"{bad} of {n} debug values differ; O max error "
-                                        f"{worst:.2e} of max|O| (bound 2e-3)"), n
+    return (
+        bad == 0 and worst <= 2e-3,
+        (f"{bad} of {n} debug values differ; O max error {worst:.2e} of max|O| (bound 2e-3)"),
+        n,
+    )
 
 
 def attention_directp_check(t: int = 1024, h: int = 2, d: int = 128) -> Callable:
@@ -207,8 +238,9 @@ def _attention_directp(t: int, h: int, d: int) -> tuple[bool, str, int]:
     q, k, v = (rng.standard_normal((1, t, h, d)).astype(np.float32) for _ in range(3))
     cfg = dp.DirectPConfig()
     o, _ = dp.attention_directp(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), config=cfg)
-    res = fw.attention_forward(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3),
-                               v.transpose(0, 2, 1, 3), cfg.recipe)
+    res = fw.attention_forward(
+        q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), cfg.recipe
+    )
     ro = res.out.transpose(0, 2, 1, 3)
     diff = float(np.linalg.norm(np.asarray(o) - ro) / np.linalg.norm(ro))
     return diff <= 2e-2 and math.isfinite(diff), f"rel-L2 {diff:.3e} (bound 2e-2)", ro.size
@@ -222,7 +254,7 @@ def _blackwell_check(fmt_name: str) -> Callable:
 
         fmt = getattr(blocks, fmt_name)
         rng = np.random.default_rng(5)
-        x = (rng.standard_normal((256, 512)) * np.exp2(rng.integers(-8, 9, (256, 1))))
+        x = rng.standard_normal((256, 512)) * np.exp2(rng.integers(-8, 9, (256, 1)))
         a = blocks.quantize(x.astype(np.float32), fmt)
         b = blocks.quantize(rng.standard_normal((256, 512)).astype(np.float32), fmt)
         got = np.asarray(blackwell_scaled_matmul(a, b))
@@ -235,27 +267,59 @@ def _blackwell_check(fmt_name: str) -> Callable:
 
 _HOPPER, _BLACKWELL = (9, 0), (10, 0)
 CHECKS: tuple[KernelCheck, ...] = (
-    KernelCheck(name="wgmma_probe.fp8", kernel="wgmma_probe.fp8_wgmma",
-                contract="bitwise vs HOPPER_FP8_MODEL", min_arch=_HOPPER, majors=(9,),
-                run=_wgmma_check),
-    *(KernelCheck(name=f"quantize.{f.lower()}.{d}", kernel="quantize_mgpu.gpu_quantize",
-                  contract="bitwise (codes, scales, global factor)", min_arch=_HOPPER,
-                  majors=None, run=quantize_check(f, d, fin))
-      for f, d, fin in (("MXFP8_E4M3", "bfloat16", False), ("MXFP8_E5M2", "bfloat16", False),
-                        ("MXFP4", "bfloat16", False), ("NVFP4", "bfloat16", True),
-                        ("MXFP8_E4M3", "float32", False), ("NVFP4", "float16", True))),
-    KernelCheck(name="attention_fp8.exact_debug", kernel="attention_mgpu.attention_fp8_quantized",
-                contract="P codes/row sums/maxima bitwise; O within 2e-3 of max|O|",
-                min_arch=_HOPPER, majors=(9,), run=attention_fp8_check()),
-    KernelCheck(name="attention_directp.float_inputs",
-                kernel="attention_directp_mgpu.attention_directp",
-                contract="rel-L2 to the emulator <= 2e-2", min_arch=_HOPPER, majors=(9,),
-                run=attention_directp_check()),
-    *(KernelCheck(name=f"blackwell_matmul.{f.lower()}",
-                  kernel="blackwell_matmul_mgpu.blackwell_scaled_matmul",
-                  contract="bitwise vs scaled_matmul(accumulation=TCGEN05)", min_arch=_BLACKWELL,
-                  majors=(10,), run=_blackwell_check(f))
-      for f in ("MXFP8_E4M3", "MXFP4", "NVFP4")),
+    KernelCheck(
+        name="wgmma_probe.fp8",
+        kernel="wgmma_probe.fp8_wgmma",
+        contract="bitwise vs HOPPER_FP8_MODEL",
+        min_arch=_HOPPER,
+        majors=(9,),
+        run=_wgmma_check,
+    ),
+    *(
+        KernelCheck(
+            name=f"quantize.{f.lower()}.{d}",
+            kernel="quantize_mgpu.gpu_quantize",
+            contract="bitwise (codes, scales, global factor)",
+            min_arch=_HOPPER,
+            majors=None,
+            run=quantize_check(f, d, fin),
+        )
+        for f, d, fin in (
+            ("MXFP8_E4M3", "bfloat16", False),
+            ("MXFP8_E5M2", "bfloat16", False),
+            ("MXFP4", "bfloat16", False),
+            ("NVFP4", "bfloat16", True),
+            ("MXFP8_E4M3", "float32", False),
+            ("NVFP4", "float16", True),
+        )
+    ),
+    KernelCheck(
+        name="attention_fp8.exact_debug",
+        kernel="attention_mgpu.attention_fp8_quantized",
+        contract="P codes/row sums/maxima bitwise; O within 2e-3 of max|O|",
+        min_arch=_HOPPER,
+        majors=(9,),
+        run=attention_fp8_check(),
+    ),
+    KernelCheck(
+        name="attention_directp.float_inputs",
+        kernel="attention_directp_mgpu.attention_directp",
+        contract="rel-L2 to the emulator <= 2e-2",
+        min_arch=_HOPPER,
+        majors=(9,),
+        run=attention_directp_check(),
+    ),
+    *(
+        KernelCheck(
+            name=f"blackwell_matmul.{f.lower()}",
+            kernel="blackwell_matmul_mgpu.blackwell_scaled_matmul",
+            contract="bitwise vs scaled_matmul(accumulation=TCGEN05)",
+            min_arch=_BLACKWELL,
+            majors=(10,),
+            run=_blackwell_check(f),
+        )
+        for f in ("MXFP8_E4M3", "MXFP4", "NVFP4")
+    ),
 )
 """Every kernel check (see the module docstring)."""
 
@@ -265,9 +329,12 @@ def supported(arch: tuple[int, int]) -> list[KernelCheck]:
     return [c for c in CHECKS if c.runs_on(arch)]
 
 
-def run_checks(arch: tuple[int, int], names: list[str] | None = None,
-               progress: Callable[[CheckResult], None] | None = None,
-               time_budget_s: float | None = None) -> list[CheckResult]:
+def run_checks(
+    arch: tuple[int, int],
+    names: list[str] | None = None,
+    progress: Callable[[CheckResult], None] | None = None,
+    time_budget_s: float | None = None,
+) -> list[CheckResult]:
     """Run the checks ``arch`` supports (those named, if given); one :class:`CheckResult`
     each, in registry order; none is started after ``time_budget_s`` seconds."""
     out = []
@@ -286,8 +353,15 @@ def run_checks(arch: tuple[int, int], names: list[str] | None = None,
             detail = f"{type(e).__name__}: {e}"[:500]
             tb = traceback.format_exc().strip().splitlines()
             detail += " | " + " / ".join(tb[-3:])[:400]
-        r = CheckResult(name=c.name, kernel=c.kernel, contract=c.contract, verdict=verdict,
-                        detail=detail, compared=n, seconds=time.perf_counter() - t0)
+        r = CheckResult(
+            name=c.name,
+            kernel=c.kernel,
+            contract=c.contract,
+            verdict=verdict,
+            detail=detail,
+            compared=n,
+            seconds=time.perf_counter() - t0,
+        )
         out.append(r)
         if progress is not None:
             progress(r)

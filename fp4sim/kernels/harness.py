@@ -81,8 +81,9 @@ def interpret_params(*, detect_races: bool = True) -> Any:
         raise TypeError(f"detect_races must be a bool, got {detect_races!r}")
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    return plgpu.InterpretGPUParams(detect_races=detect_races, out_of_bounds_reads="raise",
-                                    uninitialized_memory="nan")
+    return plgpu.InterpretGPUParams(
+        detect_races=detect_races, out_of_bounds_reads="raise", uninitialized_memory="nan"
+    )
 
 
 def interpreting() -> bool:
@@ -90,8 +91,9 @@ def interpreting() -> bool:
     from jax._src import config
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    return isinstance(config.pallas_tpu_interpret_mode_context_manager.value,
-                      plgpu.InterpretGPUParams)
+    return isinstance(
+        config.pallas_tpu_interpret_mode_context_manager.value, plgpu.InterpretGPUParams
+    )
 
 
 @contextlib.contextmanager
@@ -105,8 +107,9 @@ def _abstract_gpu(num_sms: int) -> Iterator[None]:
         yield
 
 
-def interpret(fn: Callable[..., Any], *args: Any, detect_races: bool = True,
-              num_sms: int = 1) -> Any:
+def interpret(
+    fn: Callable[..., Any], *args: Any, detect_races: bool = True, num_sms: int = 1
+) -> Any:
     """Run ``fn(*args)`` with every Pallas kernel it calls in GPU interpret mode on the CPU.
 
     Returns ``fn``'s result (blocked until ready). Raises :class:`KernelRaceError` when
@@ -144,8 +147,12 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def cross_lower(fn: Callable[..., Any], *avals: Any, arch: Arch = Arch.SM90A,
-                on_module: Callable[[Any], None] | None = None) -> str:
+def cross_lower(
+    fn: Callable[..., Any],
+    *avals: Any,
+    arch: Arch = Arch.SM90A,
+    on_module: Callable[[Any], None] | None = None,
+) -> str:
     """Lower ``fn`` for CUDA on this (GPU-less) host targeting ``arch``; return StableHLO text.
 
     ``avals`` are ``jax.ShapeDtypeStruct`` (or arrays; only shape and dtype matter). Errors of
@@ -171,6 +178,7 @@ def cross_lower(fn: Callable[..., Any], *avals: Any, arch: Arch = Arch.SM90A,
         old_serde = mgpu_core._run_serde_pass
         mgpu_utils._infer_arch = lambda: arch.capability
         if on_module is not None:
+
             def serde(module, *, serialize, ir_version):
                 if serialize:
                     on_module(module)

@@ -34,17 +34,34 @@ from typing import Any
 
 from fp4sim.kernels.harness import Arch, cross_lower
 
-__all__ = ["PtxSnippet", "AssemblyResult", "find_ptxas", "kernel_snippets", "ptx_program",
-           "assemble", "check_kernel"]
+__all__ = [
+    "PtxSnippet",
+    "AssemblyResult",
+    "find_ptxas",
+    "kernel_snippets",
+    "ptx_program",
+    "assemble",
+    "check_kernel",
+]
 
 _SM = {Arch.SM90A: "sm_90a", Arch.SM100A: "sm_100a"}
-_REG = {"r": ("b32", "r"), "l": ("b64", "rd"), "h": ("b16", "h"), "b": ("pred", "p"),
-        "f": ("f32", "f"), "d": ("f64", "fd")}
+_REG = {
+    "r": ("b32", "r"),
+    "l": ("b64", "rd"),
+    "h": ("b16", "h"),
+    "b": ("pred", "p"),
+    "f": ("f32", "f"),
+    "d": ("f64", "fd"),
+}
 _NVVM = {  # nvvm ops of Blackwell that the inline assembly does not cover, as PTX
     "nvvm.tcgen05.commit.cg1": (
-        "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [$0];", "r"),
+        "tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [$0];",
+        "r",
+    ),
     "nvvm.tcgen05.commit.cg2": (
-        "tcgen05.commit.cta_group::2.mbarrier::arrive::one.shared::cluster.b64 [$0];", "r"),
+        "tcgen05.commit.cta_group::2.mbarrier::arrive::one.shared::cluster.b64 [$0];",
+        "r",
+    ),
     "nvvm.tcgen05.fence": ("tcgen05.fence::{kind}_thread_sync;", ""),
 }
 
@@ -106,8 +123,9 @@ def _walk(op: Any, visit: Callable[[Any], None]) -> None:
                 _walk(inner.operation, visit)
 
 
-def kernel_snippets(fn: Callable[..., Any], *avals: Any,
-                    arch: Arch = Arch.SM100A) -> list[PtxSnippet]:
+def kernel_snippets(
+    fn: Callable[..., Any], *avals: Any, arch: Arch = Arch.SM100A
+) -> list[PtxSnippet]:
     """The PTX snippets of every Mosaic GPU kernel ``fn`` lowers to for ``arch`` (distinct ones,
     in order of appearance)."""
     from jax._src.lib.mlir import ir
@@ -135,8 +153,7 @@ def kernel_snippets(fn: Callable[..., Any], *avals: Any,
     return out
 
 
-def ptx_program(snippets: list[PtxSnippet], arch: Arch = Arch.SM100A,
-                version: str = "8.8") -> str:
+def ptx_program(snippets: list[PtxSnippet], arch: Arch = Arch.SM100A, version: str = "8.8") -> str:
     """A PTX module with one ``.entry`` holding every snippet in its own ``{ }`` scope, its
     operands bound to initialised registers of the constraint's type."""
     counts = {k: 0 for k in _REG}
@@ -168,31 +185,53 @@ def ptx_program(snippets: list[PtxSnippet], arch: Arch = Arch.SM100A,
             elif letter == "l":
                 init.append(f"  mov.u64 %{prefix}{i}, {8 * i};")
             elif letter in ("f", "d"):
-                init.append(f"  mov.{ty} %{prefix}{i}, 0f00000000;" if ty == "f32"
-                            else f"  mov.f64 %{prefix}{i}, 0d0000000000000000;")
+                init.append(
+                    f"  mov.{ty} %{prefix}{i}, 0f00000000;"
+                    if ty == "f32"
+                    else f"  mov.f64 %{prefix}{i}, 0d0000000000000000;"
+                )
             else:
                 init.append(f"  mov.{ty} %{prefix}{i}, {16 * i};")
-    return "\n".join([f".version {version}", f".target {_SM[arch]}", ".address_size 64", "",
-                      ".visible .entry fp4sim_ptx_check()", "{", *decls, *init, *body,
-                      "  ret;", "}", ""])
+    return "\n".join(
+        [
+            f".version {version}",
+            f".target {_SM[arch]}",
+            ".address_size 64",
+            "",
+            ".visible .entry fp4sim_ptx_check()",
+            "{",
+            *decls,
+            *init,
+            *body,
+            "  ret;",
+            "}",
+            "",
+        ]
+    )
 
 
-def assemble(snippets: list[PtxSnippet], arch: Arch = Arch.SM100A,
-             ptxas: str | None = None) -> AssemblyResult:
+def assemble(
+    snippets: list[PtxSnippet], arch: Arch = Arch.SM100A, ptxas: str | None = None
+) -> AssemblyResult:
     """Run ``ptxas -arch=<arch>`` on :func:`ptx_program` (the newest PTX ISA version the
     ptxas accepts among 9.0, 8.8, 8.7). ``FileNotFoundError`` without a ptxas."""
     ptxas = ptxas or find_ptxas()
     if ptxas is None:
-        raise FileNotFoundError("no ptxas: install the dev extra (nvidia-cuda-nvcc) or set "
-                                "FP4SIM_PTXAS")
+        raise FileNotFoundError(
+            "no ptxas: install the dev extra (nvidia-cuda-nvcc) or set FP4SIM_PTXAS"
+        )
     mnemonics = tuple(dict.fromkeys(s.mnemonic for s in snippets))
     log = ""
     with tempfile.TemporaryDirectory() as tmp:
         src, obj = Path(tmp) / "check.ptx", Path(tmp) / "check.cubin"
         for version in ("9.0", "8.8", "8.7"):
             src.write_text(ptx_program(snippets, arch, version))
-            proc = subprocess.run([ptxas, f"-arch={_SM[arch]}", str(src), "-o", str(obj)],
-                                  capture_output=True, text=True, timeout=300)
+            proc = subprocess.run(
+                [ptxas, f"-arch={_SM[arch]}", str(src), "-o", str(obj)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             log = (proc.stdout + proc.stderr).strip()
             if proc.returncode == 0:
                 return AssemblyResult(True, ptxas, _SM[arch], len(snippets), mnemonics, log)
@@ -201,7 +240,8 @@ def assemble(snippets: list[PtxSnippet], arch: Arch = Arch.SM100A,
     return AssemblyResult(False, ptxas, _SM[arch], len(snippets), mnemonics, log)
 
 
-def check_kernel(fn: Callable[..., Any], *avals: Any, arch: Arch = Arch.SM100A,
-                 ptxas: str | None = None) -> AssemblyResult:
+def check_kernel(
+    fn: Callable[..., Any], *avals: Any, arch: Arch = Arch.SM100A, ptxas: str | None = None
+) -> AssemblyResult:
     """Cross-lower ``fn`` for ``arch`` and assemble the PTX its kernels carry."""
     return assemble(kernel_snippets(fn, *avals, arch=arch), arch, ptxas)

@@ -180,9 +180,15 @@ _F32_INF = 0x7F800000
 # E2M1 round-to-nearest-even decision points: code magnitude = number of points passed;
 # ties go to the even code, so 0.25, 1.25, 2.5, 5 are passed only when exceeded ("gt") and
 # 0.75, 1.75, 3.5 already when reached ("ge").
-_E2M1_POINTS = ((0x3E800000, True), (0x3F400000, False), (0x3FA00000, True),
-                (0x3FE00000, False), (0x40200000, True), (0x40600000, False),
-                (0x40A00000, True))
+_E2M1_POINTS = (
+    (0x3E800000, True),
+    (0x3F400000, False),
+    (0x3FA00000, True),
+    (0x3FE00000, False),
+    (0x40200000, True),
+    (0x40600000, False),
+    (0x40A00000, True),
+)
 
 
 # --- configuration ----------------------------------------------------------------------------
@@ -232,8 +238,10 @@ def _fmt_key(fmt: BlockFormat) -> str:
 def check_supported(fmt: Any, geometry: Any = Geometry.BLOCK, dtype: Any = np.float32) -> None:
     """Raise ``ValueError``/``TypeError`` unless a kernel implements this configuration."""
     if not isinstance(fmt, BlockFormat):
-        raise TypeError(f"fmt={fmt!r} must be a BlockFormat (MXFP8_E4M3, MXFP8_E5M2, MXFP4, "
-                        f"NVFP4, NVFP4_SINGLE)")
+        raise TypeError(
+            f"fmt={fmt!r} must be a BlockFormat (MXFP8_E4M3, MXFP8_E5M2, MXFP4, "
+            f"NVFP4, NVFP4_SINGLE)"
+        )
     if not isinstance(geometry, Geometry):
         raise TypeError(f"geometry={geometry!r} must be a Geometry")
     try:
@@ -244,37 +252,48 @@ def check_supported(fmt: Any, geometry: Any = Geometry.BLOCK, dtype: Any = np.fl
         raise TypeError(f"x has dtype {dt}; allowed: bfloat16, float16, float32")
     kind = _fmt_key(fmt)
     if not kind:
-        raise ValueError(f"fmt={fmt.name} ({fmt.elem}/{fmt.scale}/{fmt.block_size}) has no GPU "
-                         f"kernel; allowed: MXFP8_E4M3, MXFP8_E5M2, MXFP4, NVFP4, NVFP4_SINGLE "
-                         f"(and their variants below)")
+        raise ValueError(
+            f"fmt={fmt.name} ({fmt.elem}/{fmt.scale}/{fmt.block_size}) has no GPU "
+            f"kernel; allowed: MXFP8_E4M3, MXFP8_E5M2, MXFP4, NVFP4, NVFP4_SINGLE "
+            f"(and their variants below)"
+        )
     if fmt.policy != DEFAULT_POLICY:
         raise ValueError(f"fmt.policy={fmt.policy} has no GPU kernel; allowed: DEFAULT_POLICY")
     if fmt.arithmetic is not Arithmetic.TRANSFORMER_ENGINE:
-        raise ValueError(f"fmt.arithmetic={fmt.arithmetic.name} has no GPU kernel; allowed: "
-                         f"TRANSFORMER_ENGINE")
+        raise ValueError(
+            f"fmt.arithmetic={fmt.arithmetic.name} has no GPU kernel; allowed: TRANSFORMER_ENGINE"
+        )
     if kind == "nv":
         if fmt.rule is not ScaleRule.NEAREST or fmt.min_scale != 0.0:
-            raise ValueError(f"{fmt.name}: rule={fmt.rule.name}, min_scale={fmt.min_scale} have "
-                             f"no GPU kernel; allowed: rule NEAREST, min_scale 0.0")
-        if fmt.global_scale not in (GlobalScale.NONE, GlobalScale.PER_TENSOR,
-                                    GlobalScale.CONSTANT):
-            raise ValueError(f"{fmt.name}: global_scale={fmt.global_scale.name} has no GPU "
-                             f"kernel; allowed: NONE, PER_TENSOR, CONSTANT (scalar)")
+            raise ValueError(
+                f"{fmt.name}: rule={fmt.rule.name}, min_scale={fmt.min_scale} have "
+                f"no GPU kernel; allowed: rule NEAREST, min_scale 0.0"
+            )
+        if fmt.global_scale not in (GlobalScale.NONE, GlobalScale.PER_TENSOR, GlobalScale.CONSTANT):
+            raise ValueError(
+                f"{fmt.name}: global_scale={fmt.global_scale.name} has no GPU "
+                f"kernel; allowed: NONE, PER_TENSOR, CONSTANT (scalar)"
+            )
         if geometry is not Geometry.BLOCK:
-            raise ValueError(f"geometry={geometry.name} with {fmt.name} has no GPU kernel; "
-                             f"allowed: BLOCK")
+            raise ValueError(
+                f"geometry={geometry.name} with {fmt.name} has no GPU kernel; allowed: BLOCK"
+            )
     else:
         if fmt.rule not in (ScaleRule.RCEIL, ScaleRule.FLOOR, ScaleRule.CEIL, ScaleRule.EVEN):
             raise ValueError(f"{fmt.name}: rule={fmt.rule.name} has no GPU kernel")
         if fmt.nonfinite not in (NonFinite.SATFINITE, NonFinite.NAN):
-            raise ValueError(f"{fmt.name}: nonfinite={fmt.nonfinite.name} has no GPU kernel; "
-                             f"allowed: SATFINITE, NAN")
+            raise ValueError(
+                f"{fmt.name}: nonfinite={fmt.nonfinite.name} has no GPU kernel; "
+                f"allowed: SATFINITE, NAN"
+            )
         if fmt.global_scale is not GlobalScale.NONE:
-            raise ValueError(f"{fmt.name}: an FP32 global factor with UE8M0 scales has no GPU "
-                             f"kernel")
+            raise ValueError(
+                f"{fmt.name}: an FP32 global factor with UE8M0 scales has no GPU kernel"
+            )
         if geometry not in (Geometry.BLOCK, Geometry.TOKEN_BLOCK):
-            raise ValueError(f"geometry={geometry.name} has no GPU kernel; allowed: BLOCK, "
-                             f"TOKEN_BLOCK")
+            raise ValueError(
+                f"geometry={geometry.name} has no GPU kernel; allowed: BLOCK, TOKEN_BLOCK"
+            )
 
 
 def _default_tiling(cfg: Any) -> dict[str, Any]:
@@ -303,12 +322,14 @@ def _default_tiling(cfg: Any) -> dict[str, Any]:
     lanes = cfg.lanes if cfg.lanes is not None else (4 if mx8 and not (bf16 and direct) else 1)
     wide = bf16 and direct and lanes == 1 and kind in ("nv", "mx8")
     nv_wide = wide and kind == "nv"
-    return {"transfer": transfer,
-            "lanes": lanes,
-            "block_rows": 128 if mx8 and paired and not wide else 256,
-            "tiles_per_cta": (4 if nv_wide else 1) if direct else 2,
-            "vector_words": 8 if wide else 4,
-            "rows_per_thread": 2 if nv_wide else 1}
+    return {
+        "transfer": transfer,
+        "lanes": lanes,
+        "block_rows": 128 if mx8 and paired and not wide else 256,
+        "tiles_per_cta": (4 if nv_wide else 1) if direct else 2,
+        "vector_words": 8 if wide else 4,
+        "rows_per_thread": 2 if nv_wide else 1,
+    }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -337,8 +358,10 @@ class QuantKernelConfig:
         object.__setattr__(self, "in_dtype", np.dtype(self.in_dtype))
         check_supported(self.fmt, self.geometry, self.in_dtype)
         if self.element_path is not None and not isinstance(self.element_path, ElementPath):
-            raise TypeError(f"QuantKernelConfig.element_path={self.element_path!r} must be an "
-                            f"ElementPath or None")
+            raise TypeError(
+                f"QuantKernelConfig.element_path={self.element_path!r} must be an "
+                f"ElementPath or None"
+            )
         if not isinstance(self.variant, Variant):
             raise TypeError(f"QuantKernelConfig.variant={self.variant!r} must be a Variant")
         if self.variant is Variant.MOVE_ONLY and self.geometry is not Geometry.BLOCK:
@@ -351,35 +374,46 @@ class QuantKernelConfig:
         if self.lanes not in (1, 2, 4):
             raise ValueError(f"QuantKernelConfig.lanes={self.lanes!r}; allowed: 1, 2, 4")
         if self.vector_words not in (4, 8):
-            raise ValueError(f"QuantKernelConfig.vector_words={self.vector_words!r}; allowed: "
-                             f"4, 8")
+            raise ValueError(f"QuantKernelConfig.vector_words={self.vector_words!r}; allowed: 4, 8")
         if self.rows_per_thread not in (1, 2, 4):
-            raise ValueError(f"QuantKernelConfig.rows_per_thread={self.rows_per_thread!r}; "
-                             f"allowed: 1, 2, 4")
+            raise ValueError(
+                f"QuantKernelConfig.rows_per_thread={self.rows_per_thread!r}; allowed: 1, 2, 4"
+            )
         if self.rows_per_thread > 1 and self.lanes != 1:
-            raise ValueError(f"QuantKernelConfig.rows_per_thread={self.rows_per_thread} needs "
-                             f"lanes=1 (got lanes={self.lanes})")
-        if not isinstance(self.stages, int) or isinstance(self.stages, bool) or \
-                not 1 <= self.stages <= 8:
+            raise ValueError(
+                f"QuantKernelConfig.rows_per_thread={self.rows_per_thread} needs "
+                f"lanes=1 (got lanes={self.lanes})"
+            )
+        if (
+            not isinstance(self.stages, int)
+            or isinstance(self.stages, bool)
+            or not 1 <= self.stages <= 8
+        ):
             raise ValueError(f"QuantKernelConfig.stages={self.stages!r}; allowed: 1 to 8")
         if self.tma_row_bytes not in (16, 64, 128, 256, 512):
-            raise ValueError(f"QuantKernelConfig.tma_row_bytes={self.tma_row_bytes!r}; allowed: "
-                             f"16, 64, 128, 256, 512")
+            raise ValueError(
+                f"QuantKernelConfig.tma_row_bytes={self.tma_row_bytes!r}; allowed: "
+                f"16, 64, 128, 256, 512"
+            )
         for name in ("block_rows", "token_blocks", "head_dim", "tiles_per_cta"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"QuantKernelConfig.{name}={v!r} must be a positive int")
         if self.block_rows not in (64, 128, 256, 512, 1024):
-            raise ValueError(f"QuantKernelConfig.block_rows={self.block_rows}; allowed: 64, 128, "
-                             f"256, 512, 1024")
-        if self.geometry is Geometry.TOKEN_BLOCK and (self.head_dim % 16 or
-                                                      not 16 <= self.head_dim <= 256):
-            raise ValueError(f"QuantKernelConfig.head_dim={self.head_dim} must be a multiple of "
-                             f"16 in [16, 256]")
+            raise ValueError(
+                f"QuantKernelConfig.block_rows={self.block_rows}; allowed: 64, 128, 256, 512, 1024"
+            )
+        if self.geometry is Geometry.TOKEN_BLOCK and (
+            self.head_dim % 16 or not 16 <= self.head_dim <= 256
+        ):
+            raise ValueError(
+                f"QuantKernelConfig.head_dim={self.head_dim} must be a multiple of 16 in [16, 256]"
+            )
 
     @classmethod
-    def for_array(cls, x: Any, fmt: BlockFormat, *, geometry: Geometry = Geometry.BLOCK,
-                  **tiling: Any) -> QuantKernelConfig:
+    def for_array(
+        cls, x: Any, fmt: BlockFormat, *, geometry: Geometry = Geometry.BLOCK, **tiling: Any
+    ) -> QuantKernelConfig:
         """The configuration for quantizing ``x`` (its dtype; for ``TOKEN_BLOCK`` its last axis
         as ``head_dim``) to ``fmt``, with the given tiling fields (the others: measured
         defaults)."""
@@ -415,12 +449,19 @@ def shipped_configs() -> tuple[QuantKernelConfig, ...]:
             out.append(QuantKernelConfig(fmt=fmt, in_dtype=dt))
     out.append(QuantKernelConfig(fmt=NVFP4_SINGLE, in_dtype=bf16))
     for fmt in (MXFP8_E4M3, NVFP4, MXFP4):  # the TMA-ring variant the benchmark compares
-        out.append(QuantKernelConfig(fmt=fmt, in_dtype=bf16, transfer=Transfer.TMA, lanes=1,
-                                     block_rows=256))
-    out.append(QuantKernelConfig(fmt=MXFP8_E4M3, geometry=Geometry.TOKEN_BLOCK, in_dtype=bf16,
-                                 head_dim=128))
-    out.append(QuantKernelConfig(fmt=MXFP4, geometry=Geometry.TOKEN_BLOCK, in_dtype=bf16,
-                                 head_dim=128))
+        out.append(
+            QuantKernelConfig(
+                fmt=fmt, in_dtype=bf16, transfer=Transfer.TMA, lanes=1, block_rows=256
+            )
+        )
+    out.append(
+        QuantKernelConfig(
+            fmt=MXFP8_E4M3, geometry=Geometry.TOKEN_BLOCK, in_dtype=bf16, head_dim=128
+        )
+    )
+    out.append(
+        QuantKernelConfig(fmt=MXFP4, geometry=Geometry.TOKEN_BLOCK, in_dtype=bf16, head_dim=128)
+    )
     return tuple(out)
 
 
@@ -500,8 +541,11 @@ def _mx_scale_code(amax: Any, fmt: BlockFormat) -> Any:
         pm = p & _U(0x7FFFFF)
         t = e - _I(e_m + 1) + pe  # floor(log2 d) for the descale d = amax·fl(1/M)
         up = (pm != 0).astype(jnp.int32)
-        code = jnp.where(t >= -126, jnp.minimum(t + _I(127) + up, _I(254)),
-                         jnp.where(t == -127, (pm > _U(1)).astype(jnp.int32), _I(0)))
+        code = jnp.where(
+            t >= -126,
+            jnp.minimum(t + _I(127) + up, _I(254)),
+            jnp.where(t == -127, (pm > _U(1)).astype(jnp.int32), _I(0)),
+        )
         code = jnp.where(amax == 0, _I(0), code)
     else:
         if fmt.rule is ScaleRule.EVEN:
@@ -527,8 +571,9 @@ def _fp8_codes(b: Any, k: Any, fmt: BlockFormat) -> Any:
     scaled = (a.astype(jnp.int32) - (k << _I(23))).astype(jnp.uint32)
     pow2 = ((_I(-22) - k) << _I(23)).astype(jnp.uint32)  # 2^(-149-k), normal when k <= -23
     sub = _bits((a & _U(0x7FFFFF)).astype(jnp.int32).astype(jnp.float32) * _f32(pow2))
-    y = jnp.where((field >= 1) & (field > k), scaled,
-                  jnp.where((field == 0) & (k <= -23), sub, _U(0)))
+    y = jnp.where(
+        (field >= 1) & (field > k), scaled, jnp.where((field == 0) & (k <= -23), sub, _U(0))
+    )
     y = jnp.where(field == 255, a, y)
     max_bits = int(np.float32(elem.max).view(np.uint32))
     y = jnp.minimum(y, _U(max_bits))  # saturate (Inf and NaN too; NaN is patched below)
@@ -554,7 +599,7 @@ def _e2m1_thresholds(k: Any) -> list[Any]:
     for tb, _ in _E2M1_POINTS:
         f = _I(tb >> 23) + k
         normal = (jnp.clip(f, 1, 255).astype(jnp.uint32) << _U(23)) | _U(tb & 0x7FFFFF)
-        sub = (_U((tb & 0x7FFFFF) | 0x800000) >> jnp.clip(1 - f, 0, 31).astype(jnp.uint32))
+        sub = _U((tb & 0x7FFFFF) | 0x800000) >> jnp.clip(1 - f, 0, 31).astype(jnp.uint32)
         out.append(jnp.where(f >= 255, _U(_F32_INF), jnp.where(f >= 1, normal, sub)))
     return out
 
@@ -583,7 +628,6 @@ def _e2m1_finish(b: Any, mag: Any) -> Any:
 def _mx4_codes(b: Any, points: list[Any]) -> Any:
     a = b & _U(0x7FFFFFFF)
     return _e2m1_finish(b, _e2m1_from_points(a, points))
-
 
 
 def _nv_codes(b: Any, enc_m: Any, enc_e: Any, nan_block: Any) -> Any:
@@ -617,8 +661,9 @@ def _fp8_codes_float(b: Any, s: Any, fmt: BlockFormat) -> Any:
     return jnp.where(y != y, _U(nan_code) | ((b >> _U(24)) & _U(0x80)), code)
 
 
-def _nv_block(amax: Any, params: dict[str, Any], *, ieee: bool = False
-              ) -> tuple[Any, Any, Any, Any, Any]:
+def _nv_block(
+    amax: Any, params: dict[str, Any], *, ieee: bool = False
+) -> tuple[Any, Any, Any, Any, Any]:
     """Per block: (UE4M3 scale code, enc significand, enc exponent, NaN-block mask, enc), the
     emulator's TransformerEngine order: s = E4M3(clip(amax·k, 0, 448)),
     enc = min(fl(1/fl(s·g)), max_f32). ``ieee``: float32 operations keep subnormals (the GPU),
@@ -727,9 +772,9 @@ def e2m1_code_bits_float(y: Any, *, nonnegative: bool = False) -> Any:
     xp = namespace(y)
     a = xp.minimum(y if nonnegative else xp.abs(y), np.float32(6.0))
     p2 = bitcast(bitcast(a, np.uint32) & _U(0x7F800000), np.float32)  # 2^floor(log2 a), or 0
-    m = xp.maximum(p2, np.float32(1.0)) * np.float32(2.0 ** 22)  # float ops: the FP pipe
+    m = xp.maximum(p2, np.float32(1.0)) * np.float32(2.0**22)  # float ops: the FP pipe
     r = (a + m) - m
-    return bitcast(r * np.float32(2.0 ** -126), np.uint32)
+    return bitcast(r * np.float32(2.0**-126), np.uint32)
 
 
 def e2m1_magnitude_float(y: Any, *, nonnegative: bool = False) -> Any:
@@ -738,8 +783,9 @@ def e2m1_magnitude_float(y: Any, *, nonnegative: bool = False) -> Any:
     return e2m1_code_bits_float(y, nonnegative=nonnegative) >> _U(22)
 
 
-def _fp4_codes_float(xs: tuple[Any, ...], s: Any, *, block_keep: Any = None,
-                     absx: Any = None, word: Any = None) -> Any:
+def _fp4_codes_float(
+    xs: tuple[Any, ...], s: Any, *, block_keep: Any = None, absx: Any = None, word: Any = None
+) -> Any:
     """FLOAT path, MXFP4 and NVFP4: E2M1 codes of fl(x·s), s > 0 per block, by
     :func:`e2m1_code_bits_float`, packed into one byte per pair of elements for 16-bit input.
     NaN elements give +0: NVFP4 passes ``block_keep`` (a NaN makes its block a NaN block, all
@@ -776,8 +822,11 @@ def _fp4_codes_float(xs: tuple[Any, ...], s: Any, *, block_keep: Any = None,
         if block_keep is None:  # MXFP4: a NaN element gives +0 (code and sign)
             nan0, nan1 = (y != y for y in ys)
             cs = [xp.where(n, _U(0), c) for n, c in zip((nan0, nan1), cs)]
-            signs = signs & xp.where(nan0, _U(0x80000000), _U(0xFFFFFFFF)) \
+            signs = (
+                signs
+                & xp.where(nan0, _U(0x80000000), _U(0xFFFFFFFF))
                 & xp.where(nan1, _U(0x00008000), _U(0xFFFFFFFF))
+            )
         # (the odd code is OR-ed in: with a third addition here, ptxas 13 (sm_90a, -O3)
         # dropped the odd element's whole computation from the NVFP4 kernel, so every byte
         # came out with its high code 0; the NVFP4 GPU tests caught it)
@@ -794,8 +843,14 @@ def _path(cfg: QuantKernelConfig) -> ElementPath:
     return ElementPath.INTEGER if interpreting() else ElementPath.FLOAT
 
 
-def _codes_from(xs: tuple[Any, ...], cfg: QuantKernelConfig, per_block: dict[str, Any],
-                bc: Any, absx: Any = None, word: Any = None) -> Any:
+def _codes_from(
+    xs: tuple[Any, ...],
+    cfg: QuantKernelConfig,
+    per_block: dict[str, Any],
+    bc: Any,
+    absx: Any = None,
+    word: Any = None,
+) -> Any:
     """The codes of a tile (``xs``: :func:`_widen` of the input words ``word``)."""
     import jax.numpy as jnp
 
@@ -829,8 +884,7 @@ def _pow2_factor(k: Any) -> Any:
     """float32 2^-k for k in [-127, 127] (2^-127 built as the subnormal bit pattern)."""
     import jax.numpy as jnp
 
-    return _f32(jnp.where(k <= 126, ((_I(127) - k) << _I(23)).astype(jnp.uint32),
-                          _U(0x00400000)))
+    return _f32(jnp.where(k <= 126, ((_I(127) - k) << _I(23)).astype(jnp.uint32), _U(0x00400000)))
 
 
 def _per_block(amax: Any, cfg: QuantKernelConfig, params: dict[str, Any]) -> tuple[Any, dict]:
@@ -839,8 +893,7 @@ def _per_block(amax: Any, cfg: QuantKernelConfig, params: dict[str, Any]) -> tup
 
     flt = _path(cfg) is ElementPath.FLOAT
     if cfg.kind == "nv":
-        s_code, enc_m, enc_e, nan, enc = _nv_block(amax, params,
-                                                   ieee=flt and not interpreting())
+        s_code, enc_m, enc_e, nan, enc = _nv_block(amax, params, ieee=flt and not interpreting())
         if flt:  # keep: uint32 0 for a NaN block, else 1 (see _fp4_codes_float)
             return s_code, {"s": enc, "keep": jnp.where(nan, _U(0), _U(1))}
         return s_code, {"enc_m": enc_m, "enc_e": enc_e, "nan": nan}
@@ -868,8 +921,13 @@ def _load_params(p_ref: Any, shape: tuple[int, ...]) -> dict[str, Any]:
 
 def params_dict(v: Any) -> dict[str, Any]:
     """The named NVFP4 scalars from the ``NUM_PARAMS`` uint32 values ``v`` (arrays)."""
-    return {"k_m": _f32(v[0]), "k_e": v[1].astype(np.int32), "g": _f32(v[2]),
-            "nan": v[3] != _U(0), "recip": [_f32(r) for r in v[4:12]]}
+    return {
+        "k_m": _f32(v[0]),
+        "k_e": v[1].astype(np.int32),
+        "g": _f32(v[2]),
+        "nan": v[3] != _U(0),
+        "recip": [_f32(r) for r in v[4:12]],
+    }
 
 
 def build_kernel(cfg: QuantKernelConfig, num_rows: int) -> Any:
@@ -900,20 +958,23 @@ def _row_layout(ww: int, lanes: int, vector_words: int = 4, rows_per_thread: int
 
     vec = min(vector_words, ww // lanes)
     r = rows_per_thread
-    tiling = fa.Tiling(((128 * r // lanes, ww), (32 * r // lanes, ww), (r, ww // lanes),
-                        (1, vec)))
-    lay = fa.TiledLayout(tiling, warp_dims=(-8,), lane_dims=(-6, -5), vector_dim=-1,
-                         _check_canonical=False).canonicalize()
-    return plgpu.Layout.TILED(lay.tiling, warp_dims=lay.warp_dims, lane_dims=lay.lane_dims,
-                              vector_dim=lay.vector_dim)
+    tiling = fa.Tiling(((128 * r // lanes, ww), (32 * r // lanes, ww), (r, ww // lanes), (1, vec)))
+    lay = fa.TiledLayout(
+        tiling, warp_dims=(-8,), lane_dims=(-6, -5), vector_dim=-1, _check_canonical=False
+    ).canonicalize()
+    return plgpu.Layout.TILED(
+        lay.tiling, warp_dims=lay.warp_dims, lane_dims=lay.lane_dims, vector_dim=lay.vector_dim
+    )
 
 
 def _block_geometry(cfg: QuantKernelConfig, num_rows: int) -> tuple[int, int, int, int]:
     """(rows per tile, tiles per CTA, lanes per block, rows per thread) for ``num_rows``
     scale blocks."""
     if num_rows % 64:
-        raise ValueError(f"the input has {num_rows} scale blocks; the {cfg.fmt.name} kernel "
-                         f"needs a multiple of 64 (pad the leading dimensions)")
+        raise ValueError(
+            f"the input has {num_rows} scale blocks; the {cfg.fmt.name} kernel "
+            f"needs a multiple of 64 (pad the leading dimensions)"
+        )
     tr = math.gcd(cfg.block_rows, num_rows)  # a power of two >= 64
     lanes, rpt = cfg.lanes, cfg.rows_per_thread
     while rpt > 1 and tr % (128 * rpt):  # base tile: 128·rows_per_thread rows (lanes = 1)
@@ -946,13 +1007,16 @@ def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
         amax, absx = _block_amax(xs, cfg)
         scales, per_block = _per_block(amax, cfg, params)
         bc = lambda v: plgpu.layout_cast(lax.broadcast_in_dim(v, (tr, ww), [0]), lay)  # noqa: E731
-        return (_codes_from(xs, cfg, per_block, bc, absx, w if cfg.paired else None),
-                scales.astype(u8))
+        return (
+            _codes_from(xs, cfg, per_block, bc, absx, w if cfg.paired else None),
+            scales.astype(u8),
+        )
 
     out_scales = jax.ShapeDtypeStruct((num_rows,), u8)
     grid = (num_rows // (tr * tiles),)
 
     if cfg.transfer is Transfer.DIRECT:
+
         def direct_body(x_g, p_g, o_g, s_g):
             i = lax.axis_index("tiles")
             params = _load_params(p_g, (tr,)) if cfg.kind == "nv" else {}
@@ -977,9 +1041,13 @@ def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
 
         # No automatic barriers around loads and stores: each thread reads only its own input
         # rows and writes only its own outputs, and nothing goes through SMEM.
-        return plgpu.kernel(direct_body, grid=grid, grid_names=("tiles",),
-                            out_type=(jax.ShapeDtypeStruct((num_rows, ow), odt), out_scales),
-                            compiler_params=plgpu.CompilerParams(unsafe_no_auto_barriers=True))
+        return plgpu.kernel(
+            direct_body,
+            grid=grid,
+            grid_names=("tiles",),
+            out_type=(jax.ShapeDtypeStruct((num_rows, ow), odt), out_scales),
+            compiler_params=plgpu.CompilerParams(unsafe_no_auto_barriers=True),
+        )
 
     slots = min(cfg.stages, tiles)
     chunk = min(tr, 256)  # TMA boxes are at most 256 rows
@@ -989,8 +1057,11 @@ def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
     # register stores (Mosaic's layout inference rejects that reshape for rows of >= 32 bytes).
     # The interpreter cannot reshape SMEM refs and has no such limits: it keeps one block row.
     row_bytes = ow * np.dtype(odt).itemsize
-    fold = 1 if interpreting() or row_bytes >= 32 else \
-        max(1, min(cfg.tma_row_bytes // row_bytes, chunk))
+    fold = (
+        1
+        if interpreting() or row_bytes >= 32
+        else max(1, min(cfg.tma_row_bytes // row_bytes, chunk))
+    )
     oc = chunk // fold
 
     def body(x_g, p_g, o_g, s_g, x_s, p_s, o_s, s_s, bar):
@@ -999,9 +1070,11 @@ def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
         def fetch(t, slot):
             row0 = (i * tiles + t) * tr
             for c in range(n):
-                plgpu.copy_gmem_to_smem(x_g.at[_ds(row0 + c * chunk, chunk)],
-                                        x_s.at[slot, _ds(c * chunk, chunk)],
-                                        bar.at[slot * n + c])
+                plgpu.copy_gmem_to_smem(
+                    x_g.at[_ds(row0 + c * chunk, chunk)],
+                    x_s.at[slot, _ds(c * chunk, chunk)],
+                    bar.at[slot * n + c],
+                )
 
         plgpu.copy_gmem_to_smem(p_g, p_s, bar.at[slots * n])
         for t in range(slots):
@@ -1025,12 +1098,16 @@ def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
             plgpu.commit_smem()  # also a warpgroup barrier: every thread has read x_s[slot]
             row0 = (i * tiles + t) * tr
             for c in range(n):
-                plgpu.copy_smem_to_gmem(o_s.at[slot, _ds(c * oc, oc)],
-                                        o_g.at[_ds((row0 + c * chunk) // fold, oc)],
-                                        commit_group=False)
-                plgpu.copy_smem_to_gmem(s_s.at[slot, _ds(c * chunk, chunk)],
-                                        s_g.at[_ds(row0 + c * chunk, chunk)],
-                                        commit_group=False)
+                plgpu.copy_smem_to_gmem(
+                    o_s.at[slot, _ds(c * oc, oc)],
+                    o_g.at[_ds((row0 + c * chunk) // fold, oc)],
+                    commit_group=False,
+                )
+                plgpu.copy_smem_to_gmem(
+                    s_s.at[slot, _ds(c * chunk, chunk)],
+                    s_g.at[_ds(row0 + c * chunk, chunk)],
+                    commit_group=False,
+                )
             plgpu.commit_smem_to_gmem_group()
 
             @pl.when(t + slots < tiles)
@@ -1042,12 +1119,15 @@ def _build_block(cfg: QuantKernelConfig, num_rows: int) -> Any:
     return plgpu.kernel(
         body,
         out_type=(jax.ShapeDtypeStruct((num_rows // fold, ow * fold), odt), out_scales),
-        grid=grid, grid_names=("tiles",),
-        scratch_types=[plgpu.SMEM((slots, tr, ww), jnp.uint32),
-                       plgpu.SMEM((NUM_PARAMS,), jnp.uint32),
-                       plgpu.SMEM((slots, tr // fold, ow * fold), odt),
-                       plgpu.SMEM((slots, tr), u8),
-                       plgpu.Barrier(num_barriers=slots * n + 1)],
+        grid=grid,
+        grid_names=("tiles",),
+        scratch_types=[
+            plgpu.SMEM((slots, tr, ww), jnp.uint32),
+            plgpu.SMEM((NUM_PARAMS,), jnp.uint32),
+            plgpu.SMEM((slots, tr // fold, ow * fold), odt),
+            plgpu.SMEM((slots, tr), u8),
+            plgpu.Barrier(num_barriers=slots * n + 1),
+        ],
     )
 
 
@@ -1072,13 +1152,13 @@ def _build_token_block(cfg: QuantKernelConfig, num_blocks: int) -> Any:
             xs, mag = _widen_amax(w, cfg)
             # Mosaic GPU reinterprets bits of arrays only: do the per-block arithmetic on a
             # (128,) vector (one lane per thread) holding the block max, then reduce back.
-            amax = plgpu.layout_cast(lax.broadcast_in_dim(jnp.max(mag), (128,), ()),
-                                     plgpu.Layout.WG_STRIDED((128,), 1))
+            amax = plgpu.layout_cast(
+                lax.broadcast_in_dim(jnp.max(mag), (128,), ()), plgpu.Layout.WG_STRIDED((128,), 1)
+            )
             scale, per_block = _per_block(amax, cfg, {})
             per_block = jax.tree.map(jnp.max, per_block)
             bc = lambda v, w=w: lax.broadcast_in_dim(v, w.shape, ())  # noqa: E731  (splat)
-            o_s.at[j][...] = _codes_from(xs, cfg, per_block, bc,
-                                         word=w if cfg.paired else None)
+            o_s.at[j][...] = _codes_from(xs, cfg, per_block, bc, word=w if cfg.paired else None)
             s_s[j, 0] = jnp.max(scale).astype(jnp.uint8)  # TMA rows are >= 16 bytes: byte 0
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(o_s, o_g.at[_ds(i * tb, tb)])
@@ -1087,18 +1167,25 @@ def _build_token_block(cfg: QuantKernelConfig, num_blocks: int) -> Any:
 
     return plgpu.kernel(
         body,
-        out_type=(jax.ShapeDtypeStruct((num_blocks, 32, ow), odt),
-                  jax.ShapeDtypeStruct((num_blocks, 16), jnp.uint8)),
-        grid=(num_blocks // tb,), grid_names=("tiles",),
-        scratch_types=[plgpu.SMEM((tb, 32, ww), jnp.uint32), plgpu.SMEM((tb, 32, ow), odt),
-                       plgpu.SMEM((tb, 16), jnp.uint8), plgpu.Barrier(num_barriers=1)],
-
+        out_type=(
+            jax.ShapeDtypeStruct((num_blocks, 32, ow), odt),
+            jax.ShapeDtypeStruct((num_blocks, 16), jnp.uint8),
+        ),
+        grid=(num_blocks // tb,),
+        grid_names=("tiles",),
+        scratch_types=[
+            plgpu.SMEM((tb, 32, ww), jnp.uint32),
+            plgpu.SMEM((tb, 32, ow), odt),
+            plgpu.SMEM((tb, 16), jnp.uint8),
+            plgpu.Barrier(num_barriers=1),
+        ],
     )
 
 
 # --- host-side wrapper --------------------------------------------------------------------------
-def nv_params(amax_bits: Any, fmt: BlockFormat, global_scale: Any,
-              global_encode_scale: Any) -> tuple[Any, Any]:
+def nv_params(
+    amax_bits: Any, fmt: BlockFormat, global_scale: Any, global_encode_scale: Any
+) -> tuple[Any, Any]:
     """(uint32[4] kernel scalars, float32 decode factor or None), with the emulator's own
     functions for the FP32 factor (scalars only, so their cost does not matter)."""
     import jax.numpy as jnp
@@ -1110,12 +1197,15 @@ def nv_params(amax_bits: Any, fmt: BlockFormat, global_scale: Any,
     g_dec = s_enc = None
     if fmt.global_scale is GlobalScale.CONSTANT:
         if (global_scale is None) == (global_encode_scale is None):
-            raise ValueError(f"{fmt.name} has a CONSTANT FP32 factor: give exactly one of "
-                             f"global_scale= (decode) or global_encode_scale= (encode)")
+            raise ValueError(
+                f"{fmt.name} has a CONSTANT FP32 factor: give exactly one of "
+                f"global_scale= (decode) or global_encode_scale= (encode)"
+            )
         given = global_scale if global_scale is not None else global_encode_scale
         if np.ndim(given) != 0:
-            raise ValueError(f"the GPU kernel takes a scalar FP32 factor; got shape "
-                             f"{np.shape(given)}")
+            raise ValueError(
+                f"the GPU kernel takes a scalar FP32 factor; got shape {np.shape(given)}"
+            )
         if global_scale is not None:
             g_dec = jnp.asarray(global_scale, jnp.float32)
             s_enc = div_f32(one, g_dec)
@@ -1127,8 +1217,10 @@ def nv_params(amax_bits: Any, fmt: BlockFormat, global_scale: Any,
         s_enc = blocks.global_encode_scale(amax_t, fmt)
         g_dec = div_f32(one, s_enc)
     elif global_scale is not None or global_encode_scale is not None:
-        raise ValueError(f"global_scale/global_encode_scale given but {fmt.name}.global_scale is "
-                         f"{fmt.global_scale.name}")
+        raise ValueError(
+            f"global_scale/global_encode_scale given but {fmt.name}.global_scale is "
+            f"{fmt.global_scale.name}"
+        )
     inv_m = one / np.float32(fmt.elem.max)
     k = jnp.asarray(inv_m) if s_enc is None else mul_f32(s_enc, inv_m)
     g = jnp.asarray(one) if g_dec is None else g_dec
@@ -1141,9 +1233,19 @@ def nv_params(amax_bits: Any, fmt: BlockFormat, global_scale: Any,
     # division: the kernel's per-block 1/fl(s·g) is R[j(s)]·2^-e(s), exactly (see _nv_block).
     sig = jnp.asarray(1.0 + np.arange(8, dtype=np.float32) / np.float32(8.0), jnp.float32)
     recip = div_f32(one, sig if g_dec is None else mul_f32(sig, g_dec))
-    params = jnp.concatenate([
-        jnp.stack([k_m, k_e.astype(jnp.uint32), _bits(jnp.asarray(g, jnp.float32)),
-                   nan.astype(jnp.uint32)]), _bits(recip)])
+    params = jnp.concatenate(
+        [
+            jnp.stack(
+                [
+                    k_m,
+                    k_e.astype(jnp.uint32),
+                    _bits(jnp.asarray(g, jnp.float32)),
+                    nan.astype(jnp.uint32),
+                ]
+            ),
+            _bits(recip),
+        ]
+    )
     return params, g_dec
 
 
@@ -1154,15 +1256,23 @@ def input_words(x: Any, cfg: QuantKernelConfig) -> Any:
 
     if cfg.paired:
         u16 = lax.bitcast_convert_type(x, jnp.uint16)
-        return lax.bitcast_convert_type(u16.reshape(u16.shape[:-1] + (u16.shape[-1] // 2, 2)),
-                                        jnp.uint32)
+        return lax.bitcast_convert_type(
+            u16.reshape(u16.shape[:-1] + (u16.shape[-1] // 2, 2)), jnp.uint32
+        )
     return lax.bitcast_convert_type(x, jnp.uint32)
 
 
-def gpu_quantize(x: Any, fmt: BlockFormat, *, axis: int = -1,
-                 geometry: Geometry = Geometry.BLOCK, global_scale: Any = None,
-                 global_encode_scale: Any = None, pack: bool | None = None,
-                 config: QuantKernelConfig | None = None) -> QuantizedArray:
+def gpu_quantize(
+    x: Any,
+    fmt: BlockFormat,
+    *,
+    axis: int = -1,
+    geometry: Geometry = Geometry.BLOCK,
+    global_scale: Any = None,
+    global_encode_scale: Any = None,
+    pack: bool | None = None,
+    config: QuantKernelConfig | None = None,
+) -> QuantizedArray:
     """Quantize ``x`` on the GPU (or in interpret mode); same result as ``blocks.quantize``.
 
     ``axis`` must be -1 for ``BLOCK`` and -2 for ``TOKEN_BLOCK`` (transpose first otherwise).
@@ -1187,8 +1297,10 @@ def gpu_quantize(x: Any, fmt: BlockFormat, *, axis: int = -1,
     if not isinstance(axis, int) or isinstance(axis, bool) or not -nd <= axis < nd:
         raise ValueError(f"axis={axis!r} is out of range for x of shape {shape}")
     if axis - nd * (axis >= 0) != want_axis:
-        raise ValueError(f"axis={axis}: the {geometry.name} kernel quantizes along axis "
-                         f"{want_axis}; move that axis there first")
+        raise ValueError(
+            f"axis={axis}: the {geometry.name} kernel quantizes along axis "
+            f"{want_axis}; move that axis there first"
+        )
     blocks.block_extents(shape, fmt, geometry, axis)  # the emulator's divisibility errors
     if pack is None:
         pack = fmt.elem is E2M1
@@ -1204,17 +1316,19 @@ def gpu_quantize(x: Any, fmt: BlockFormat, *, axis: int = -1,
             want["head_dim"] = shape[-1]
         wrong = {k: getattr(config, k) for k, v in want.items() if getattr(config, k) != v}
         if wrong:
-            raise ValueError(f"config has {wrong}; this call needs {want} "
-                             f"(QuantKernelConfig.for_array(x, fmt, ...) builds one)")
+            raise ValueError(
+                f"config has {wrong}; this call needs {want} "
+                f"(QuantKernelConfig.for_array(x, fmt, ...) builds one)"
+            )
     return _quantize_jit(jnp.asarray(x), global_scale, global_encode_scale, cfg=config, pack=pack)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "pack"))
-def _quantize_jit(x: Any, global_scale: Any, global_encode_scale: Any, *,
-                  cfg: QuantKernelConfig, pack: bool) -> QuantizedArray:
+def _quantize_jit(
+    x: Any, global_scale: Any, global_encode_scale: Any, *, cfg: QuantKernelConfig, pack: bool
+) -> QuantizedArray:
     import jax.numpy as jnp
     from jax import lax
-
 
     fmt = cfg.fmt
     shape = tuple(x.shape)
@@ -1224,8 +1338,11 @@ def _quantize_jit(x: Any, global_scale: Any, global_encode_scale: Any, *,
         if cfg.paired:  # max of the 15 magnitude bits commutes with the exact widening
             top = jnp.max(lax.bitcast_convert_type(x, jnp.uint16) & jnp.uint16(0x7FFF))
             top = top.astype(jnp.uint32)
-            amax_bits = top << _U(16) if cfg.in_dtype == np.dtype(ml_dtypes.bfloat16) \
+            amax_bits = (
+                top << _U(16)
+                if cfg.in_dtype == np.dtype(ml_dtypes.bfloat16)
                 else _f16_to_f32_bits(top)
+            )
         else:
             amax_bits = jnp.max(words & _U(0x7FFFFFFF))
         params, g_dec = nv_params(amax_bits, fmt, global_scale, global_encode_scale)
@@ -1237,20 +1354,35 @@ def _quantize_jit(x: Any, global_scale: Any, global_encode_scale: Any, *,
         scale_shape = shape[:-1] + (shape[-1] // fmt.block_size,)
     else:
         rows = x.size // (32 * shape[-1])
-        codes, scales = build_kernel(cfg, rows)(words.reshape(rows, 32, cfg.words_per_block),
-                                                params)
+        codes, scales = build_kernel(cfg, rows)(
+            words.reshape(rows, 32, cfg.words_per_block), params
+        )
         scales = scales[:, 0]
         scale_shape = shape[:-2] + (shape[-2] // 32, 1)
     if codes.dtype == jnp.uint16:
         codes = lax.bitcast_convert_type(codes, jnp.uint8)
     if cfg.packs_in_kernel:
         codes = codes.reshape(shape[:-1] + (shape[-1] // 2,))
-        q = QuantizedArray(codes, scales.reshape(scale_shape), g_dec, fmt, cfg.geometry,
-                           -1 if cfg.geometry is Geometry.BLOCK else -2, True)
+        q = QuantizedArray(
+            codes,
+            scales.reshape(scale_shape),
+            g_dec,
+            fmt,
+            cfg.geometry,
+            -1 if cfg.geometry is Geometry.BLOCK else -2,
+            True,
+        )
         return q if pack else q.unpack()
     codes = codes.reshape(shape)
-    q = QuantizedArray(codes, scales.reshape(scale_shape), g_dec, fmt, cfg.geometry,
-                       -1 if cfg.geometry is Geometry.BLOCK else -2, False)
+    q = QuantizedArray(
+        codes,
+        scales.reshape(scale_shape),
+        g_dec,
+        fmt,
+        cfg.geometry,
+        -1 if cfg.geometry is Geometry.BLOCK else -2,
+        False,
+    )
     return q.pack() if pack else q
 
 

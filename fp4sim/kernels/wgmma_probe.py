@@ -24,8 +24,10 @@ def _kernel(m: int, n: int, k: int, dtype: Any) -> Any:
     from fp4sim.kernels.harness import smem_transforms
 
     if m != 64 or n % 8 or not 8 <= n <= 256 or k % 32 or not 32 <= k <= 512:
-        raise ValueError(f"shape (M={m}, N={n}, K={k}) unsupported: need M=64, N a multiple of 8 "
-                         f"in 8..256, K a multiple of 32 in 32..512")
+        raise ValueError(
+            f"shape (M={m}, N={n}, K={k}) unsupported: need M=64, N a multiple of 8 "
+            f"in 8..256, K a multiple of 32 in 32..512"
+        )
 
     def body(a_g, b_g, o_g, a_s, b_s, o_s, bar):
         plgpu.copy_gmem_to_smem(a_g, a_s, bar.at[0])
@@ -42,10 +44,16 @@ def _kernel(m: int, n: int, k: int, dtype: Any) -> Any:
         plgpu.copy_smem_to_gmem(o_s, o_g)
         plgpu.wait_smem_to_gmem(0)
 
-    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((m, n), jnp.float32), scratch_types=[
-        plgpu.SMEM((m, k), dtype, transforms=smem_transforms(dtype, k)),
-        plgpu.SMEM((n, k), dtype, transforms=smem_transforms(dtype, k)),
-        plgpu.SMEM((m, n), jnp.float32), plgpu.Barrier(num_barriers=2)])
+    return plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        scratch_types=[
+            plgpu.SMEM((m, k), dtype, transforms=smem_transforms(dtype, k)),
+            plgpu.SMEM((n, k), dtype, transforms=smem_transforms(dtype, k)),
+            plgpu.SMEM((m, n), jnp.float32),
+            plgpu.Barrier(num_barriers=2),
+        ],
+    )
 
 
 def fp8_wgmma(a: Any, b: Any) -> Any:

@@ -53,9 +53,14 @@ def _check(fn: Any, n_batch_args: int, batch_axis: int) -> None:
         raise ValueError(f"batch_axis={batch_axis!r} must be an int >= 0")
 
 
-def data_parallel_value_and_grad(fn: Callable[..., Any], *, mesh: Any, axis: str = "data",
-                                 n_batch_args: int = 1,
-                                 batch_axis: int = 0) -> Callable[..., tuple[Any, Any]]:
+def data_parallel_value_and_grad(
+    fn: Callable[..., Any],
+    *,
+    mesh: Any,
+    axis: str = "data",
+    n_batch_args: int = 1,
+    batch_axis: int = 0,
+) -> Callable[..., tuple[Any, Any]]:
     """``f(params, *batch) -> (value, grads)`` of ``fn(params, *batch)`` (a scalar: the loss
     *summed* over the batch's examples), the batch split over ``mesh``'s ``axis`` along
     ``batch_axis`` of each of the ``n_batch_args`` batch arrays; params replicated. The values
@@ -70,19 +75,24 @@ def data_parallel_value_and_grad(fn: Callable[..., Any], *, mesh: Any, axis: str
 
     def per_shard(params: Any, *batch: Any) -> tuple[Any, Any]:
         value, grads = jax.value_and_grad(fn)(params, *batch)
-        gathered = jax.tree_util.tree_map(lambda t: jax.lax.all_gather(t, axis),
-                                          (value, grads))
+        gathered = jax.tree_util.tree_map(lambda t: jax.lax.all_gather(t, axis), (value, grads))
         n = mesh.shape[axis]
-        return ordered_sum([jax.tree_util.tree_map(lambda t, i=i: t[i], gathered)
-                            for i in range(n)])
+        return ordered_sum(
+            [jax.tree_util.tree_map(lambda t, i=i: t[i], gathered) for i in range(n)]
+        )
 
-    return jax.shard_map(per_shard, mesh=mesh, in_specs=(P(), *([spec] * n_batch_args)),
-                         out_specs=P(), check_vma=False)
+    return jax.shard_map(
+        per_shard,
+        mesh=mesh,
+        in_specs=(P(), *([spec] * n_batch_args)),
+        out_specs=P(),
+        check_vma=False,
+    )
 
 
-def accumulated_value_and_grad(fn: Callable[..., Any], *, micro_batches: int,
-                               n_batch_args: int = 1,
-                               batch_axis: int = 0) -> Callable[..., tuple[Any, Any]]:
+def accumulated_value_and_grad(
+    fn: Callable[..., Any], *, micro_batches: int, n_batch_args: int = 1, batch_axis: int = 0
+) -> Callable[..., tuple[Any, Any]]:
     """``f(params, *batch) -> (value, grads)`` on one device: the batch cut into
     ``micro_batches`` equal consecutive parts along ``batch_axis``, each part's value and
     gradient of ``fn``, summed in part order: the bits of :func:`data_parallel_value_and_grad`
@@ -98,8 +108,10 @@ def accumulated_value_and_grad(fn: Callable[..., Any], *, micro_batches: int,
             raise ValueError(f"{len(batch)} batch arrays given; n_batch_args={n_batch_args}")
         size = batch[0].shape[batch_axis]
         if size % micro_batches:
-            raise ValueError(f"batch of {size} along axis {batch_axis} does not split into "
-                             f"{micro_batches} equal micro-batches")
+            raise ValueError(
+                f"batch of {size} along axis {batch_axis} does not split into "
+                f"{micro_batches} equal micro-batches"
+            )
         m = size // micro_batches
         parts = []
         for i in range(micro_batches):

@@ -52,8 +52,13 @@ class AttentionShardings(NamedTuple):
     replicated: NamedSharding  # segment ids and other small side inputs
 
 
-def attention_mesh(*, batch: int | None = None, heads: int = 1, query: int = 1,
-                   devices: Sequence[Any] | None = None) -> Mesh:
+def attention_mesh(
+    *,
+    batch: int | None = None,
+    heads: int = 1,
+    query: int = 1,
+    devices: Sequence[Any] | None = None,
+) -> Mesh:
     """A mesh of ``batch x heads x query`` devices with the axis names :data:`AXES`.
 
     ``devices`` defaults to ``jax.devices()``; ``batch`` defaults to what the other two leave
@@ -68,14 +73,18 @@ def attention_mesh(*, batch: int | None = None, heads: int = 1, query: int = 1,
     query = check_int("attention_mesh", "query", query, 1)
     if batch is None:
         if len(devs) % (heads * query):
-            raise ValueError(f"heads={heads} x query={query} does not divide the {len(devs)} "
-                             f"devices; pass batch= explicitly or other factors")
+            raise ValueError(
+                f"heads={heads} x query={query} does not divide the {len(devs)} "
+                f"devices; pass batch= explicitly or other factors"
+            )
         batch = len(devs) // (heads * query)
     batch = check_int("attention_mesh", "batch", batch, 1)
     if batch * heads * query != len(devs):
-        raise ValueError(f"batch={batch} x heads={heads} x query={query} = "
-                         f"{batch * heads * query} devices, but {len(devs)} were given; the "
-                         f"product must equal the number of devices")
+        raise ValueError(
+            f"batch={batch} x heads={heads} x query={query} = "
+            f"{batch * heads * query} devices, but {len(devs)} were given; the "
+            f"product must equal the number of devices"
+        )
     return Mesh(np.array(devs, dtype=object).reshape(batch, heads, query), AXES)
 
 
@@ -85,8 +94,10 @@ def _check_mesh(mesh: Any) -> None:
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh={mesh!r} must be a jax.sharding.Mesh (see attention_mesh)")
     if tuple(mesh.axis_names) != AXES:
-        raise ValueError(f"mesh axis names {tuple(mesh.axis_names)}; allowed: {AXES} "
-                         f"(build it with fp4sim.parallel.attention_mesh)")
+        raise ValueError(
+            f"mesh axis names {tuple(mesh.axis_names)}; allowed: {AXES} "
+            f"(build it with fp4sim.parallel.attention_mesh)"
+        )
 
 
 def attention_shardings(mesh: Mesh) -> AttentionShardings:
@@ -100,24 +111,30 @@ def attention_shardings(mesh: Mesh) -> AttentionShardings:
         kv=NamedSharding(mesh, P("batch", "heads", None, None)),
         out=NamedSharding(mesh, P("batch", "heads", "query", None)),
         lse=NamedSharding(mesh, P("batch", "heads", "query")),
-        replicated=NamedSharding(mesh, P()))
+        replicated=NamedSharding(mesh, P()),
+    )
 
 
 def _check_shapes(mesh: Mesh, q: Any, k: Any, v: Any) -> None:
     for name, a in (("q", q), ("k", k), ("v", v)):
         shape = getattr(a, "shape", None)
         if shape is None or len(shape) != 4:
-            raise ValueError(f"{name} must be a (batch, heads, seq, head_dim) array; got shape "
-                             f"{shape}")
+            raise ValueError(
+                f"{name} must be a (batch, heads, seq, head_dim) array; got shape {shape}"
+            )
     parts = dict(zip(AXES, (mesh.shape[a] for a in AXES)))
     for name, a in (("q", q), ("k", k), ("v", v)):
         for axis, dim in (("batch", 0), ("heads", 1)):
             if a.shape[dim] % parts[axis]:
-                raise ValueError(f"{name} has {a.shape[dim]} along {axis} (dim {dim}), not a "
-                                 f"multiple of the mesh's {parts[axis]} {axis} devices")
+                raise ValueError(
+                    f"{name} has {a.shape[dim]} along {axis} (dim {dim}), not a "
+                    f"multiple of the mesh's {parts[axis]} {axis} devices"
+                )
     if q.shape[2] % parts["query"]:
-        raise ValueError(f"q has {q.shape[2]} query rows, not a multiple of the mesh's "
-                         f"{parts['query']} query devices")
+        raise ValueError(
+            f"q has {q.shape[2]} query rows, not a multiple of the mesh's "
+            f"{parts['query']} query devices"
+        )
 
 
 def shard_attention_inputs(mesh: Mesh, q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
@@ -127,14 +144,21 @@ def shard_attention_inputs(mesh: Mesh, q: Any, k: Any, v: Any) -> tuple[Any, Any
     _check_mesh(mesh)
     _check_shapes(mesh, q, k, v)
     s = attention_shardings(mesh)
-    return (jax.device_put(np.asarray(q, np.float32) if isinstance(q, np.ndarray) else q, s.q),
-            jax.device_put(np.asarray(k, np.float32) if isinstance(k, np.ndarray) else k, s.kv),
-            jax.device_put(np.asarray(v, np.float32) if isinstance(v, np.ndarray) else v, s.kv))
+    return (
+        jax.device_put(np.asarray(q, np.float32) if isinstance(q, np.ndarray) else q, s.q),
+        jax.device_put(np.asarray(k, np.float32) if isinstance(k, np.ndarray) else k, s.kv),
+        jax.device_put(np.asarray(v, np.float32) if isinstance(v, np.ndarray) else v, s.kv),
+    )
 
 
 @functools.lru_cache(maxsize=64)
-def _forward_fn(recipe: AttentionRecipe, mesh: Mesh, causal: bool, softmax_scale: Any,
-                segments: tuple[bool, bool]) -> Any:
+def _forward_fn(
+    recipe: AttentionRecipe,
+    mesh: Mesh,
+    causal: bool,
+    softmax_scale: Any,
+    segments: tuple[bool, bool],
+) -> Any:
     import jax
 
     from fp4sim.attention import attention_forward
@@ -142,26 +166,43 @@ def _forward_fn(recipe: AttentionRecipe, mesh: Mesh, causal: bool, softmax_scale
     s = attention_shardings(mesh)
 
     def f(q, k, v, qseg, kseg):
-        r = attention_forward(q, k, v, recipe, causal=causal, softmax_scale=softmax_scale,
-                              q_segment_ids=qseg if segments[0] else None,
-                              kv_segment_ids=kseg if segments[1] else None)
+        r = attention_forward(
+            q,
+            k,
+            v,
+            recipe,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            q_segment_ids=qseg if segments[0] else None,
+            kv_segment_ids=kseg if segments[1] else None,
+        )
         return r.out, r.lse
 
-    return jax.jit(f, in_shardings=(s.q, s.kv, s.kv, s.replicated, s.replicated),
-                   out_shardings=(s.out, s.lse))
+    return jax.jit(
+        f, in_shardings=(s.q, s.kv, s.kv, s.replicated, s.replicated), out_shardings=(s.out, s.lse)
+    )
 
 
-def sharded_attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *, mesh: Mesh,
-                              causal: bool = False, softmax_scale: float | None = None,
-                              q_segment_ids: Any = None,
-                              kv_segment_ids: Any = None) -> ForwardResult:
+def sharded_attention_forward(
+    q: Any,
+    k: Any,
+    v: Any,
+    recipe: AttentionRecipe,
+    *,
+    mesh: Mesh,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+) -> ForwardResult:
     """:func:`fp4sim.attention_forward` of ``(B, H, S, D)`` inputs on ``mesh``: O and LSE sharded
     like Q, bit-identical to one device. ``intermediates`` is None (ask one device for them)."""
     import jax.numpy as jnp
 
     if not isinstance(recipe, AttentionRecipe):
-        raise TypeError(f"recipe={recipe!r} must be an AttentionRecipe (see "
-                        f"fp4sim.attention.recipe.PRESETS)")
+        raise TypeError(
+            f"recipe={recipe!r} must be an AttentionRecipe (see fp4sim.attention.recipe.PRESETS)"
+        )
     if not isinstance(causal, bool):
         raise TypeError(f"causal={causal!r} must be a bool")
     _check_mesh(mesh)
@@ -173,9 +214,17 @@ def sharded_attention_forward(q: Any, k: Any, v: Any, recipe: AttentionRecipe, *
     return ForwardResult(out, lse, None)
 
 
-def sharded_emulated_attention(q: Any, k: Any, v: Any, recipe: TrainingRecipe, *, mesh: Mesh,
-                               causal: bool = True, softmax_scale: float | None = None,
-                               segment_ids: Any = None) -> Any:
+def sharded_emulated_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    recipe: TrainingRecipe,
+    *,
+    mesh: Mesh,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    segment_ids: Any = None,
+) -> Any:
     """:func:`fp4sim.emulated_attention` with Q, K, V and O constrained to ``mesh``'s placements.
 
     Call it inside or outside ``jax.jit``; ``jax.grad`` runs the emulated backward with the same
@@ -185,14 +234,17 @@ def sharded_emulated_attention(q: Any, k: Any, v: Any, recipe: TrainingRecipe, *
     from fp4sim.attention import emulated_attention
 
     if not isinstance(recipe, TrainingRecipe):
-        raise TypeError(f"recipe={recipe!r} must be a TrainingRecipe (see "
-                        f"fp4sim.attention.recipe.TRAINING_PRESETS)")
+        raise TypeError(
+            f"recipe={recipe!r} must be a TrainingRecipe (see "
+            f"fp4sim.attention.recipe.TRAINING_PRESETS)"
+        )
     _check_mesh(mesh)
     _check_shapes(mesh, q, k, v)
     s = attention_shardings(mesh)
     q = jax.lax.with_sharding_constraint(q, s.q)
     k = jax.lax.with_sharding_constraint(k, s.kv)
     v = jax.lax.with_sharding_constraint(v, s.kv)
-    out = emulated_attention(q, k, v, recipe, softmax_scale=softmax_scale, causal=causal,
-                             segment_ids=segment_ids)
+    out = emulated_attention(
+        q, k, v, recipe, softmax_scale=softmax_scale, causal=causal, segment_ids=segment_ids
+    )
     return jax.lax.with_sharding_constraint(out, s.out)

@@ -26,6 +26,7 @@ from typing import Any
 
 __all__ = ["DeviceSpec", "map_cases", "parse_devices", "resolve_devices"]
 
+
 @dataclass(frozen=True)
 class DeviceSpec:
     """Which local devices a sweep uses: ``count`` None means all of them, 0 none (sequential)."""
@@ -33,8 +34,9 @@ class DeviceSpec:
     count: int | None
 
     def __post_init__(self) -> None:
-        if self.count is not None and (isinstance(self.count, bool) or
-                                       not isinstance(self.count, int) or self.count < 0):
+        if self.count is not None and (
+            isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 0
+        ):
             raise ValueError(f"DeviceSpec.count={self.count!r} must be None (all) or an int >= 0")
 
 
@@ -60,13 +62,19 @@ def resolve_devices(spec: DeviceSpec | None) -> list[Any]:
     if spec.count is None:
         return local
     if spec.count > len(local):
-        raise ValueError(f"{spec.count} devices asked for, but this process sees {len(local)} "
-                         f"({local[0].platform})")
-    return local[:spec.count]
+        raise ValueError(
+            f"{spec.count} devices asked for, but this process sees {len(local)} "
+            f"({local[0].platform})"
+        )
+    return local[: spec.count]
 
 
-def _run_threads(fn: Callable[[Any], Any], cases: list[tuple[int, Any]], devices: list[Any],
-                 progress: Callable[[], None] | None) -> dict[int, Any]:
+def _run_threads(
+    fn: Callable[[Any], Any],
+    cases: list[tuple[int, Any]],
+    devices: list[Any],
+    progress: Callable[[], None] | None,
+) -> dict[int, Any]:
     import jax
 
     todo: queue.Queue[tuple[int, Any]] = queue.Queue()
@@ -113,16 +121,21 @@ def _allgather_objects(mine: dict[int, Any]) -> dict[int, Any]:
     blob = np.frombuffer(pickle.dumps(mine), dtype=np.uint8)
     sizes = np.asarray(multihost_utils.process_allgather(np.array([blob.size], np.int64)))
     padded = np.zeros(int(sizes.max()), np.uint8)
-    padded[:blob.size] = blob
+    padded[: blob.size] = blob
     blobs = np.asarray(multihost_utils.process_allgather(padded))
     merged: dict[int, Any] = {}
     for row, n in zip(blobs.reshape(len(sizes.reshape(-1)), -1), sizes.reshape(-1)):
-        merged.update(pickle.loads(row[:int(n)].tobytes()))
+        merged.update(pickle.loads(row[: int(n)].tobytes()))
     return merged
 
 
-def map_cases(fn: Callable[[Any], Any], cases: Sequence[Any], *, devices: Sequence[Any] = (),
-              progress: Callable[[], None] | None = None) -> list[Any]:
+def map_cases(
+    fn: Callable[[Any], Any],
+    cases: Sequence[Any],
+    *,
+    devices: Sequence[Any] = (),
+    progress: Callable[[], None] | None = None,
+) -> list[Any]:
     """``[fn(c) for c in cases]``, spread over ``devices`` (see the module docstring).
 
     ``progress`` is called once per finished case (in the worker's thread)."""

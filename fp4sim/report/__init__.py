@@ -40,5 +40,11 @@ from fp4sim.report.sections import *  # noqa: F403
 from fp4sim.report.sizes import *  # noqa: F403
 from fp4sim.report.tables import *  # noqa: F403
 
-__all__ = [*_sizes.__all__, *_claims.__all__, *_tables.__all__, *_experiments.__all__,
-           *_sections.__all__, *_document.__all__]
+__all__ = [
+    *_sizes.__all__,
+    *_claims.__all__,
+    *_tables.__all__,
+    *_experiments.__all__,
+    *_sections.__all__,
+    *_document.__all__,
+]

@@ -78,19 +78,37 @@ def experiment_formats() -> dict[str, Any]:
 
     specs = []
     for f in ALL_FORMATS:
-        specs.append({"name": f.name, "bits": f.nbits, "ebits": f.ebits, "mbits": f.mbits, "bias": f.bias,
-                      "max": f.max, "min_normal": f.min_normal, "min_subnormal": f.min_subnormal,
-                      "eps": f.eps, "inf": f.has_inf, "nan": f.has_nan,
-                      "ml_dtypes": getattr(f.dtype, "__name__", "—") if f.dtype is not None else "—"})
+        specs.append(
+            {
+                "name": f.name,
+                "bits": f.nbits,
+                "ebits": f.ebits,
+                "mbits": f.mbits,
+                "bias": f.bias,
+                "max": f.max,
+                "min_normal": f.min_normal,
+                "min_subnormal": f.min_subnormal,
+                "eps": f.eps,
+                "inf": f.has_inf,
+                "nan": f.has_nan,
+                "ml_dtypes": getattr(f.dtype, "__name__", "—") if f.dtype is not None else "—",
+            }
+        )
     codes = np.asarray(all_codes(E2M1), dtype=np.uint8)
     values = np.asarray(decode(codes, E2M1), dtype=np.float32)
     ex_in = np.array([a for a, _ in EXPECTED["e2m1_rne_examples"]], dtype=np.float32)
     ex_out = np.asarray(decode(encode(ex_in, E2M1), E2M1), dtype=np.float32)
-    return {"specs": specs, "e2m1_codes": codes, "e2m1_values": values,
-            "rne_inputs": ex_in, "rne_outputs": ex_out}
+    return {
+        "specs": specs,
+        "e2m1_codes": codes,
+        "e2m1_values": values,
+        "rne_inputs": ex_in,
+        "rne_outputs": ex_out,
+    }
 
 
 # --- scale rules: floor (OCP) vs round-up (TE/cuDNN) ------------------------------------------------
+
 
 def _floor_clip_threshold(elem: Any) -> float:
     """OCP MX floor rule: a block clips when amax's mantissa exceeds elem.max / 2^floor(log2 elem.max)."""
@@ -129,10 +147,16 @@ def experiment_scale_rules(sizes: Sizes) -> dict[str, Any]:
             deq = np.asarray(dequantize(q), dtype=np.float64)
             clipped = amax > fmt.elem.max * scale
             err = deq - x
-            rows.append({"format": fmt.name, "rule": rule.name, "clip_rate": float(clipped.mean()),
-                         "mantissa_rule_predicts": predicted if rule is ScaleRule.FLOOR else 0.0,
-                         "rel_l2": float(np.linalg.norm(err) / np.linalg.norm(x)),
-                         "max_elem_rel_err": float(np.mean(np.abs(err).max(-1) / amax))})
+            rows.append(
+                {
+                    "format": fmt.name,
+                    "rule": rule.name,
+                    "clip_rate": float(clipped.mean()),
+                    "mantissa_rule_predicts": predicted if rule is ScaleRule.FLOOR else 0.0,
+                    "rel_l2": float(np.linalg.norm(err) / np.linalg.norm(x)),
+                    "max_elem_rel_err": float(np.mean(np.abs(err).max(-1) / amax)),
+                }
+            )
     # worked examples: one block whose max is the named amax (other elements small).
     examples = []
     for fmt, a in ((MXFP8, 500.0), (MXFP8, 1.0), (MXFP4, 7.0)):
@@ -141,19 +165,33 @@ def experiment_scale_rules(sizes: Sizes) -> dict[str, Any]:
         for rule in (ScaleRule.FLOOR, ScaleRule.RCEIL):
             q = quantize(block, fmt, rule=rule)
             s = float(np.asarray(decode(q.scales, UE8M0)).ravel()[0])
-            examples.append({"format": fmt.name, "amax": a, "rule": rule.name, "scale": s,
-                             "scaled": a / s, "dequantized": float(np.asarray(dequantize(q))[0, 0])})
+            examples.append(
+                {
+                    "format": fmt.name,
+                    "amax": a,
+                    "rule": rule.name,
+                    "scale": s,
+                    "scaled": a / s,
+                    "dequantized": float(np.asarray(dequantize(q))[0, 0]),
+                }
+            )
     block = np.zeros((1, 16), dtype=np.float32)
     block[0, 0] = 2.9
     nv = []
     for fmt in (NVFP4_SINGLE, NVFP4):
         q = quantize(block, fmt)
-        nv.append({"format": fmt.name, "scale": float(np.asarray(decode(q.scales, UE4M3)).ravel()[0]),
-                   "dequantized": float(np.asarray(dequantize(q))[0, 0])})
+        nv.append(
+            {
+                "format": fmt.name,
+                "scale": float(np.asarray(decode(q.scales, UE4M3)).ravel()[0]),
+                "dequantized": float(np.asarray(dequantize(q))[0, 0]),
+            }
+        )
     return {"rows": rows, "examples": examples, "nvfp4": nv}
 
 
 # --- exp2 models: correctly rounded and FA4's polynomial --------------------------------------------
+
 
 @functools.cache
 def experiment_exp2(sizes: Sizes) -> dict[str, Any]:
@@ -161,7 +199,9 @@ def experiment_exp2(sizes: Sizes) -> dict[str, Any]:
     float64 exp2 rounded to float32, on a deterministic grid of x in [-126, 0]."""
     from fp4sim.attention import exp2_fa4, exp2_rn
 
-    x = np.linspace(-126.0, 0.0, sizes.grid_points, endpoint=False, dtype=np.float64).astype(np.float32)
+    x = np.linspace(-126.0, 0.0, sizes.grid_points, endpoint=False, dtype=np.float64).astype(
+        np.float32
+    )
     truth = np.exp2(x.astype(np.float64))
     fa4 = np.asarray(exp2_fa4(x), dtype=np.float64)
     rel = fa4 / truth - 1.0
@@ -170,12 +210,19 @@ def experiment_exp2(sizes: Sizes) -> dict[str, Any]:
     want = truth.astype(np.float32)
     mismatches = int(np.count_nonzero(rn.view(np.uint32) != want.view(np.uint32)))
     curve_idx = np.argsort(frac)[:: max(1, len(frac) // 4000)]
-    return {"n": int(x.size), "fa4_rel_min": float(rel.min()), "fa4_rel_max": float(rel.max()),
-            "fa4_abs_max": float(np.abs(rel).max()), "rn_mismatches": mismatches,
-            "curve_frac": frac[curve_idx], "curve_rel": rel[curve_idx]}
+    return {
+        "n": int(x.size),
+        "fa4_rel_min": float(rel.min()),
+        "fa4_rel_max": float(rel.max()),
+        "fa4_abs_max": float(np.abs(rel).max()),
+        "rn_mismatches": mismatches,
+        "curve_frac": frac[curve_idx],
+        "curve_rel": rel[curve_idx],
+    }
 
 
 # --- normalization ---------------------------------------------------------------------------------
+
 
 @functools.cache
 def experiment_normalization_examples() -> dict[str, Any]:
@@ -204,8 +251,10 @@ def experiment_normalization_examples() -> dict[str, Any]:
     payloads = np.full((1, 16), 0.5, dtype=np.float32)
     sums = payloads.sum(axis=-1)
     exps = np.array([-126], dtype=np.int32)
-    den = {o.name: float(np.asarray(block_denominator(sums, exps, 6.0, o, payloads=payloads))[0])
-           for o in NormalizerOrder}
+    den = {
+        o.name: float(np.asarray(block_denominator(sums, exps, 6.0, o, payloads=payloads))[0])
+        for o in NormalizerOrder
+    }
     return {"payload": payload, "represented": represented, "outputs": outputs, "denominators": den}
 
 
@@ -226,15 +275,20 @@ def experiment_normalization_routes(sizes: Sizes) -> dict[str, Any]:
     q, k, v = gaussian_qkv(s, sizes.head_dim, sizes.seed + s)
     ref = attention_reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64)).out
     out = {}
-    for name, recipe in (("hw_fp4_direct_p", HW_FP4_DIRECT_P),
-                         ("hw_fp4_direct_p_mitchell", HW_FP4_DIRECT_P_MITCHELL)):
+    for name, recipe in (
+        ("hw_fp4_direct_p", HW_FP4_DIRECT_P),
+        ("hw_fp4_direct_p_mitchell", HW_FP4_DIRECT_P_MITCHELL),
+    ):
         for norm in (Normalization.CONSISTENT, Normalization.MISMATCHED):
-            e = error_summary(attention_forward(q, k, v, recipe.replace(normalization=norm)).out, ref)
+            e = error_summary(
+                attention_forward(q, k, v, recipe.replace(normalization=norm)).out, ref
+            )
             out[f"{name}/{norm.name}"] = {"cosine": float(e.cosine), "rel_l2": float(e.rel_l2)}
     return {"seq_len": s, "errors": out}
 
 
 # --- converters: code maps and code-match rates -----------------------------------------------------
+
 
 def direct_p_converters() -> dict[str, Any]:
     from fp4sim.attention import (
@@ -245,15 +299,21 @@ def direct_p_converters() -> dict[str, Any]:
         MitchellP,
     )
 
-    return {"exact": ExactP(), "affine": AffineP(), "mitchell_s0": MitchellP(shift=0.0),
-            "mitchell_zero_mean": MitchellP(shift=SCHRAUDOLPH_ZERO_MEAN_SHIFT),
-            "mitchell_boundary": MitchellP(shift=MITCHELL_BOUNDARY_SHIFT)}
+    return {
+        "exact": ExactP(),
+        "affine": AffineP(),
+        "mitchell_s0": MitchellP(shift=0.0),
+        "mitchell_zero_mean": MitchellP(shift=SCHRAUDOLPH_ZERO_MEAN_SHIFT),
+        "mitchell_boundary": MitchellP(shift=MITCHELL_BOUNDARY_SHIFT),
+    }
 
 
-CONVERTER_LABELS = {"affine": "Direct-P affine u = max(0, 1.5x + 1.2)",
-                     "mitchell_s0": "Mitchell-P, shift 0",
-                     "mitchell_zero_mean": "Mitchell-P, shift 0.0576 (zero mean)",
-                     "mitchell_boundary": "Mitchell-P, shift log2(1.25) − 1/4 (default)"}
+CONVERTER_LABELS = {
+    "affine": "Direct-P affine u = max(0, 1.5x + 1.2)",
+    "mitchell_s0": "Mitchell-P, shift 0",
+    "mitchell_zero_mean": "Mitchell-P, shift 0.0576 (zero mean)",
+    "mitchell_boundary": "Mitchell-P, shift log2(1.25) − 1/4 (default)",
+}
 
 
 def code_match_grid(n: int) -> np.ndarray:
@@ -307,45 +367,76 @@ def experiment_code_match(sizes: Sizes) -> dict[str, Any]:
     xa, exact_codes = attention_like_x(sizes)
     nonzero = exact_codes != 0
     attn = {name: code_match_rate(convs[name], convs["exact"], xa) for name in CONVERTER_LABELS}
-    attn_nz = {name: code_match_rate(convs[name], convs["exact"], xa[nonzero]) for name in CONVERTER_LABELS}
+    attn_nz = {
+        name: code_match_rate(convs[name], convs["exact"], xa[nonzero]) for name in CONVERTER_LABELS
+    }
 
     schraudolph = {}
     n = sizes.grid_points - sizes.grid_points % 128
-    tg = np.linspace(-6.0, 0.0, n, endpoint=False, dtype=np.float64).astype(np.float32).reshape(-1, 128)
+    tg = (
+        np.linspace(-6.0, 0.0, n, endpoint=False, dtype=np.float64)
+        .astype(np.float32)
+        .reshape(-1, 128)
+    )
     t = attention_like_t(sizes)
     for fmt in (PFormat.FP8, PFormat.BF16):
         exact = AttentionRecipe(converter=ExactP(), p_format=fmt)
         approx = exact.replace(converter=SchraudolphP())
+
         # share of equal P codes (code_match_rate covers the Direct-P family only)
         def same(inputs: np.ndarray, approx: Any = approx, exact: Any = exact) -> float:
-            return float(np.mean(np.asarray(convert_tile(approx, inputs).codes)
-                                 == np.asarray(convert_tile(exact, inputs).codes)))
+            return float(
+                np.mean(
+                    np.asarray(convert_tile(approx, inputs).codes)
+                    == np.asarray(convert_tile(exact, inputs).codes)
+                )
+            )
 
         schraudolph[fmt.name] = {"grid": same(tg), "attention": same(t)}
 
     table = []
     for xv, exact_v, affine_v in EXPECTED["affine_table"]:
         xs = np.array([xv], dtype=np.float32)
-        table.append((xv, exact_v, float(decode(direct_p_payload(convs["exact"], xs), E2M1)[0]),
-                      affine_v, float(decode(direct_p_payload(convs["affine"], xs), E2M1)[0])))
+        table.append(
+            (
+                xv,
+                exact_v,
+                float(decode(direct_p_payload(convs["exact"], xs), E2M1)[0]),
+                affine_v,
+                float(decode(direct_p_payload(convs["affine"], xs), E2M1)[0]),
+            )
+        )
     # code maps for the figure: a thinned grid, plus the disagreement intervals at full resolution
     xm = x[:: max(1, x.size // 3000)]
-    maps = {name: np.asarray(decode(direct_p_payload(c, xm), E2M1), dtype=np.float32)
-            for name, c in convs.items()}
+    maps = {
+        name: np.asarray(decode(direct_p_payload(c, xm), E2M1), dtype=np.float32)
+        for name, c in convs.items()
+    }
     exact_codes_grid = np.asarray(direct_p_payload(convs["exact"], x))
     bands = {}
     for name in CONVERTER_LABELS:
         wrong = np.asarray(direct_p_payload(convs[name], x)) != exact_codes_grid
         edges = np.flatnonzero(np.diff(np.concatenate([[0], wrong.astype(np.int8), [0]])))
         bands[name] = [(float(x[a]), float(x[b - 1])) for a, b in zip(edges[::2], edges[1::2])]
-    return {"grid": grid, "attention": attn, "attention_nonzero": attn_nz, "schraudolph": schraudolph,
-            "table": table, "map_x": xm, "maps": maps, "bands": bands,
-            "exact_zero_fraction": float(np.mean(~nonzero))}
+    return {
+        "grid": grid,
+        "attention": attn,
+        "attention_nonzero": attn_nz,
+        "schraudolph": schraudolph,
+        "table": table,
+        "map_x": xm,
+        "maps": maps,
+        "bands": bands,
+        "exact_zero_fraction": float(np.mean(~nonzero)),
+    }
 
 
 # --- error of each published route against exact attention ------------------------------------------
 
-def gaussian_qkv(seq_len: int, head_dim: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+
+def gaussian_qkv(
+    seq_len: int, head_dim: int, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One head of standard-normal float32 Q, K, V of shape (1, seq_len, head_dim)."""
     rng = np.random.default_rng(seed)
     return tuple(rng.standard_normal((1, seq_len, head_dim)).astype(np.float32) for _ in range(3))
@@ -366,8 +457,9 @@ def _route_error_case(case: tuple[str, int, int, Sizes, tuple[str, ...]]) -> dic
 
     kind, s, tile, sizes, presets = case
     q, k, v = gaussian_qkv(s, sizes.head_dim, sizes.seed + s)
-    ref = np.asarray(attention_reference(q.astype(np.float64), k.astype(np.float64),
-                                         v.astype(np.float64)).out)
+    ref = np.asarray(
+        attention_reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64)).out
+    )
     row = {}
     for name in presets:
         recipe = PRESETS[name].replace(block_kv=tile)
@@ -395,10 +487,12 @@ def experiment_route_errors(sizes: Sizes) -> dict[str, Any]:
     by_len: dict[str, dict[int, Any]] = {n: {} for n in presets}
     by_tile: dict[str, dict[int, Any]] = {n: {} for n in presets}
     mid = sizes.seq_lens[len(sizes.seq_lens) // 2]
-    jobs = [("len", s, 128, sizes, presets) for s in sizes.seq_lens] + \
-        [("tile", mid, b, sizes, presets) for b in sizes.block_sizes]
-    with tqdm(total=len(jobs), desc="route errors", leave=False, disable=not _PROGRESS[0],
-              file=sys.stderr) as bar:
+    jobs = [("len", s, 128, sizes, presets) for s in sizes.seq_lens] + [
+        ("tile", mid, b, sizes, presets) for b in sizes.block_sizes
+    ]
+    with tqdm(
+        total=len(jobs), desc="route errors", leave=False, disable=not _PROGRESS[0], file=sys.stderr
+    ) as bar:
         rows = map_cases(_route_error_case, jobs, devices=_DEVICES, progress=bar.update)
     for (kind, s, tile, _, _), row in zip(jobs, rows):
         for name, e in row.items():
@@ -407,6 +501,7 @@ def experiment_route_errors(sizes: Sizes) -> dict[str, Any]:
 
 
 # --- causal leak ----------------------------------------------------------------------------------
+
 
 def leak_class_of(leak: float) -> str:
     """The leak classes: exactly 0 (bitwise), tiny (< 1e-4), large (> 1e-3), else in between."""
@@ -427,17 +522,31 @@ def experiment_leak(sizes: Sizes) -> dict[str, Any]:
     from fp4sim.attention import LEAK_TABLE, leak_probe
 
     rows = []
-    for name, recipe in tqdm(list(LEAK_TABLE.items()), desc="leak probes", leave=False,
-                             disable=not _PROGRESS[0], file=sys.stderr):
+    for name, recipe in tqdm(
+        list(LEAK_TABLE.items()),
+        desc="leak probes",
+        leave=False,
+        disable=not _PROGRESS[0],
+        file=sys.stderr,
+    ):
         rep = leak_probe(recipe, n_tokens=sizes.leak_tokens)
-        rows.append({"name": name, "leak_o": rep.leak_o, "leak_dq": rep.leak_dq, "target": rep.target,
-                     "gain": rep.gain,
-                     "bitwise": bool(rep.bitwise_o and rep.bitwise_dq), "vacuous": bool(rep.vacuous),
-                     "class": leak_class_of(max(rep.leak_o, rep.leak_dq))})
+        rows.append(
+            {
+                "name": name,
+                "leak_o": rep.leak_o,
+                "leak_dq": rep.leak_dq,
+                "target": rep.target,
+                "gain": rep.gain,
+                "bitwise": bool(rep.bitwise_o and rep.bitwise_dq),
+                "vacuous": bool(rep.vacuous),
+                "class": leak_class_of(max(rep.leak_o, rep.leak_dq)),
+            }
+        )
     return {"rows": rows}
 
 
 # --- forward/backward consistency -------------------------------------------------------------------
+
 
 @functools.cache
 def experiment_consistency(sizes: Sizes) -> dict[str, Any]:
@@ -469,6 +578,7 @@ def experiment_consistency(sizes: Sizes) -> dict[str, Any]:
     rng = np.random.default_rng(sizes.seed)
     n_tok = sizes.leak_tokens
     q, k, v3, do = (rng.standard_normal((1, n_tok, 64)).astype(np.float32) for _ in range(4))
+
     def run(rec: TrainingRecipe) -> list[np.ndarray]:
         out, saved = training_forward(q, k, v3, rec, causal=True)
         g = training_backward(saved, do, rec).grads
@@ -486,16 +596,27 @@ def experiment_consistency(sizes: Sizes) -> dict[str, Any]:
         for label, rec in variants:
             c = check_consistency(rec, q, k, v3, do)
             # A mismatch that leaves O, dQ, dK and dV bitwise unchanged has nothing to detect.
-            noop = label != "matched" and all(np.array_equal(a.view(np.uint32), b.view(np.uint32))
-                                              for a, b in zip(base, run(rec)))
-            checks.append({"recipe": name, "variant": label, "p_bitwise": bool(c.p_bitwise),
-                           "delta_ok": bool(c.delta_ok), "ds_row_sum_ok": bool(c.ds_row_sum_ok),
-                           "ok": bool(c.ok), "failed": list(c.failed), "noop": bool(noop),
-                           "normalization": recipe.forward.normalization.name})
+            noop = label != "matched" and all(
+                np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(base, run(rec))
+            )
+            checks.append(
+                {
+                    "recipe": name,
+                    "variant": label,
+                    "p_bitwise": bool(c.p_bitwise),
+                    "delta_ok": bool(c.delta_ok),
+                    "ds_row_sum_ok": bool(c.ds_row_sum_ok),
+                    "ok": bool(c.ok),
+                    "failed": list(c.failed),
+                    "noop": bool(noop),
+                    "normalization": recipe.forward.normalization.name,
+                }
+            )
     return {"two_key": sums, "checks": checks}
 
 
 # --- NumPy and jax.jit give the same bits -------------------------------------------------------------
+
 
 def _same_bits(a: Any, b: Any) -> bool:
     a, b = np.asarray(a), np.asarray(b)
@@ -525,30 +646,54 @@ def experiment_bit_identity(sizes: Sizes) -> dict[str, Any]:
         if not fmt.has_nan:  # NaN input to a format without NaN raises on NumPy (documented policy)
             xs = xs[~np.isnan(xs)]
         got = jax.jit(lambda v, fmt=fmt: encode(v, fmt))(jnp.asarray(xs))
-        rows.append({"what": f"encode {fmt.name}", "n": int(xs.size),
-                     "same": _same_bits(encode(xs, fmt), got)})
+        rows.append(
+            {
+                "what": f"encode {fmt.name}",
+                "n": int(xs.size),
+                "same": _same_bits(encode(xs, fmt), got),
+            }
+        )
     xb = x.reshape(64, 64)
     for fmt in (blocks.MXFP8_E4M3, blocks.MXFP4, blocks.NVFP4):
         q_np = blocks.quantize(xb, fmt)
         q_jx = jax.jit(lambda v, fmt=fmt: blocks.quantize(v, fmt))(jnp.asarray(xb))
         same = _same_bits(q_np.codes, q_jx.codes) and _same_bits(q_np.scales, q_jx.scales)
-        rows.append({"what": f"quantize {fmt.name} (codes, scales)", "n": int(xb.size), "same": same})
+        rows.append(
+            {"what": f"quantize {fmt.name} (codes, scales)", "n": int(xb.size), "same": same}
+        )
     q, k, v = gaussian_qkv(128, 64, sizes.seed)
     names = list(PRESETS)[: sizes.jit_presets]
-    for name in tqdm(names, desc="jit forward", leave=False, disable=not _PROGRESS[0], file=sys.stderr):
+    for name in tqdm(
+        names, desc="jit forward", leave=False, disable=not _PROGRESS[0], file=sys.stderr
+    ):
         recipe = PRESETS[name]
         ref = attention_forward(q, k, v, recipe)
-        got = jax.jit(lambda a, b, c, r=recipe: attention_forward(a, b, c, r))(*map(jnp.asarray, (q, k, v)))
-        rows.append({"what": f"attention_forward `{name}` (O, LSE)", "n": int(q.size),
-                     "same": _same_bits(ref.out, got.out) and _same_bits(ref.lse, got.lse)})
+        got = jax.jit(lambda a, b, c, r=recipe: attention_forward(a, b, c, r))(
+            *map(jnp.asarray, (q, k, v))
+        )
+        rows.append(
+            {
+                "what": f"attention_forward `{name}` (O, LSE)",
+                "n": int(q.size),
+                "same": _same_bits(ref.out, got.out) and _same_bits(ref.lse, got.lse),
+            }
+        )
     return {"rows": rows}
 
 
 # --- where the libraries' quantizers disagree -----------------------------------------------------------
 
 _LIBRARY_COMPARISONS = (  # (reference preset, [presets compared with it])
-    ("TE_MXFP8", ("OCP_MXFP8_E4M3", "TORCHAO_MXFP8_E4M3_FLOOR", "TORCHAO_MXFP8_E4M3_RCEIL",
-                  "TORCHAO_MXFP8_E4M3_EVEN", "JAX_MXFP8")),
+    (
+        "TE_MXFP8",
+        (
+            "OCP_MXFP8_E4M3",
+            "TORCHAO_MXFP8_E4M3_FLOOR",
+            "TORCHAO_MXFP8_E4M3_RCEIL",
+            "TORCHAO_MXFP8_E4M3_EVEN",
+            "JAX_MXFP8",
+        ),
+    ),
     ("TORCHAO_MXFP4_RCEIL", ("OCP_MXFP4", "TORCHAO_MXFP4_FLOOR", "TORCHAO_MXFP4_EVEN")),
     ("TE_NVFP4", ("TORCHAO_NVFP4", "JAX_NVFP4")),
 )
@@ -560,7 +705,9 @@ def library_inputs(sizes: Sizes) -> np.ndarray:
     rng = np.random.default_rng(sizes.seed + 1)
     n = max(4, sizes.scale_blocks // 4) * 4
     x = rng.standard_normal((n, 32)) * np.exp2(rng.integers(-20, 20, (n, 1)))
-    ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 9.0, 11.0, 13.0, 208.0, 232.0, 448.0])
+    ties = np.array(
+        [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 9.0, 11.0, 13.0, 208.0, 232.0, 448.0]
+    )
     k = n // 4
     signs = rng.choice([-1.0, 1.0], (k, 32))
     x[:k] = rng.choice(ties, (k, 32)) * signs * np.exp2(rng.integers(-8, 8, (k, 1)))
@@ -576,7 +723,9 @@ def experiment_libraries(sizes: Sizes) -> dict[str, Any]:
 
     def q(name: str) -> Any:
         fmt = presets.preset(name)
-        if fmt.global_scale is blocks.GlobalScale.CONSTANT:  # JAX's NVFP4: the caller passes the factor
+        if (
+            fmt.global_scale is blocks.GlobalScale.CONSTANT
+        ):  # JAX's NVFP4: the caller passes the factor
             g = blocks.global_decode_scale(np.abs(x).max(), fmt)
             return blocks.quantize(x, fmt, global_scale=g)
         return blocks.quantize(x, fmt)
@@ -587,12 +736,27 @@ def experiment_libraries(sizes: Sizes) -> dict[str, Any]:
         ref_values = np.asarray(blocks.dequantize(ref))
         for name in others:
             got = q(name)
-            same_scale = (np.asarray(got.scales) == np.asarray(ref.scales)).all(axis=-1)  # per row of blocks
+            same_scale = (np.asarray(got.scales) == np.asarray(ref.scales)).all(
+                axis=-1
+            )  # per row of blocks
             values = np.asarray(blocks.dequantize(got))
-            rows.append({"reference": ref_name, "preset": name,
-                         "scales_differ": float(np.mean(np.asarray(got.scales) != np.asarray(ref.scales))),
-                         "values_differ": float(np.mean(values.view(np.uint32) != ref_values.view(np.uint32))),
-                         "codes_differ_same_scale": float(np.mean(np.asarray(got.codes)[same_scale]
-                                                                  != np.asarray(ref.codes)[same_scale]))
-                         if same_scale.any() else 0.0})
+            rows.append(
+                {
+                    "reference": ref_name,
+                    "preset": name,
+                    "scales_differ": float(
+                        np.mean(np.asarray(got.scales) != np.asarray(ref.scales))
+                    ),
+                    "values_differ": float(
+                        np.mean(values.view(np.uint32) != ref_values.view(np.uint32))
+                    ),
+                    "codes_differ_same_scale": float(
+                        np.mean(
+                            np.asarray(got.codes)[same_scale] != np.asarray(ref.codes)[same_scale]
+                        )
+                    )
+                    if same_scale.any()
+                    else 0.0,
+                }
+            )
     return {"rows": rows, "blocks": int(x.shape[0])}

@@ -24,7 +24,9 @@ _PACKAGES = ("fp4sim", "numpy", "jax", "jaxlib", "ml_dtypes", "matplotlib", "tqd
 
 def _git(root: Path, *args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -64,12 +66,19 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
     return {
         "git": git_revision(),
         "versions": versions,
-        "platform": {"system": platform.platform(), "machine": platform.machine(),
-                     "processor": platform.processor() or None, "cpu_count": os.cpu_count(),
-                     "python_implementation": platform.python_implementation()},
+        "platform": {
+            "system": platform.platform(),
+            "machine": platform.machine(),
+            "processor": platform.processor() or None,
+            "cpu_count": os.cpu_count(),
+            "python_implementation": platform.python_implementation(),
+        },
         "jax": {"backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]},
-        "flags": {k: v for k, v in sorted(os.environ.items())
-                  if k == "XLA_FLAGS" or k.startswith("JAX_") or k.startswith("FP4SIM_")},
+        "flags": {
+            k: v
+            for k, v in sorted(os.environ.items())
+            if k == "XLA_FLAGS" or k.startswith("JAX_") or k.startswith("FP4SIM_")
+        },
         "argv": list(sys.argv if argv is None else argv),
     }
 
@@ -77,12 +86,18 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
 def provenance_markdown(p: dict[str, Any]) -> str:
     """The record as a two-column Markdown table."""
     g = p["git"]
-    rev = g["revision"] + (" (uncommitted changes)" if g["dirty"] else "") + (
-        f" (from {g['source']})" if g["source"] != "git" else "")
+    rev = (
+        g["revision"]
+        + (" (uncommitted changes)" if g["dirty"] else "")
+        + (f" (from {g['source']})" if g["source"] != "git" else "")
+    )
     rows = [("git revision", rev)]
     rows += [(name, v or "not installed") for name, v in p["versions"].items()]
-    rows += [("platform", p["platform"]["system"]), ("CPUs", p["platform"]["cpu_count"]),
-             ("jax backend", f"{p['jax']['backend']}: {', '.join(p['jax']['devices'])}")]
+    rows += [
+        ("platform", p["platform"]["system"]),
+        ("CPUs", p["platform"]["cpu_count"]),
+        ("jax backend", f"{p['jax']['backend']}: {', '.join(p['jax']['devices'])}"),
+    ]
     flags = p["flags"]
     rows += [(k, f"`{v}`") for k, v in flags.items()] or [("XLA / jax flags", "none set")]
     rows += [("command", "`" + " ".join(p["argv"]) + "`")]

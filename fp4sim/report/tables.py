@@ -17,6 +17,7 @@ __all__ = ["Table", "Section", "format_value", "percent", "to_jsonable"]
 
 # --- report building blocks -------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Table:
     """A Markdown table with a caption and the published or expected statement it is set beside."""

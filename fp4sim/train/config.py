@@ -33,10 +33,17 @@ def _positive_int(owner: str, name: str, value: Any) -> None:
 
 
 def _positive_float(owner: str, name: str, value: Any, *, zero_ok: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            value >= 0 if zero_ok else value > 0) or value != value or value == float("inf"):
-        raise ValueError(f"{owner}.{name}={value!r} must be a finite "
-                         f"{'non-negative' if zero_ok else 'positive'} number")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (value >= 0 if zero_ok else value > 0)
+        or value != value
+        or value == float("inf")
+    ):
+        raise ValueError(
+            f"{owner}.{name}={value!r} must be a finite "
+            f"{'non-negative' if zero_ok else 'positive'} number"
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,8 +70,10 @@ class ModelConfig:
         if self.width % self.heads:
             raise ValueError(f"{own}.width={self.width} must be a multiple of heads={self.heads}")
         if self.head_dim % 32:
-            raise ValueError(f"{own}: head dimension width/heads = {self.head_dim} must be a "
-                             f"multiple of 32 (MXFP8 blocks of 32 along the head dimension)")
+            raise ValueError(
+                f"{own}: head dimension width/heads = {self.head_dim} must be a "
+                f"multiple of 32 (MXFP8 blocks of 32 along the head dimension)"
+            )
         if self.context % 32:
             raise ValueError(f"{own}.context={self.context} must be a multiple of 32")
 
@@ -125,8 +134,10 @@ class OptimConfig:
         _positive_float(own, "clip_norm", self.clip_norm)
         _positive_float(own, "loss_scale", self.loss_scale)
         if math.frexp(self.loss_scale)[0] != 0.5:
-            raise ValueError(f"{own}.loss_scale={self.loss_scale!r} must be a power of two "
-                             f"(exact scaling of float32 gradients)")
+            raise ValueError(
+                f"{own}.loss_scale={self.loss_scale!r} must be a power of two "
+                f"(exact scaling of float32 gradients)"
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -169,28 +180,39 @@ class StudyConfig:
             raise TypeError(f"{own}.optim={self.optim!r} must be an OptimConfig")
         for name in ("batch", "steps", "chunk", "eval_batches", "smooth"):
             _positive_int(own, name, getattr(self, name))
-        if not isinstance(self.seeds, tuple) or not self.seeds or any(
-                isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds):
-            raise ValueError(f"{own}.seeds={self.seeds!r} must be a non-empty tuple of "
-                             f"non-negative ints")
+        if (
+            not isinstance(self.seeds, tuple)
+            or not self.seeds
+            or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in self.seeds)
+        ):
+            raise ValueError(
+                f"{own}.seeds={self.seeds!r} must be a non-empty tuple of non-negative ints"
+            )
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"{own}.seeds={self.seeds!r} must not repeat a seed")
         if self.steps % self.chunk:
             raise ValueError(f"{own}.steps={self.steps} must be a multiple of chunk={self.chunk}")
         if not isinstance(self.accumulation, BackwardAccumulation):
-            raise TypeError(f"{own}.accumulation={self.accumulation!r} must be a "
-                            f"BackwardAccumulation; allowed: "
-                            f"{[m.name for m in BackwardAccumulation]}")
+            raise TypeError(
+                f"{own}.accumulation={self.accumulation!r} must be a "
+                f"BackwardAccumulation; allowed: "
+                f"{[m.name for m in BackwardAccumulation]}"
+            )
         if self.time_budget_s is not None:
             _positive_float(own, "time_budget_s", self.time_budget_s)
         _positive_float(own, "divergence_margin", self.divergence_margin)
         if self.leak_target is not None and not (
-                isinstance(self.leak_target, int) and 0 < self.leak_target < self.model.context):
-            raise ValueError(f"{own}.leak_target={self.leak_target!r} must be an int in "
-                             f"1..{self.model.context - 1}")
+            isinstance(self.leak_target, int) and 0 < self.leak_target < self.model.context
+        ):
+            raise ValueError(
+                f"{own}.leak_target={self.leak_target!r} must be an int in "
+                f"1..{self.model.context - 1}"
+            )
         if not isinstance(self.device, Device):
-            raise TypeError(f"{own}.device={self.device!r} must be a Device; allowed: "
-                            f"{[d.name for d in Device]}")
+            raise TypeError(
+                f"{own}.device={self.device!r} must be a Device; allowed: "
+                f"{[d.name for d in Device]}"
+            )
 
     @property
     def target(self) -> int:
@@ -202,6 +224,7 @@ class StudyConfig:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: enums by name, nested configs as dicts."""
+
         def conv(v: Any) -> Any:
             if isinstance(v, enum.Enum):
                 return v.name
@@ -215,14 +238,31 @@ class StudyConfig:
 
 
 SIZES: dict[str, StudyConfig] = {
-    "smoke": StudyConfig(model=ModelConfig(layers=1, width=64, heads=2, context=64), batch=2,
-                         seeds=(0, 1), steps=4, chunk=2, eval_batches=1,
-                         optim=OptimConfig(warmup_steps=2)),
-    "cpu": StudyConfig(model=ModelConfig(layers=2, width=128, heads=2, context=128), batch=4,
-                       seeds=(0, 1, 2), steps=300, chunk=10),
-    "h200": StudyConfig(model=ModelConfig(layers=4, width=256, heads=4, context=512), batch=8,
-                        seeds=(0, 1, 2), steps=3000, chunk=25, time_budget_s=250.0,
-                        device=Device.GPU),
+    "smoke": StudyConfig(
+        model=ModelConfig(layers=1, width=64, heads=2, context=64),
+        batch=2,
+        seeds=(0, 1),
+        steps=4,
+        chunk=2,
+        eval_batches=1,
+        optim=OptimConfig(warmup_steps=2),
+    ),
+    "cpu": StudyConfig(
+        model=ModelConfig(layers=2, width=128, heads=2, context=128),
+        batch=4,
+        seeds=(0, 1, 2),
+        steps=300,
+        chunk=10,
+    ),
+    "h200": StudyConfig(
+        model=ModelConfig(layers=4, width=256, heads=4, context=512),
+        batch=8,
+        seeds=(0, 1, 2),
+        steps=3000,
+        chunk=25,
+        time_budget_s=250.0,
+        device=Device.GPU,
+    ),
 }
 """Named sizes: ``smoke`` (CI: seconds; checks the machinery, not the findings), ``cpu`` (a
 study on two CPU cores in tens of minutes), ``h200`` (4 layers, width 256, context 512, 3 seeds;

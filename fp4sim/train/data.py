@@ -22,8 +22,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["corpus_bytes", "corpus_info", "split_tokens", "sample_windows", "validation_windows",
-           "VALIDATION_FRACTION"]
+__all__ = [
+    "corpus_bytes",
+    "corpus_info",
+    "split_tokens",
+    "sample_windows",
+    "validation_windows",
+    "VALIDATION_FRACTION",
+]
 
 VALIDATION_FRACTION = 0.1
 """The last tenth of the corpus is held out for validation."""
@@ -42,11 +48,15 @@ def corpus_info(data: bytes | None = None) -> dict[str, Any]:
     from pydoc_data import topics
 
     data = corpus_bytes() if data is None else data
-    return {"source": "pydoc_data.topics (CPython's bundled reference documentation)",
-            "python": sys.version.split()[0], "tokens": "bytes (UTF-8), vocabulary 256",
-            "n_bytes": len(data), "n_topics": len(topics.topics),
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "validation_fraction": VALIDATION_FRACTION}
+    return {
+        "source": "pydoc_data.topics (CPython's bundled reference documentation)",
+        "python": sys.version.split()[0],
+        "tokens": "bytes (UTF-8), vocabulary 256",
+        "n_bytes": len(data),
+        "n_topics": len(topics.topics),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "validation_fraction": VALIDATION_FRACTION,
+    }
 
 
 def split_tokens(data: bytes | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -73,8 +83,9 @@ def sample_windows(key: Any, tokens: Any, batch: int, context: int) -> tuple[Any
 def validation_windows(tokens: np.ndarray, n: int, context: int) -> tuple[np.ndarray, np.ndarray]:
     """``n`` fixed, evenly spaced validation windows (inputs, targets), (n, context) int32."""
     if len(tokens) < context + 2:
-        raise ValueError(f"validation split has {len(tokens)} tokens; needs at least "
-                         f"context + 2 = {context + 2}")
+        raise ValueError(
+            f"validation split has {len(tokens)} tokens; needs at least context + 2 = {context + 2}"
+        )
     starts = np.linspace(0, len(tokens) - context - 1, n).astype(np.int64)
-    win = np.stack([tokens[s:s + context + 1] for s in starts])
+    win = np.stack([tokens[s : s + context + 1] for s in starts])
     return win[:, :-1], win[:, 1:]

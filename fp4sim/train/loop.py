@@ -48,9 +48,19 @@ from fp4sim.train import model as _model
 from fp4sim.train.config import OptimConfig, StudyConfig
 from fp4sim.train.recipes import StudyRecipe, attention_fn
 
-__all__ = ["make_optimizer", "Trainer", "Chunk", "init_state", "state_shapes",
-           "chunk_arguments", "compile_exported", "perturb_future",
-           "perturbed_batch", "leak_check", "evaluate"]
+__all__ = [
+    "make_optimizer",
+    "Trainer",
+    "Chunk",
+    "init_state",
+    "state_shapes",
+    "chunk_arguments",
+    "compile_exported",
+    "perturb_future",
+    "perturbed_batch",
+    "leak_check",
+    "evaluate",
+]
 
 
 def make_optimizer(optim: OptimConfig) -> Any:
@@ -70,8 +80,15 @@ def make_optimizer(optim: OptimConfig) -> Any:
 
     return optax.chain(
         optax.clip_by_global_norm(optim.clip_norm),
-        optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps,
-                    weight_decay=optim.weight_decay, mask=mask))
+        optax.adamw(
+            schedule,
+            b1=optim.b1,
+            b2=optim.b2,
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
+            mask=mask,
+        ),
+    )
 
 
 def perturb_future(tokens: Any, target: int, vocab: int, key: Any) -> Any:
@@ -99,8 +116,9 @@ class Trainer:
             raise TypeError(f"cfg={self.cfg!r} must be a StudyConfig")
         object.__setattr__(self, "_attn", attention_fn(self.recipe))
 
-    def _step(self, state: dict[str, Any], x: Any, y: Any, w: Any, apply: Any
-              ) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _step(
+        self, state: dict[str, Any], x: Any, y: Any, w: Any, apply: Any
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Every seed's step at once: the model carries the seed axis itself
         (:func:`fp4sim.train.model.logits`); the optimizer update (with its per-seed global
         norm) is vmapped over seeds. Each seed's parameters get the gradient of its own loss
@@ -129,13 +147,17 @@ class Trainer:
 
         params, opt, gnorm = jax.vmap(update)(grads, state["opt"], state["params"])
         keep = jax.tree_util.tree_map
-        new = {"params": keep(lambda a, b: jnp.where(apply, a, b), params, state["params"]),
-               "opt": keep(lambda a, b: jnp.where(apply, a, b), opt, state["opt"]),
-               "step": state["step"] + apply.astype(jnp.int32), "key": state["key"]}
+        new = {
+            "params": keep(lambda a, b: jnp.where(apply, a, b), params, state["params"]),
+            "opt": keep(lambda a, b: jnp.where(apply, a, b), opt, state["opt"]),
+            "step": state["step"] + apply.astype(jnp.int32),
+            "key": state["key"],
+        }
         return new, {"loss": loss, "grad_norm": gnorm, "losses": losses, "grads": grads}
 
-    def _chunk(self, state: dict[str, Any], tokens: Any, n: Any, probe: Any, px: Any, py: Any,
-               pw: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _chunk(
+        self, state: dict[str, Any], tokens: Any, n: Any, probe: Any, px: Any, py: Any, pw: Any
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """``cfg.chunk`` iterations of a ``lax.scan``; iteration ``i < n`` runs a step (the
         others are skipped by a ``lax.cond``). Training (``probe`` False): each step samples
         its seeds' batches from their data keys and step counters, loss weights all ones,
@@ -150,8 +172,9 @@ class Trainer:
         n_seeds = state["step"].shape[0]
 
         def sample(key: Any, step: Any) -> tuple[Any, Any]:
-            return _data.sample_windows(jax.random.fold_in(key, step), tokens, cfg.batch,
-                                        cfg.model.context)
+            return _data.sample_windows(
+                jax.random.fold_in(key, step), tokens, cfg.batch, cfg.model.context
+            )
 
         def run(operands: Any) -> Any:
             st, _ = operands
@@ -159,8 +182,12 @@ class Trainer:
             x, y = jnp.where(probe, px, xs), jnp.where(probe, py, ys)
             w = jnp.where(probe, pw, jnp.ones_like(pw))
             new, out = self._step(st, x, y, w, jnp.logical_not(probe))
-            return new, {"losses": out["losses"], "grads": out["grads"]}, out["loss"], \
-                out["grad_norm"]
+            return (
+                new,
+                {"losses": out["losses"], "grads": out["grads"]},
+                out["loss"],
+                out["grad_norm"],
+            )
 
         def skip(operands: Any) -> Any:
             st, last = operands
@@ -171,10 +198,13 @@ class Trainer:
             st, last, loss, gn = jax.lax.cond(i < n, run, skip, carry)
             return (st, last), (loss, gn)
 
-        last0 = {"losses": jnp.zeros(px.shape, jnp.float32),
-                 "grads": jax.tree_util.tree_map(jnp.zeros_like, state["params"])}
-        (state, last), (loss, gn) = jax.lax.scan(body, (state, last0),
-                                                 jnp.arange(cfg.chunk, dtype=jnp.int32))
+        last0 = {
+            "losses": jnp.zeros(px.shape, jnp.float32),
+            "grads": jax.tree_util.tree_map(jnp.zeros_like, state["params"]),
+        }
+        (state, last), (loss, gn) = jax.lax.scan(
+            body, (state, last0), jnp.arange(cfg.chunk, dtype=jnp.int32)
+        )
         return state, {"loss": loss, "grad_norm": gn, **last}
 
     def lower(self, device: Any, state_like: Any, n_tokens: int) -> Any:
@@ -197,14 +227,16 @@ class Trainer:
         leaves, treedef = jax.tree_util.tree_flatten(args)
 
         def flat(*xs: Any) -> list[Any]:
-            return jax.tree_util.tree_leaves(self._chunk(*jax.tree_util.tree_unflatten(treedef,
-                                                                                       xs)))
+            return jax.tree_util.tree_leaves(
+                self._chunk(*jax.tree_util.tree_unflatten(treedef, xs))
+            )
 
         # the emulator's Pallas (Triton) GPU kernels are custom calls without jax's
         # serialization-stability guarantee: fine here, the same jax compiles them at once
         triton = jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
-        exported = jax.export.export(jax.jit(flat), platforms=[platform],
-                                     disabled_checks=[triton])(*leaves)
+        exported = jax.export.export(jax.jit(flat), platforms=[platform], disabled_checks=[triton])(
+            *leaves
+        )
         # pickled, not Exported.serialize() (that needs the flatbuffers package, absent on the
         # GPU machine); the VJP hook is a local function and is not needed (nothing here
         # differentiates the exported chunk)
@@ -240,8 +272,9 @@ class Chunk:
         if not 1 <= k <= self.cfg.chunk:
             raise ValueError(f"k={k} must be in 1..chunk={self.cfg.chunk}")
         x, w = self._dummy()
-        state, out = self.compiled(state, tokens, jnp.asarray(k, jnp.int32),
-                                   jnp.asarray(False), x, x, w)
+        state, out = self.compiled(
+            state, tokens, jnp.asarray(k, jnp.int32), jnp.asarray(False), x, x, w
+        )
         return state, out["loss"][:k], out["grad_norm"][:k]
 
     def probe(self, state: Any, tokens: Any, x: Any, y: Any, w: Any) -> dict[str, Any]:
@@ -250,10 +283,13 @@ class Chunk:
         per-position ``losses`` and the ``grads``."""
         import jax.numpy as jnp
 
-        _, out = self.compiled(state, tokens, jnp.asarray(1, jnp.int32), jnp.asarray(True),
-                               x, y, w)
-        return {"loss": out["loss"][0], "grad_norm": out["grad_norm"][0],
-                "losses": out["losses"], "grads": out["grads"]}
+        _, out = self.compiled(state, tokens, jnp.asarray(1, jnp.int32), jnp.asarray(True), x, y, w)
+        return {
+            "loss": out["loss"][0],
+            "grad_norm": out["grad_norm"][0],
+            "losses": out["losses"],
+            "grads": out["grads"],
+        }
 
 
 def chunk_arguments(cfg: StudyConfig, state_like: Any, n_tokens: int) -> tuple[Any, ...]:
@@ -263,13 +299,20 @@ def chunk_arguments(cfg: StudyConfig, state_like: Any, n_tokens: int) -> tuple[A
 
     shape = (len(cfg.seeds), cfg.batch, cfg.model.context)
     x = jax.ShapeDtypeStruct(shape, jnp.int32)
-    return (state_like, jax.ShapeDtypeStruct((n_tokens,), jnp.int32),
-            jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.bool_), x, x,
-            jax.ShapeDtypeStruct(shape[1:], jnp.float32))
+    return (
+        state_like,
+        jax.ShapeDtypeStruct((n_tokens,), jnp.int32),
+        jax.ShapeDtypeStruct((), jnp.int32),
+        jax.ShapeDtypeStruct((), jnp.bool_),
+        x,
+        x,
+        jax.ShapeDtypeStruct(shape[1:], jnp.float32),
+    )
 
 
-def compile_exported(blob: bytes, cfg: StudyConfig, device: Any, state_like: Any,
-                     n_tokens: int) -> Chunk:
+def compile_exported(
+    blob: bytes, cfg: StudyConfig, device: Any, state_like: Any, n_tokens: int
+) -> Chunk:
     """A :class:`Chunk` from :meth:`Trainer.export`'s bytes: the serialized module called on
     the flattened arguments, its flat results put back into ``(state, out)``, compiled by XLA
     for ``device`` (the same module as :meth:`Trainer.compile` compiles)."""
@@ -279,9 +322,15 @@ def compile_exported(blob: bytes, cfg: StudyConfig, device: Any, state_like: Any
     args = chunk_arguments(cfg, state_like, n_tokens)
     treedef = jax.tree_util.tree_structure(args)
     state_def = jax.tree_util.tree_structure(state_like)
-    template = (jax.tree_util.tree_unflatten(state_def, [0] * state_def.num_leaves),
-                {"loss": 0, "grad_norm": 0, "losses": 0,
-                 "grads": jax.tree_util.tree_map(lambda _: 0, state_like["params"])})
+    template = (
+        jax.tree_util.tree_unflatten(state_def, [0] * state_def.num_leaves),
+        {
+            "loss": 0,
+            "grad_norm": 0,
+            "losses": 0,
+            "grads": jax.tree_util.tree_map(lambda _: 0, state_like["params"]),
+        },
+    )
     out_def = jax.tree_util.tree_structure(template)
 
     def call(*xs: Any) -> Any:
@@ -310,8 +359,12 @@ def _init_fn(cfg: StudyConfig) -> Callable[[Any], Any]:
     def one(seed: Any) -> dict[str, Any]:
         base = jax.random.PRNGKey(seed)
         params = _model.init_params(jax.random.fold_in(base, 0), cfg.model)
-        return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32),
-                "key": jax.random.fold_in(base, 1)}
+        return {
+            "params": params,
+            "opt": tx.init(params),
+            "step": jnp.zeros((), jnp.int32),
+            "key": jax.random.fold_in(base, 1),
+        }
 
     return jax.vmap(one)
 
@@ -337,8 +390,9 @@ def perturbed_batch(cfg: StudyConfig, x: Any) -> Any:
     return jnp.broadcast_to(xp, x.shape)
 
 
-def leak_check(chunk: Chunk, state: Any, tokens: Any, cfg: StudyConfig, x: Any, y: Any
-               ) -> dict[str, Any]:
+def leak_check(
+    chunk: Chunk, state: Any, tokens: Any, cfg: StudyConfig, x: Any, y: Any
+) -> dict[str, Any]:
     """The causal-leak check (module docstring) with a recipe's compiled ``chunk`` (its
     :meth:`Chunk.probe`) on the batch ``x``/``y`` (seeds, batch, S); per seed: ``loss_equal`` /
     ``grad_equal`` (the past positions' losses / the gradient of their loss unchanged, as
@@ -363,13 +417,15 @@ def leak_check(chunk: Chunk, state: Any, tokens: Any, cfg: StudyConfig, x: Any, 
         eq = lambda u, v: bool(np.all((u == v) | (np.isnan(u) & np.isnan(v))))  # noqa: E731
         g_diff = max(float(np.max(np.abs(g1[s] - g0[s]))) for g0, g1 in zip(ga, gb))
         g_ref = max(float(np.max(np.abs(g0[s]))) for g0 in ga)
-        out.append({
-            "loss_equal": eq(lp0, lp1),
-            "loss_rel": float(np.max(np.abs(lp1 - lp0)) / np.max(np.abs(lp0))),
-            "grad_equal": all(eq(g0[s], g1[s]) for g0, g1 in zip(ga, gb)),
-            "grad_rel": g_diff / g_ref if g_ref > 0 else float("nan"),
-            "future_changed": bool(np.any(la[s][:, t:] != lb[s][:, t:])),
-        })
+        out.append(
+            {
+                "loss_equal": eq(lp0, lp1),
+                "loss_rel": float(np.max(np.abs(lp1 - lp0)) / np.max(np.abs(lp0))),
+                "grad_equal": all(eq(g0[s], g1[s]) for g0, g1 in zip(ga, gb)),
+                "grad_rel": g_diff / g_ref if g_ref > 0 else float("nan"),
+                "future_changed": bool(np.any(la[s][:, t:] != lb[s][:, t:])),
+            }
+        )
     return {k: [o[k] for o in out] for k in out[0]}
 
 

@@ -49,15 +49,18 @@ def init_params(key: Any, cfg: ModelConfig) -> dict[str, Any]:
     return {
         "embed": normal(ks[0], (cfg.vocab, d), std),
         "pos": normal(ks[1], (cfg.context, d), 0.01),
-        "ln1_g": ones, "ln1_b": zeros,
+        "ln1_g": ones,
+        "ln1_b": zeros,
         "wqkv": normal(ks[2], (n_l, d, 3 * d), std),
         "wo": normal(ks[3], (n_l, d, d), res),
-        "ln2_g": ones, "ln2_b": zeros,
+        "ln2_g": ones,
+        "ln2_b": zeros,
         "w1": normal(ks[4], (n_l, d, f), std),
         "b1": jnp.zeros((n_l, f), jnp.float32),
         "w2": normal(ks[5], (n_l, f, d), res),
         "b2": zeros,
-        "lnf_g": jnp.ones((d,), jnp.float32), "lnf_b": jnp.zeros((d,), jnp.float32),
+        "lnf_g": jnp.ones((d,), jnp.float32),
+        "lnf_b": jnp.zeros((d,), jnp.float32),
     }
 
 
@@ -72,8 +75,9 @@ def _layer_norm(x: Any, g: Any, b: Any) -> Any:
     return (x - mu) * (1.0 / jnp.sqrt(var + _LN_EPS)) * g + b
 
 
-def logits(params: dict[str, Any], tokens: Any, attn: Callable[[Any, Any, Any], Any],
-           cfg: ModelConfig) -> Any:
+def logits(
+    params: dict[str, Any], tokens: Any, attn: Callable[[Any, Any, Any], Any], cfg: ModelConfig
+) -> Any:
     """Next-token logits (seeds, batch, tokens, vocab) float32 of int ``tokens`` (seeds,
     batch, tokens), every seed with its own parameters (``params`` leaves stacked along a
     leading seed axis, as :func:`fp4sim.train.loop.init_state` makes them). The seed axis is
@@ -116,8 +120,13 @@ def logits(params: dict[str, Any], tokens: Any, attn: Callable[[Any, Any, Any], 
     return jnp.einsum("sbtd,svd->sbtv", x, params["embed"], precision=hi)
 
 
-def position_losses(params: dict[str, Any], tokens: Any, targets: Any,
-                    attn: Callable[[Any, Any, Any], Any], cfg: ModelConfig) -> Any:
+def position_losses(
+    params: dict[str, Any],
+    tokens: Any,
+    targets: Any,
+    attn: Callable[[Any, Any, Any], Any],
+    cfg: ModelConfig,
+) -> Any:
     """Cross-entropy (nats) of each position's next token, (seeds, batch, tokens) float32."""
     import jax
     import jax.numpy as jnp

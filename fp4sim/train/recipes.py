@@ -39,8 +39,16 @@ from fp4sim.attention.consistency import Mismatch, with_mismatch
 from fp4sim.attention.recipe import Normalization
 from fp4sim.formats.blocks import MXFP4
 
-__all__ = ["AttentionKind", "StudyRecipe", "STUDY_RECIPES", "DEFAULT_STUDY", "SMOKE_STUDY",
-           "study_recipe", "attention_fn", "P_MXFP4_KEYS"]
+__all__ = [
+    "AttentionKind",
+    "StudyRecipe",
+    "STUDY_RECIPES",
+    "DEFAULT_STUDY",
+    "SMOKE_STUDY",
+    "study_recipe",
+    "attention_fn",
+    "P_MXFP4_KEYS",
+]
 
 
 class AttentionKind(enum.Enum):
@@ -68,9 +76,11 @@ class StudyRecipe:
         if not isinstance(self.kind, AttentionKind):
             raise TypeError(f"StudyRecipe.kind={self.kind!r} must be an AttentionKind")
         if (self.kind is AttentionKind.EMULATED) != isinstance(self.training, TrainingRecipe):
-            raise ValueError(f"StudyRecipe {self.name!r}: training must be a TrainingRecipe "
-                             f"exactly when kind is EMULATED (kind={self.kind.name}, "
-                             f"training={self.training!r})")
+            raise ValueError(
+                f"StudyRecipe {self.name!r}: training must be a TrainingRecipe "
+                f"exactly when kind is EMULATED (kind={self.kind.name}, "
+                f"training={self.training!r})"
+            )
 
     def with_accumulation(self, accumulation: BackwardAccumulation) -> StudyRecipe:
         """The same recipe with the emulated backward's products accumulated by
@@ -89,50 +99,100 @@ _FLAMIA = TRAINING_PRESETS["flamia_mxfp8_training"]
 
 
 def _emulated(name: str, label: str, training: TrainingRecipe, tests: str) -> StudyRecipe:
-    return StudyRecipe(name=name, label=label, kind=AttentionKind.EMULATED,
-                       training=training.replace(name=name), tests=tests)
+    return StudyRecipe(
+        name=name,
+        label=label,
+        kind=AttentionKind.EMULATED,
+        training=training.replace(name=name),
+        tests=tests,
+    )
 
 
 _ALL: list[StudyRecipe] = [
-    StudyRecipe(name="jnp_float32", label="float32 attention (jnp)",
-                kind=AttentionKind.JNP_FLOAT32,
-                tests="baseline; the timing reference of every ratio"),
-    StudyRecipe(name="jnp_bfloat16", label="bf16 attention (jnp)",
-                kind=AttentionKind.JNP_BFLOAT16,
-                tests="baseline: the precision of the usual BF16 kernels"),
-    _emulated("emulated_float32", "emulated, all float32", TRAINING_PRESETS["float32"],
-              "the emulator's float32 route tracks the jnp float32 baseline"),
-    _emulated("direct_p_fp8_training", "FP8 P/V route (Direct-P training)", _FP8,
-              "Direct-P: the retained FP8 P/V training route trains"),
-    _emulated("mxfp4_pv_training", "MXFP4 P/V fwd+bwd",
-              _FP4.replace(v=ops.MXFP4_TOKENS_RCEIL, p_backward=P_MXFP4_KEYS),
-              "Direct-P: MXFP4 P/V in training diverges"),
-    _emulated("direct_p_fp4_forward", "Direct-P FP4 fwd + FP8 bwd", _FP4,
-              "Direct-P: FP4 (MXFP4 P) forward with an FP8 backward trains"),
-    _emulated("direct_p_affine_fp4", "Direct-P affine FP4 fwd + FP8 bwd",
-              TRAINING_PRESETS["direct_p_affine_fp4"],
-              "Direct-P's affine classifier (1.5x + 1.2) in the forward, rebuilt in the backward"),
-    _emulated("direct_p_fp4_mismatched_norm", "FP4 fwd, mismatched normalizer",
-              _FP4.replace(forward=_FP4.forward.replace(
-                  normalization=Normalization.MISMATCHED)),
-              "Direct-P/FLAMIA: a normalizer inconsistent with the represented P hurts training"),
-    _emulated("flamia_mxfp8_training", "FLAMIA MXFP8 (causally safe)", _FLAMIA,
-              "FLAMIA: token-block power-of-two (ceil) scales are causally safe"),
-    _emulated("flamia_mxfp8_v_floor_unsafe", "MXFP8, V floor 32-token (unsafe)",
-              _FLAMIA.replace(v=ops.MXFP8_TOKENS_FLOOR),
-              "FLAMIA: OCP-floor scales shared across the causal boundary leak the future"),
-    _emulated("direct_p_fp8_training+d_out_representation", "FP8, D from float dO (mismatch)",
-              with_mismatch(_FP8, Mismatch.D_OUT_REPRESENTATION),
-              "FLAMIA: D and dP from different dO representations diverge"),
-    _emulated("direct_p_fp4_forward+p_bits", "FP4 fwd P, FP8 bwd P (mismatch)",
-              with_mismatch(_FP4, Mismatch.P_BITS),
-              "FLAMIA: 4-bit P forward with 8-bit P backward collapses attention"),
-    _emulated("direct_p_fp8_training+backward_tiling", "FP8, bwd tiling ≠ fwd (mismatch)",
-              with_mismatch(_FP8, Mismatch.BACKWARD_TILING),
-              "FLAMIA: different forward and backward tilings blow up the gradient norm"),
-    _emulated("direct_p_fp8_training+forward_approx_exp", "FP8, fwd-only poly exp2 (mismatch)",
-              with_mismatch(_FP8, Mismatch.FORWARD_APPROX_EXP),
-              "FLAMIA: an approximate exp2 in the forward only diverges"),
+    StudyRecipe(
+        name="jnp_float32",
+        label="float32 attention (jnp)",
+        kind=AttentionKind.JNP_FLOAT32,
+        tests="baseline; the timing reference of every ratio",
+    ),
+    StudyRecipe(
+        name="jnp_bfloat16",
+        label="bf16 attention (jnp)",
+        kind=AttentionKind.JNP_BFLOAT16,
+        tests="baseline: the precision of the usual BF16 kernels",
+    ),
+    _emulated(
+        "emulated_float32",
+        "emulated, all float32",
+        TRAINING_PRESETS["float32"],
+        "the emulator's float32 route tracks the jnp float32 baseline",
+    ),
+    _emulated(
+        "direct_p_fp8_training",
+        "FP8 P/V route (Direct-P training)",
+        _FP8,
+        "Direct-P: the retained FP8 P/V training route trains",
+    ),
+    _emulated(
+        "mxfp4_pv_training",
+        "MXFP4 P/V fwd+bwd",
+        _FP4.replace(v=ops.MXFP4_TOKENS_RCEIL, p_backward=P_MXFP4_KEYS),
+        "Direct-P: MXFP4 P/V in training diverges",
+    ),
+    _emulated(
+        "direct_p_fp4_forward",
+        "Direct-P FP4 fwd + FP8 bwd",
+        _FP4,
+        "Direct-P: FP4 (MXFP4 P) forward with an FP8 backward trains",
+    ),
+    _emulated(
+        "direct_p_affine_fp4",
+        "Direct-P affine FP4 fwd + FP8 bwd",
+        TRAINING_PRESETS["direct_p_affine_fp4"],
+        "Direct-P's affine classifier (1.5x + 1.2) in the forward, rebuilt in the backward",
+    ),
+    _emulated(
+        "direct_p_fp4_mismatched_norm",
+        "FP4 fwd, mismatched normalizer",
+        _FP4.replace(forward=_FP4.forward.replace(normalization=Normalization.MISMATCHED)),
+        "Direct-P/FLAMIA: a normalizer inconsistent with the represented P hurts training",
+    ),
+    _emulated(
+        "flamia_mxfp8_training",
+        "FLAMIA MXFP8 (causally safe)",
+        _FLAMIA,
+        "FLAMIA: token-block power-of-two (ceil) scales are causally safe",
+    ),
+    _emulated(
+        "flamia_mxfp8_v_floor_unsafe",
+        "MXFP8, V floor 32-token (unsafe)",
+        _FLAMIA.replace(v=ops.MXFP8_TOKENS_FLOOR),
+        "FLAMIA: OCP-floor scales shared across the causal boundary leak the future",
+    ),
+    _emulated(
+        "direct_p_fp8_training+d_out_representation",
+        "FP8, D from float dO (mismatch)",
+        with_mismatch(_FP8, Mismatch.D_OUT_REPRESENTATION),
+        "FLAMIA: D and dP from different dO representations diverge",
+    ),
+    _emulated(
+        "direct_p_fp4_forward+p_bits",
+        "FP4 fwd P, FP8 bwd P (mismatch)",
+        with_mismatch(_FP4, Mismatch.P_BITS),
+        "FLAMIA: 4-bit P forward with 8-bit P backward collapses attention",
+    ),
+    _emulated(
+        "direct_p_fp8_training+backward_tiling",
+        "FP8, bwd tiling ≠ fwd (mismatch)",
+        with_mismatch(_FP8, Mismatch.BACKWARD_TILING),
+        "FLAMIA: different forward and backward tilings blow up the gradient norm",
+    ),
+    _emulated(
+        "direct_p_fp8_training+forward_approx_exp",
+        "FP8, fwd-only poly exp2 (mismatch)",
+        with_mismatch(_FP8, Mismatch.FORWARD_APPROX_EXP),
+        "FLAMIA: an approximate exp2 in the forward only diverges",
+    ),
 ]
 
 STUDY_RECIPES: dict[str, StudyRecipe] = {r.name: r for r in _ALL}
@@ -180,6 +240,7 @@ def attention_fn(recipe: StudyRecipe) -> Callable[[Any, Any, Any], Any]:
         return jnp.where(ok, s, -jnp.inf)
 
     if recipe.kind is AttentionKind.JNP_FLOAT32:
+
         def f32(q, k, v):
             scale = 1.0 / math.sqrt(q.shape[-1])
             s = mask(scale * jnp.einsum("...nd,...md->...nm", q, k, precision=hi))
@@ -191,11 +252,13 @@ def attention_fn(recipe: StudyRecipe) -> Callable[[Any, Any, Any], Any]:
 
         def bf16(q, k, v):
             scale = 1.0 / math.sqrt(q.shape[-1])
-            s = jnp.einsum("...nd,...md->...nm", q.astype(bf), k.astype(bf),
-                           preferred_element_type=jnp.float32)
+            s = jnp.einsum(
+                "...nd,...md->...nm", q.astype(bf), k.astype(bf), preferred_element_type=jnp.float32
+            )
             p = jax.nn.softmax(mask(scale * s), axis=-1)
-            return jnp.einsum("...nm,...md->...nd", p.astype(bf), v.astype(bf),
-                              preferred_element_type=jnp.float32)
+            return jnp.einsum(
+                "...nm,...md->...nd", p.astype(bf), v.astype(bf), preferred_element_type=jnp.float32
+            )
 
         return bf16
     from fp4sim.attention.autodiff import emulated_attention

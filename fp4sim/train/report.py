@@ -20,9 +20,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["divergence_step", "common_steps", "recipe_summary", "table_markdown", "plot_curves",
-           "regenerate",
-           "FIGURE_NAME", "TABLE_NAME", "CLAIMS", "CLOSE_NATS"]
+__all__ = [
+    "divergence_step",
+    "common_steps",
+    "recipe_summary",
+    "table_markdown",
+    "plot_curves",
+    "regenerate",
+    "FIGURE_NAME",
+    "TABLE_NAME",
+    "CLAIMS",
+    "CLOSE_NATS",
+]
 
 FIGURE_NAME = "train_loss.png"
 TABLE_NAME = "train_table.md"
@@ -63,8 +72,11 @@ def _stats(values: list[float]) -> tuple[float, float]:
 
 def common_steps(record: dict[str, Any]) -> int:
     """The step count every trained recipe reached (the table compares recipes there)."""
-    counts = [len(r["loss"][0]) for r in record["recipes"].values()
-              if r.get("loss") and "skipped" not in r]
+    counts = [
+        len(r["loss"][0])
+        for r in record["recipes"].values()
+        if r.get("loss") and "skipped" not in r
+    ]
     return min(counts) if counts else 0
 
 
@@ -94,22 +106,34 @@ def recipe_summary(record: dict[str, Any], name: str) -> dict[str, Any]:
     out["dual_gap"] = _stats([a - b for a, b in zip(own, f32)])
     allg = np.concatenate(gn) if gn else np.zeros(0)
     fin = allg[np.isfinite(allg)]
-    out["grad_norm"] = {"median": float(np.median(fin)) if fin.size else math.nan,
-                        "p99": float(np.percentile(fin, 99)) if fin.size else math.nan,
-                        "max": float(np.max(fin)) if fin.size else math.nan,
-                        "final": float(np.mean([np.mean(s[-tail:]) for s in gn]))}
+    out["grad_norm"] = {
+        "median": float(np.median(fin)) if fin.size else math.nan,
+        "p99": float(np.percentile(fin, 99)) if fin.size else math.nan,
+        "max": float(np.max(fin)) if fin.size else math.nan,
+        "final": float(np.mean([np.mean(s[-tail:]) for s in gn])),
+    }
     out["steps"] = r["steps"]
     out["truncated"] = r.get("truncated", False)
-    lf = r.get("leak_final") or {"loss_equal": [False], "grad_equal": [False],
-                                 "loss_rel": [math.nan], "grad_rel": [math.nan],
-                                 "future_changed": [False]}
-    out["leak"] = {"loss_equal": all(lf["loss_equal"]), "grad_equal": all(lf["grad_equal"]),
-                   "loss_rel": max(lf["loss_rel"]), "grad_rel": max(lf["grad_rel"]),
-                   "future_changed": all(lf["future_changed"])}
+    lf = r.get("leak_final") or {
+        "loss_equal": [False],
+        "grad_equal": [False],
+        "loss_rel": [math.nan],
+        "grad_rel": [math.nan],
+        "future_changed": [False],
+    }
+    out["leak"] = {
+        "loss_equal": all(lf["loss_equal"]),
+        "grad_equal": all(lf["grad_equal"]),
+        "loss_rel": max(lf["loss_rel"]),
+        "grad_rel": max(lf["grad_rel"]),
+        "future_changed": all(lf["future_changed"]),
+    }
     li = r.get("leak_init")
     if li:
-        out["leak_init"] = {"loss_equal": all(li["loss_equal"]),
-                            "grad_equal": all(li["grad_equal"])}
+        out["leak_init"] = {
+            "loss_equal": all(li["loss_equal"]),
+            "grad_equal": all(li["grad_equal"]),
+        }
     out["operator_probe"] = r.get("operator_probe")
     out["leak_class"] = r.get("leak_class", {})
     out["deterministic"] = (r.get("determinism") or {}).get("bitwise_equal")
@@ -157,40 +181,72 @@ def _classes(c: dict[str, str]) -> str:
 
 
 CLAIMS: tuple[dict[str, Any], ...] = (
-    {"id": "control",
-     "claim": "control: the emulator's all-float32 route trains like jnp float32 attention",
-     "test": "emulated_float32", "against": "jnp_float32", "expect": "close"},
-    {"id": "fp8-trains",
-     "claim": "Direct-P (Hardware-Aware FP4 FlashAttention-4): the retained FP8 P/V training "
-              "route trains (close to the high-precision baseline)",
-     "test": "direct_p_fp8_training", "against": "jnp_float32", "expect": "close"},
-    {"id": "mxfp4-diverges",
-     "claim": "Direct-P: MXFP4 P/V training trajectories diverge (hence FP8 P/V in training)",
-     "test": "mxfp4_pv_training", "against": "direct_p_fp8_training", "expect": "diverges"},
-    {"id": "fp4-forward",
-     "claim": "Direct-P: an FP4 (MXFP4 P) forward with an FP8 backward trains",
-     "test": "direct_p_fp4_forward", "against": "direct_p_fp8_training", "expect": "close"},
-    {"id": "normalization",
-     "claim": "Direct-P: the normalizer must be the sum of the represented P (a mismatched "
-              "normalizer breaks Σ dS = 0)",
-     "test": "direct_p_fp4_mismatched_norm", "against": "direct_p_fp4_forward",
-     "expect": "worse"},
-    {"id": "dout-mismatch",
-     "claim": "FLAMIA: D and dP from different dO representations diverge (within 500 steps)",
-     "test": "direct_p_fp8_training+d_out_representation", "against": "direct_p_fp8_training",
-     "expect": "diverges"},
-    {"id": "p-bits-mismatch",
-     "claim": "FLAMIA: a 4-bit P forward with an 8-bit P backward goes wrong (attention collapses)",
-     "test": "direct_p_fp4_forward+p_bits", "against": "direct_p_fp4_forward",
-     "expect": "worse"},
-    {"id": "causal-safe",
-     "claim": "FLAMIA: token-block power-of-two (ceil) scaling does not leak the future",
-     "test": "flamia_mxfp8_training", "against": None, "expect": "no-leak"},
-    {"id": "causal-unsafe",
-     "claim": "FLAMIA: scales shared across the causal boundary with the OCP floor rule leak "
-              "the future (and a leaky model looks better under its own attention)",
-     "test": "flamia_mxfp8_v_floor_unsafe", "against": "flamia_mxfp8_training",
-     "expect": "leak"},
+    {
+        "id": "control",
+        "claim": "control: the emulator's all-float32 route trains like jnp float32 attention",
+        "test": "emulated_float32",
+        "against": "jnp_float32",
+        "expect": "close",
+    },
+    {
+        "id": "fp8-trains",
+        "claim": "Direct-P (Hardware-Aware FP4 FlashAttention-4): the retained FP8 P/V training "
+        "route trains (close to the high-precision baseline)",
+        "test": "direct_p_fp8_training",
+        "against": "jnp_float32",
+        "expect": "close",
+    },
+    {
+        "id": "mxfp4-diverges",
+        "claim": "Direct-P: MXFP4 P/V training trajectories diverge (hence FP8 P/V in training)",
+        "test": "mxfp4_pv_training",
+        "against": "direct_p_fp8_training",
+        "expect": "diverges",
+    },
+    {
+        "id": "fp4-forward",
+        "claim": "Direct-P: an FP4 (MXFP4 P) forward with an FP8 backward trains",
+        "test": "direct_p_fp4_forward",
+        "against": "direct_p_fp8_training",
+        "expect": "close",
+    },
+    {
+        "id": "normalization",
+        "claim": "Direct-P: the normalizer must be the sum of the represented P (a mismatched "
+        "normalizer breaks Σ dS = 0)",
+        "test": "direct_p_fp4_mismatched_norm",
+        "against": "direct_p_fp4_forward",
+        "expect": "worse",
+    },
+    {
+        "id": "dout-mismatch",
+        "claim": "FLAMIA: D and dP from different dO representations diverge (within 500 steps)",
+        "test": "direct_p_fp8_training+d_out_representation",
+        "against": "direct_p_fp8_training",
+        "expect": "diverges",
+    },
+    {
+        "id": "p-bits-mismatch",
+        "claim": "FLAMIA: a 4-bit P forward with an 8-bit P backward goes wrong (attention collapses)",
+        "test": "direct_p_fp4_forward+p_bits",
+        "against": "direct_p_fp4_forward",
+        "expect": "worse",
+    },
+    {
+        "id": "causal-safe",
+        "claim": "FLAMIA: token-block power-of-two (ceil) scaling does not leak the future",
+        "test": "flamia_mxfp8_training",
+        "against": None,
+        "expect": "no-leak",
+    },
+    {
+        "id": "causal-unsafe",
+        "claim": "FLAMIA: scales shared across the causal boundary with the OCP floor rule leak "
+        "the future (and a leaky model looks better under its own attention)",
+        "test": "flamia_mxfp8_v_floor_unsafe",
+        "against": "flamia_mxfp8_training",
+        "expect": "leak",
+    },
 )
 """The claims the study tests, the recipe that tests each and its comparison recipe."""
 
@@ -213,27 +269,41 @@ def _verdict(c: dict[str, Any], s: dict[str, dict[str, Any]]) -> str | None:
         gm, gsd = _paired(t, a, "finals")
         hm, hsd = _paired(t, a, "val_own_seeds")
         se = max(gsd, 1e-4) / math.sqrt(max(1, len(t["finals"])))
-        at = "" if t["steps"] == a["steps"] else \
-            f" (its final state at step {t['steps']}, the other's at {a['steps']})"
-        facts = (f"paired over seeds vs `{c['against']}`: final train loss {gm:+.4f} ± "
-                 f"{gsd:.4f}, held-out {hm:+.4f} ± {hsd:.4f}{at}; diverged "
-                 f"{n_div}/{len(t['diverged'])} (against: "
-                 f"{sum(d is not None for d in a['diverged'])}/{len(a['diverged'])})")
+        at = (
+            ""
+            if t["steps"] == a["steps"]
+            else f" (its final state at step {t['steps']}, the other's at {a['steps']})"
+        )
+        facts = (
+            f"paired over seeds vs `{c['against']}`: final train loss {gm:+.4f} ± "
+            f"{gsd:.4f}, held-out {hm:+.4f} ± {hsd:.4f}{at}; diverged "
+            f"{n_div}/{len(t['diverged'])} (against: "
+            f"{sum(d is not None for d in a['diverged'])}/{len(a['diverged'])})"
+        )
         if c["expect"] == "diverges":
             ok = n_div > 0 and not any(d is not None for d in a["diverged"])
-            word = "reproduced" if ok else ("not reproduced at this scale: no divergence"
-                                            if n_div == 0 else "inconclusive")
+            word = (
+                "reproduced"
+                if ok
+                else (
+                    "not reproduced at this scale: no divergence" if n_div == 0 else "inconclusive"
+                )
+            )
         elif c["expect"] == "worse":
             ok = n_div > 0 or gm > 3 * se
             word = "reproduced (worse)" if ok else "not reproduced at this scale"
         elif n_div:
             word = "not reproduced: diverged"
         elif gm > 3 * se and gm > CLOSE_NATS:
-            word = (f"not reproduced at this scale: it trains (no divergence) but ends worse by "
-                    f"{gm:+.4f} nats (> 3 standard errors and > {CLOSE_NATS})")
+            word = (
+                f"not reproduced at this scale: it trains (no divergence) but ends worse by "
+                f"{gm:+.4f} nats (> 3 standard errors and > {CLOSE_NATS})"
+            )
         elif gm > 3 * se:
-            word = (f"reproduced (close: worse by {gm:+.4f} nats, beyond 3 standard errors but "
-                    f"< {CLOSE_NATS})")
+            word = (
+                f"reproduced (close: worse by {gm:+.4f} nats, beyond 3 standard errors but "
+                f"< {CLOSE_NATS})"
+            )
         else:
             word = "reproduced (no difference beyond 3 standard errors)"
         return f"{word} — {facts}"
@@ -241,19 +311,25 @@ def _verdict(c: dict[str, Any], s: dict[str, dict[str, Any]]) -> str | None:
     probe = t.get("operator_probe") or {}
     size = max(lk["loss_rel"], lk["grad_rel"])
     exact = lk["loss_equal"] and lk["grad_equal"]
-    facts = (f"past-position loss Δ {lk['loss_rel']:.1e}, gradient Δ {lk['grad_rel']:.1e}; "
-             f"operator probe O/dQ {_probe_text(probe)}; own − float32 held-out loss "
-             f"{t['dual_gap'][0]:+.5f}")
+    facts = (
+        f"past-position loss Δ {lk['loss_rel']:.1e}, gradient Δ {lk['grad_rel']:.1e}; "
+        f"operator probe O/dQ {_probe_text(probe)}; own − float32 held-out loss "
+        f"{t['dual_gap'][0]:+.5f}"
+    )
     if c["id"] == "causal-unsafe":
         better = t["dual_gap"][0] < 0
-        facts += (f" (the leaky model is {'better' if better else 'not better'} under its own "
-                  f"attention than under float32)")
+        facts += (
+            f" (the leaky model is {'better' if better else 'not better'} under its own "
+            f"attention than under float32)"
+        )
     if c["expect"] == "no-leak":
         if exact:
             word = "reproduced (the earlier positions are unchanged)"
         elif size <= _TINY_LEAK:
-            word = ("reproduced up to the subnormal scale (a change ≤ 1e-6: an element crossing "
-                    "E4M3's subnormal range, the power-of-two ceil scales' only leak)")
+            word = (
+                "reproduced up to the subnormal scale (a change ≤ 1e-6: an element crossing "
+                "E4M3's subnormal range, the power-of-two ceil scales' only leak)"
+            )
         else:
             word = "not reproduced (a leak above the subnormal scale)"
         return f"{word} — {facts}"
@@ -316,21 +392,28 @@ def table_markdown(record: dict[str, Any]) -> str:
             f"| {_pm(x['val_float32'])} | {_div(x['diverged'])} "
             f"| {g['median']:.3g} / {g['p99']:.3g} / {g['max']:.3g} | {_leak_text(x)} "
             f"| {_probe_text(x['operator_probe'])} | {_classes(x['leak_class'])} "
-            f"| {x['accumulation']} | {comp} | {sps} | {ratio} | {det} |")
-    lines += ["", f"Final train loss: mean over seeds (± sample sd) of each seed's mean over "
-              f"the last {cfg['smooth']} of the compared steps. Diverged: seeds whose loss "
-              f"became non-finite or whose "
-              f"{cfg['smooth']}-step mean rose {cfg['divergence_margin']} nats above its "
-              f"running minimum (first such step). Leak check: positions ≥ "
-              f"{record.get('leak_target', (77 * m['context']) // 128)} replaced by other "
-              f"tokens; the earlier positions' losses and the gradient of their loss compared "
-              f"(relative change; 'none' = equal). Operator probe: fp4sim.attention.leak."
-              f"leak_probe (N 128, d 64, gain 5). Step time: median per step, all seeds, "
-              f"measured in turn in the same run (steps/s: of all seeds at once). Bitwise "
-              f"rerun: the first chunk again from the initial state, checked for one recipe "
-              f"('—': not checked).", ""]
-    lines.append("Claims (this run's numbers; a claim that does not reproduce at this scale is "
-                 "a finding at this scale only):")
+            f"| {x['accumulation']} | {comp} | {sps} | {ratio} | {det} |"
+        )
+    lines += [
+        "",
+        f"Final train loss: mean over seeds (± sample sd) of each seed's mean over "
+        f"the last {cfg['smooth']} of the compared steps. Diverged: seeds whose loss "
+        f"became non-finite or whose "
+        f"{cfg['smooth']}-step mean rose {cfg['divergence_margin']} nats above its "
+        f"running minimum (first such step). Leak check: positions ≥ "
+        f"{record.get('leak_target', (77 * m['context']) // 128)} replaced by other "
+        f"tokens; the earlier positions' losses and the gradient of their loss compared "
+        f"(relative change; 'none' = equal). Operator probe: fp4sim.attention.leak."
+        f"leak_probe (N 128, d 64, gain 5). Step time: median per step, all seeds, "
+        f"measured in turn in the same run (steps/s: of all seeds at once). Bitwise "
+        f"rerun: the first chunk again from the initial state, checked for one recipe "
+        f"('—': not checked).",
+        "",
+    ]
+    lines.append(
+        "Claims (this run's numbers; a claim that does not reproduce at this scale is "
+        "a finding at this scale only):"
+    )
     lines.append("")
     for c in CLAIMS:
         v = _verdict(c, s)
@@ -340,9 +423,11 @@ def table_markdown(record: dict[str, Any]) -> str:
     if timing.get("ratio_to_jnp_float32"):
         r8 = timing["ratio_to_jnp_float32"].get("direct_p_fp8_training")
         if r8 is not None:
-            lines.append(f"* Speed: the emulated FP8 route's training step is {r8:.2f}x the "
-                         f"jnp float32 model's (same run; accumulation "
-                         f"{record.get('accumulation')}; target ≤ 5x at context 512).")
+            lines.append(
+                f"* Speed: the emulated FP8 route's training step is {r8:.2f}x the "
+                f"jnp float32 model's (same run; accumulation "
+                f"{record.get('accumulation')}; target ≤ 5x at context 512)."
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -360,19 +445,24 @@ def plot_curves(record: dict[str, Any], path: str | Path) -> Path:
     cfg = record["config"]
     m = cfg["model"]
     recs = record["recipes"]
-    names = [n for n in record.get("recipe_order", list(recs))
-             if recs[n].get("loss") and "skipped" not in recs[n]]
+    names = [
+        n
+        for n in record.get("recipe_order", list(recs))
+        if recs[n].get("loss") and "skipped" not in recs[n]
+    ]
     w = max(1, int(cfg["smooth"]))
-    fig, (ax, dx, bx) = plt.subplots(3, 1, figsize=(10, 11), sharex=True,
-                                     gridspec_kw={"height_ratios": [3, 2, 2]})
+    fig, (ax, dx, bx) = plt.subplots(
+        3, 1, figsize=(10, 11), sharex=True, gridspec_kw={"height_ratios": [3, 2, 2]}
+    )
     cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
     base = np.asarray(recs["jnp_float32"]["loss"], np.float64) if "jnp_float32" in names else None
 
     def band(axis: Any, curves: np.ndarray, color: Any, style: str, label: str | None) -> None:
         sm = np.stack([_moving_average(c, w) for c in curves])
         x = np.arange(1, sm.shape[1] + 1)
-        axis.fill_between(x, np.nanmin(sm, axis=0), np.nanmax(sm, axis=0), color=color,
-                          alpha=0.18, linewidth=0)
+        axis.fill_between(
+            x, np.nanmin(sm, axis=0), np.nanmax(sm, axis=0), color=color, alpha=0.18, linewidth=0
+        )
         axis.plot(x, np.nanmean(sm, axis=0), style, color=color, linewidth=1.4, label=label)
 
     for i, n in enumerate(names):
@@ -394,7 +484,7 @@ def plot_curves(record: dict[str, Any], path: str | Path) -> Path:
     for axis in (ax, dx, bx):
         axis.grid(alpha=0.3)
     finals = [np.asarray(recs[n]["loss"], np.float64) for n in names]
-    finite = np.concatenate([f[:, f.shape[1] // 10:].ravel() for f in finals if f.size])
+    finite = np.concatenate([f[:, f.shape[1] // 10 :].ravel() for f in finals if f.size])
     finite = finite[np.isfinite(finite)]
     if finite.size:
         top = min(float(np.percentile(finite, 99.5)) + 0.2, float(np.max(finite)) + 0.1)
@@ -403,9 +493,15 @@ def plot_curves(record: dict[str, Any], path: str | Path) -> Path:
     if common:
         for axis in (ax, dx, bx):
             axis.axvline(common, color="0.4", linestyle=":", linewidth=1)
-        bx.annotate(f"compared at step {common} ", (common, 0.02),
-                    xycoords=("data", "axes fraction"), ha="right", va="bottom", fontsize=7.5,
-                    color="0.35")
+        bx.annotate(
+            f"compared at step {common} ",
+            (common, 0.02),
+            xycoords=("data", "axes fraction"),
+            ha="right",
+            va="bottom",
+            fontsize=7.5,
+            color="0.35",
+        )
     ax.legend(fontsize=8, ncol=2, loc="upper right")
     prov = record.get("provenance", {})
     dev = prov.get("device", {})
@@ -416,7 +512,8 @@ def plot_curves(record: dict[str, Any], path: str | Path) -> Path:
         f"min–max)\nemulated attention: backward accumulation {record.get('accumulation')}, "
         f"forward the emulator's; jnp attention: XLA dot; device "
         f"{dev.get('platform')} ({dev.get('kind')}); git {str(prov.get('git_revision'))[:12]}",
-        fontsize=9.5)
+        fontsize=9.5,
+    )
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=130)
@@ -424,16 +521,18 @@ def plot_curves(record: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-def regenerate(record_path: str | Path, out_dir: str | Path | None = None
-               ) -> tuple[Path | None, Path]:
+def regenerate(
+    record_path: str | Path, out_dir: str | Path | None = None
+) -> tuple[Path | None, Path]:
     """Figure and table from the record at ``record_path``, into ``out_dir`` (default: the
     record's folder). Returns (figure, table) paths; the figure is None where matplotlib is
     not installed (``--replot`` on a machine with it draws it later from the same record)."""
     record_path = Path(record_path)
     record = json.loads(record_path.read_text())
     if record.get("schema", "").split("/")[0] != "fp4sim.train.study":
-        raise ValueError(f"{record_path}: not a training-study record (schema "
-                         f"{record.get('schema')!r})")
+        raise ValueError(
+            f"{record_path}: not a training-study record (schema {record.get('schema')!r})"
+        )
     out = Path(out_dir) if out_dir is not None else record_path.parent
     out.mkdir(parents=True, exist_ok=True)
     table = out / TABLE_NAME

@@ -71,8 +71,15 @@ from fp4sim.train import report as _report
 from fp4sim.train.config import StudyConfig
 from fp4sim.train.recipes import AttentionKind, StudyRecipe, study_recipe
 
-__all__ = ["run_study", "provenance", "git_revision", "RECORD_NAME", "SCHEMA", "CACHE_NAME",
-           "REFERENCE"]
+__all__ = [
+    "run_study",
+    "provenance",
+    "git_revision",
+    "RECORD_NAME",
+    "SCHEMA",
+    "CACHE_NAME",
+    "REFERENCE",
+]
 
 RECORD_NAME = "train_study.json"
 SCHEMA = "fp4sim.train.study/2"
@@ -90,8 +97,9 @@ _WRITE_EVERY_S = 10.0
 def _git(*args: str) -> str | None:
     root = Path(__file__).resolve().parents[2]
     try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -104,16 +112,22 @@ def git_revision() -> dict[str, Any]:
     other repository must not report that repository's revision); else ``unknown``."""
     env = os.environ.get("FP4SIM_GIT_REVISION", "").strip()
     if env:
-        return {"git_revision": env, "git_revision_source": "FP4SIM_GIT_REVISION",
-                "git_dirty": None}
+        return {
+            "git_revision": env,
+            "git_revision_source": "FP4SIM_GIT_REVISION",
+            "git_dirty": None,
+        }
     root = Path(__file__).resolve().parents[2]
     top = _git("rev-parse", "--show-toplevel")
     if top and Path(top).resolve() == root:
         rev = _git("rev-parse", "HEAD")
         if rev:
             dirty = _git("status", "--porcelain", "--untracked-files=no")
-            return {"git_revision": rev, "git_revision_source": "git",
-                    "git_dirty": None if dirty is None else bool(dirty)}
+            return {
+                "git_revision": rev,
+                "git_revision_source": "git",
+                "git_dirty": None if dirty is None else bool(dirty),
+            }
     return {"git_revision": "unknown", "git_revision_source": None, "git_dirty": None}
 
 
@@ -146,22 +160,37 @@ def provenance(device: Any, argv: Sequence[str] | None = None) -> dict[str, Any]
     return {
         **git_revision(),
         "source_sha256": _source_digest(),
-        "versions": {"python": sys.version.split()[0],
-                     **{n: _version(n) for n in ("fp4sim", "jax", "jaxlib", "numpy", "optax",
-                                                 "ml_dtypes", "matplotlib", "tqdm")}},
-        "device": {"platform": device.platform, "kind": getattr(device, "device_kind", None),
-                   "count": len(jax.devices(device.platform)),
-                   "platform_version": platform_version},
+        "versions": {
+            "python": sys.version.split()[0],
+            **{
+                n: _version(n)
+                for n in (
+                    "fp4sim",
+                    "jax",
+                    "jaxlib",
+                    "numpy",
+                    "optax",
+                    "ml_dtypes",
+                    "matplotlib",
+                    "tqdm",
+                )
+            },
+        },
+        "device": {
+            "platform": device.platform,
+            "kind": getattr(device, "device_kind", None),
+            "count": len(jax.devices(device.platform)),
+            "platform_version": platform_version,
+        },
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "fp4sim_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FP4SIM_")},
-        "gpu_kernels_module": importlib.util.find_spec("fp4sim.attention.ordered_gpu")
-        is not None,
+        "gpu_kernels_module": importlib.util.find_spec("fp4sim.attention.ordered_gpu") is not None,
         "jax_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("JAX_")},
-        "jax_config": {"jax_enable_x64": bool(jax.config.jax_enable_x64),
-                       "jax_default_matmul_precision":
-                           str(jax.config.jax_default_matmul_precision)},
-        "host": {"node": platform.node(), "platform": platform.platform(),
-                 "cpus": os.cpu_count()},
+        "jax_config": {
+            "jax_enable_x64": bool(jax.config.jax_enable_x64),
+            "jax_default_matmul_precision": str(jax.config.jax_default_matmul_precision),
+        },
+        "host": {"node": platform.node(), "platform": platform.platform(), "cpus": os.cpu_count()},
         "argv": list(sys.argv if argv is None else argv),
         "started_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
@@ -174,21 +203,34 @@ def accumulation_of(r: StudyRecipe) -> str:
     if r.kind is AttentionKind.JNP_BFLOAT16:
         return "XLA dot (bfloat16 operands, float32 accumulation)"
     assert r.training is not None
-    return (f"backward {r.training.accumulation.name}; forward: the emulator's (exact products "
-            f"by XLA dot, ordered float32 sums otherwise)")
+    return (
+        f"backward {r.training.accumulation.name}; forward: the emulator's (exact products "
+        f"by XLA dot, ordered float32 sums otherwise)"
+    )
 
 
 def _recipe_info(r: StudyRecipe) -> dict[str, Any]:
     from fp4sim.attention import causal as sc
 
-    info: dict[str, Any] = {"label": r.label, "kind": r.kind.name, "tests": r.tests,
-                            "definition": repr(r.training) if r.training else r.kind.value,
-                            "accumulation": accumulation_of(r)}
+    info: dict[str, Any] = {
+        "label": r.label,
+        "kind": r.kind.name,
+        "tests": r.tests,
+        "definition": repr(r.training) if r.training else r.kind.value,
+        "accumulation": accumulation_of(r),
+    }
     if r.training is not None:
         t = r.training
-        info["leak_class"] = {op: sc.leak_class(s).name for op, s in (
-            ("qk", t.qk), ("v", t.v), ("d_out", t.d_out), ("p_backward", t.p_backward),
-            ("ds", t.ds))}
+        info["leak_class"] = {
+            op: sc.leak_class(s).name
+            for op, s in (
+                ("qk", t.qk),
+                ("v", t.v),
+                ("d_out", t.d_out),
+                ("p_backward", t.p_backward),
+                ("ds", t.ds),
+            )
+        }
     else:
         info["leak_class"] = {"attention": "NONE"}
     return info
@@ -203,8 +245,11 @@ def _write(record: dict[str, Any], path: Path) -> None:
 def _f32(x: Any) -> list:
     """float32 values as JSON floats that round-trip (9 significant digits)."""
     a = np.asarray(x, dtype=np.float32)
-    return [[float(f"{v:.9g}") for v in row] for row in a.tolist()] if a.ndim == 2 else \
-        [float(f"{v:.9g}") for v in a.tolist()]
+    return (
+        [[float(f"{v:.9g}") for v in row] for row in a.tolist()]
+        if a.ndim == 2
+        else [float(f"{v:.9g}") for v in a.tolist()]
+    )
 
 
 class _NoBar:
@@ -260,8 +305,9 @@ def _worker_init() -> None:
         os.environ["JAX_PLATFORMS"] = "cpu"
 
 
-def _export_job(name: str, cfg: StudyConfig, platform: str, n_tokens: int
-                ) -> tuple[str, bytes | None, float, str | None]:
+def _export_job(
+    name: str, cfg: StudyConfig, platform: str, n_tokens: int
+) -> tuple[str, bytes | None, float, str | None]:
     """In a worker process: recipe ``name``'s chunk traced, lowered for ``platform`` and
     pickled (:meth:`fp4sim.train.loop.Trainer.export`)."""
     t0 = time.perf_counter()
@@ -273,11 +319,17 @@ def _export_job(name: str, cfg: StudyConfig, platform: str, n_tokens: int
         return name, None, time.perf_counter() - t0, f"{type(e).__name__}: {e}"
 
 
-def _compile_all(cfg: StudyConfig, device: Any, names: Sequence[str], state_like: Any,
-                 n_tokens: int, workers: int, compile_deadline: float,
-                 say: Callable[[str], None], processes: bool
-                 ) -> tuple[dict[str, _loop.Chunk], dict[str, dict[str, float]],
-                            dict[str, str]]:
+def _compile_all(
+    cfg: StudyConfig,
+    device: Any,
+    names: Sequence[str],
+    state_like: Any,
+    n_tokens: int,
+    workers: int,
+    compile_deadline: float,
+    say: Callable[[str], None],
+    processes: bool,
+) -> tuple[dict[str, _loop.Chunk], dict[str, dict[str, float]], dict[str, str]]:
     """Phase 1: every recipe's chunk traced and compiled by XLA in parallel threads, until
     ``compile_deadline`` (``time.monotonic()``; a recipe not compiled by then is skipped; the
     reference is always waited for). Tracing holds the GIL: with ``processes`` the emulated
@@ -299,13 +351,16 @@ def _compile_all(cfg: StudyConfig, device: Any, names: Sequence[str], state_like
             recipe = study_recipe(name).with_accumulation(cfg.accumulation)
             with tracing:
                 t1 = time.perf_counter()
-                lowered = _loop.Trainer(recipe=recipe, cfg=cfg).lower(device, state_like,
-                                                                      n_tokens)
+                lowered = _loop.Trainer(recipe=recipe, cfg=cfg).lower(device, state_like, n_tokens)
                 t2 = time.perf_counter()
             compiled = lowered.compile()  # XLA, outside the GIL: in parallel
             t3 = time.perf_counter()
-            secs = {"queued_s": t1 - t0, "trace_lower_s": t2 - t1, "xla_compile_s": t3 - t2,
-                    "done_at_s": t3 - t_start}
+            secs = {
+                "queued_s": t1 - t0,
+                "trace_lower_s": t2 - t1,
+                "xla_compile_s": t3 - t2,
+                "done_at_s": t3 - t_start,
+            }
             return name, _loop.Chunk(compiled, cfg), secs, None
         except Exception as e:  # noqa: BLE001 - recorded, the study goes on without it
             secs["done_at_s"] = time.perf_counter() - t_start
@@ -318,13 +373,16 @@ def _compile_all(cfg: StudyConfig, device: Any, names: Sequence[str], state_like
             # unpickling and lowering the exported module: short, under the GIL
             chunk = _loop.compile_exported(blob, cfg, device, state_like, n_tokens)
             t3 = time.perf_counter()
-            secs.update({"trace_lower_s": export_s, "xla_compile_s": t3 - t1,
-                         "done_at_s": t3 - t_start})
+            secs.update(
+                {"trace_lower_s": export_s, "xla_compile_s": t3 - t1, "done_at_s": t3 - t_start}
+            )
             return name, chunk, secs, None
         except Exception as e:  # noqa: BLE001 - then traced here
             secs["export_error"] = 1.0
-            say(f"exported {name} did not compile here ({type(e).__name__}: {str(e)[:200]}); "
-                f"tracing it in-process")
+            say(
+                f"exported {name} did not compile here ({type(e).__name__}: {str(e)[:200]}); "
+                f"tracing it in-process"
+            )
             return job(name)
 
     chunks: dict[str, _loop.Chunk] = {}
@@ -336,10 +394,15 @@ def _compile_all(cfg: StudyConfig, device: Any, names: Sequence[str], state_like
     if exported:
         procs = concurrent.futures.ProcessPoolExecutor(
             max_workers=max(1, min(len(exported), os.cpu_count() or 1)),
-            mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_worker_init,
+        )
     pending = {pool.submit(job, n) for n in names if n not in exported}
-    exporting = {procs.submit(_export_job, n, cfg, platform, n_tokens) for n in exported} \
-        if procs else set()
+    exporting = (
+        {procs.submit(_export_job, n, cfg, platform, n_tokens) for n in exported}
+        if procs
+        else set()
+    )
     pending |= exporting
     while pending:
         left = compile_deadline - time.monotonic()
@@ -347,8 +410,10 @@ def _compile_all(cfg: StudyConfig, device: Any, names: Sequence[str], state_like
         if left <= 0 and ref_done:
             break
         done, pending = concurrent.futures.wait(
-            pending, timeout=None if left == math.inf or not ref_done else max(left, 0.0),
-            return_when=concurrent.futures.FIRST_COMPLETED)
+            pending,
+            timeout=None if left == math.inf or not ref_done else max(left, 0.0),
+            return_when=concurrent.futures.FIRST_COMPLETED,
+        )
         for fut in done:
             if fut in exporting:
                 name, blob, export_s, error = fut.result()
@@ -362,10 +427,15 @@ def _compile_all(cfg: StudyConfig, device: Any, names: Sequence[str], state_like
             seconds[name] = {k: round(v, 3) for k, v in secs.items()}
             if error is None:
                 chunks[name] = chunk
-                how = "traced in a worker process" if "export_s" in secs and \
-                    "export_error" not in secs else "trace+lower"
-                say(f"compiled {name}: {how} {secs['trace_lower_s']:.1f} s, XLA "
-                    f"{secs['xla_compile_s']:.1f} s (done at {secs['done_at_s']:.1f} s)")
+                how = (
+                    "traced in a worker process"
+                    if "export_s" in secs and "export_error" not in secs
+                    else "trace+lower"
+                )
+                say(
+                    f"compiled {name}: {how} {secs['trace_lower_s']:.1f} s, XLA "
+                    f"{secs['xla_compile_s']:.1f} s (done at {secs['done_at_s']:.1f} s)"
+                )
             else:
                 errors[name] = error
                 say(f"FAILED to compile {name}: {error[:300]}")
@@ -376,8 +446,10 @@ def _compile_all(cfg: StudyConfig, device: Any, names: Sequence[str], state_like
         procs.shutdown(wait=False, cancel_futures=True)
     for n in names:
         if n not in chunks and n not in errors:
-            errors[n] = (f"its compilation had not finished at the compile deadline "
-                         f"({compile_deadline - t_mono:.0f} s after the compilations began)")
+            errors[n] = (
+                f"its compilation had not finished at the compile deadline "
+                f"({compile_deadline - t_mono:.0f} s after the compilations began)"
+            )
             say(f"SKIPPED {n}: {errors[n]}")
     return chunks, seconds, errors
 
@@ -423,16 +495,30 @@ def _curves(r: _Run, cfg: StudyConfig) -> dict[str, Any]:
     n = len(cfg.seeds)
     loss = np.concatenate(r.loss) if r.loss else np.zeros((0, n))
     gn = np.concatenate(r.grad_norm) if r.grad_norm else np.zeros((0, n))
-    return {"steps": r.steps, "truncated": r.steps < cfg.steps,
-            "loss": _f32(loss.T), "grad_norm": _f32(gn.T)}  # (seeds, steps)
+    return {
+        "steps": r.steps,
+        "truncated": r.steps < cfg.steps,
+        "loss": _f32(loss.T),
+        "grad_norm": _f32(gn.T),
+    }  # (seeds, steps)
 
 
-def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path, *,
-              progress: bool = True, argv: Sequence[str] | None = None,
-              t0: float | None = None, figure: bool = True, cache: bool = True,
-              workers: int | None = None, determinism_recipe: str | None = None,
-              compile_share: float | None = None, trace_processes: bool = True,
-              say: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_study(
+    cfg: StudyConfig,
+    recipe_names: Sequence[str],
+    out_dir: str | Path,
+    *,
+    progress: bool = True,
+    argv: Sequence[str] | None = None,
+    t0: float | None = None,
+    figure: bool = True,
+    cache: bool = True,
+    workers: int | None = None,
+    determinism_recipe: str | None = None,
+    compile_share: float | None = None,
+    trace_processes: bool = True,
+    say: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Run the study (module docstring) and return its record (also written to
     ``out_dir/train_study.json``, with ``train_loss.png`` and ``train_table.md`` when
     ``figure``). ``t0``: the ``time.monotonic()`` the time budget counts from (default: now);
@@ -450,43 +536,72 @@ def run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: str | Path
         raise TypeError(f"cfg={cfg!r} must be a StudyConfig")
     if compile_share is None:
         compile_share = COMPILE_SHARE
-    if isinstance(compile_share, bool) or not isinstance(compile_share, (int, float)) or not \
-            0.0 <= compile_share <= 1.0:
+    if (
+        isinstance(compile_share, bool)
+        or not isinstance(compile_share, (int, float))
+        or not 0.0 <= compile_share <= 1.0
+    ):
         raise ValueError(f"compile_share={compile_share!r} must be a number in [0, 1]")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
-                                or workers < 1):
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+    ):
         raise ValueError(f"workers={workers!r} must be a positive int or None")
     try:
         device = jax.devices(cfg.device.value)[0]
     except RuntimeError as e:
-        raise ValueError(f"device={cfg.device.value!r}: jax finds no such device here ({e})"
-                         ) from e
+        raise ValueError(f"device={cfg.device.value!r}: jax finds no such device here ({e})") from e
     if say is None:
+
         def say(line: str) -> None:
             print(f"[{time.monotonic() - t0:6.1f} s] {line}", file=sys.stderr, flush=True)
+
     with jax.default_device(device):  # every array of the run on that device
-        return _run_study(cfg, recipe_names, Path(out_dir), progress=progress, argv=argv, t0=t0,
-                          figure=figure, device=device, cache=cache, workers=workers,
-                          determinism_recipe=determinism_recipe, compile_share=compile_share,
-                          trace_processes=trace_processes, say=say)
+        return _run_study(
+            cfg,
+            recipe_names,
+            Path(out_dir),
+            progress=progress,
+            argv=argv,
+            t0=t0,
+            figure=figure,
+            device=device,
+            cache=cache,
+            workers=workers,
+            determinism_recipe=determinism_recipe,
+            compile_share=compile_share,
+            trace_processes=trace_processes,
+            say=say,
+        )
 
 
-def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: Path, *,
-               progress: bool, argv: Sequence[str] | None, t0: float, figure: bool,
-               device: Any, cache: bool, workers: int | None, determinism_recipe: str | None,
-               compile_share: float, trace_processes: bool, say: Callable[[str], None]
-               ) -> dict[str, Any]:
+def _run_study(
+    cfg: StudyConfig,
+    recipe_names: Sequence[str],
+    out_dir: Path,
+    *,
+    progress: bool,
+    argv: Sequence[str] | None,
+    t0: float,
+    figure: bool,
+    device: Any,
+    cache: bool,
+    workers: int | None,
+    determinism_recipe: str | None,
+    compile_share: float,
+    trace_processes: bool,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
     names = list(dict.fromkeys([REFERENCE, *recipe_names]))
     recipes = {n: study_recipe(n).with_accumulation(cfg.accumulation) for n in names}
     if determinism_recipe is None:
-        determinism_recipe = next((n for n in names if recipes[n].training is not None),
-                                  REFERENCE)
+        determinism_recipe = next((n for n in names if recipes[n].training is not None), REFERENCE)
     elif determinism_recipe not in recipes:
-        raise ValueError(f"determinism_recipe={determinism_recipe!r} is not one of the study's "
-                         f"recipes {names}")
+        raise ValueError(
+            f"determinism_recipe={determinism_recipe!r} is not one of the study's recipes {names}"
+        )
     budget = cfg.time_budget_s
     deadline = math.inf if budget is None else t0 + budget
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -509,34 +624,58 @@ def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: Path, *,
     state_like = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state0)
 
     record: dict[str, Any] = {
-        "schema": SCHEMA, "status": "compiling", "provenance": provenance(device, argv),
-        "config": cfg.as_dict(), "corpus": _data.corpus_info(raw),
-        "model": {"n_params": cfg.model.n_params,
-                  "train_flops_per_step_per_seed": cfg.model.train_flops_per_token()
-                  * cfg.batch * cfg.model.context},
-        "accumulation": cfg.accumulation.name, "recipe_order": names,
+        "schema": SCHEMA,
+        "status": "compiling",
+        "provenance": provenance(device, argv),
+        "config": cfg.as_dict(),
+        "corpus": _data.corpus_info(raw),
+        "model": {
+            "n_params": cfg.model.n_params,
+            "train_flops_per_step_per_seed": cfg.model.train_flops_per_token()
+            * cfg.batch
+            * cfg.model.context,
+        },
+        "accumulation": cfg.accumulation.name,
+        "recipe_order": names,
         "leak_target": cfg.target,
-        "recipes": {n: _recipe_info(r) for n, r in recipes.items()}, "timing": {},
+        "recipes": {n: _recipe_info(r) for n, r in recipes.items()},
+        "timing": {},
     }
     _write(record, path)
 
     # 1. compile everything first
     n_workers = max(1, min(len(names), os.cpu_count() or 1, workers or len(names)))
-    say(f"compiling {len(names)} recipes with {n_workers} threads (cache: "
-        f"{cache_dir if cache_dir else 'off'}, {cache_before} entries)")
+    say(
+        f"compiling {len(names)} recipes with {n_workers} threads (cache: "
+        f"{cache_dir if cache_dir else 'off'}, {cache_before} entries)"
+    )
     t_compile = time.perf_counter()
-    compile_deadline = math.inf if budget is None or not compile_share else \
-        t0 + compile_share * budget
-    chunks, seconds, errors = _compile_all(cfg, device, names, state_like, len(train_np),
-                                           n_workers, compile_deadline, say, trace_processes)
+    compile_deadline = (
+        math.inf if budget is None or not compile_share else t0 + compile_share * budget
+    )
+    chunks, seconds, errors = _compile_all(
+        cfg,
+        device,
+        names,
+        state_like,
+        len(train_np),
+        n_workers,
+        compile_deadline,
+        say,
+        trace_processes,
+    )
     compile_wall = time.perf_counter() - t_compile
     record["timing"]["compile"] = {
-        "per_recipe": seconds, "wall_s": round(compile_wall, 3), "workers": n_workers,
-        "cache_dir": str(cache_dir) if cache_dir else None, "cache_entries_before": cache_before,
+        "per_recipe": seconds,
+        "wall_s": round(compile_wall, 3),
+        "workers": n_workers,
+        "cache_dir": str(cache_dir) if cache_dir else None,
+        "cache_entries_before": cache_before,
         "cache_entries_after": _cache_entries(cache_dir),
         "trace_processes": trace_processes,
         "deadline_s": None if compile_deadline == math.inf else round(compile_share * budget, 3),
-        "unfinished": sorted(n for n in names if n not in chunks and n not in seconds)}
+        "unfinished": sorted(n for n in names if n not in chunks and n not in seconds),
+    }
     say(f"compilation done in {compile_wall:.1f} s ({len(chunks)} of {len(names)} recipes)")
     if REFERENCE not in chunks:
         raise RuntimeError(f"the {REFERENCE} step did not compile: {errors.get(REFERENCE)}")
@@ -551,8 +690,11 @@ def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: Path, *,
 
     def reserve(est: dict[str, float]) -> float:
         checks = sum(per_check * est[n] + cfg.eval_batches * est[REFERENCE] + 1.0 for n in runs)
-        return checks + cfg.chunk * est[determinism_recipe if determinism_recipe in est
-                                        else REFERENCE] + _FIGURE_RESERVE_S
+        return (
+            checks
+            + cfg.chunk * est[determinism_recipe if determinism_recipe in est else REFERENCE]
+            + _FIGURE_RESERVE_S
+        )
 
     goal = cfg.steps
     bar = _bar(progress, total=goal * len(runs), desc="train", unit="step")
@@ -569,8 +711,9 @@ def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: Path, *,
             except Exception as e:  # noqa: BLE001 - e.g. out of memory: recorded, the rest goes on
                 if r.name == REFERENCE:
                     raise
-                record["recipes"][r.name]["skipped"] = f"failed in training at step " \
-                    f"{r.steps}: {type(e).__name__}: {str(e)[:500]}"
+                record["recipes"][r.name]["skipped"] = (
+                    f"failed in training at step {r.steps}: {type(e).__name__}: {str(e)[:500]}"
+                )
                 say(f"FAILED {r.name}: {record['recipes'][r.name]['skipped']}")
                 del runs[r.name]
                 continue
@@ -578,8 +721,7 @@ def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: Path, *,
             bar.set_postfix_str(f"{r.name[:28]} {r.steps}/{goal} loss {loss:.3f}")
         rounds += 1
         if rounds == 1:
-            say("first chunk: " + ", ".join(f"{n} {r.times[0][1]:.2f} s" for n, r in
-                                            runs.items()))
+            say("first chunk: " + ", ".join(f"{n} {r.times[0][1]:.2f} s" for n, r in runs.items()))
         if budget is not None:
             # re-planned every round from the latest estimates (the first round's include
             # first-execution work, so the target may grow again); all recipes advance in
@@ -606,27 +748,38 @@ def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: Path, *,
     # 3. timing (measured in turn during the rounds)
     step_s = {n: r.step_s() for n, r in runs.items()}
     ref_s = step_s[REFERENCE][0]
-    record["timing"].update({
-        "step_s": {n: round(v, 6) for n, (v, _) in step_s.items() if v is not None},
-        "steps_per_s": {n: round(1.0 / v, 3) for n, (v, _) in step_s.items() if v},
-        "ratio_to_jnp_float32": {n: round(v / ref_s, 3) for n, (v, _) in step_s.items()
-                                 if v is not None} if ref_s else {},
-        "from_first_chunk_only": sorted(n for n, (_, first) in step_s.items() if first),
-        "timed_chunks_per_recipe": {n: max(0, len(r.times) - 1) for n, r in runs.items()},
-        "jnp_float32_model_tflops": round(record["model"]["train_flops_per_step_per_seed"]
-                                          * n_seeds / ref_s / 1e12, 4) if ref_s else None,
-        "note": "median seconds per training step (all seeds at once) over each recipe's "
-                "chunks after its first, every chunk timed between two synchronizations, the "
-                "recipes in turn in the same process after every compilation finished",
-    })
+    record["timing"].update(
+        {
+            "step_s": {n: round(v, 6) for n, (v, _) in step_s.items() if v is not None},
+            "steps_per_s": {n: round(1.0 / v, 3) for n, (v, _) in step_s.items() if v},
+            "ratio_to_jnp_float32": {
+                n: round(v / ref_s, 3) for n, (v, _) in step_s.items() if v is not None
+            }
+            if ref_s
+            else {},
+            "from_first_chunk_only": sorted(n for n, (_, first) in step_s.items() if first),
+            "timed_chunks_per_recipe": {n: max(0, len(r.times) - 1) for n, r in runs.items()},
+            "jnp_float32_model_tflops": round(
+                record["model"]["train_flops_per_step_per_seed"] * n_seeds / ref_s / 1e12, 4
+            )
+            if ref_s
+            else None,
+            "note": "median seconds per training step (all seeds at once) over each recipe's "
+            "chunks after its first, every chunk timed between two synchronizations, the "
+            "recipes in turn in the same process after every compilation finished",
+        }
+    )
     for n, (v, _) in step_s.items():
         if v:
             ratio = f", {v / ref_s:.2f}x {REFERENCE}" if ref_s else ""
-            say(f"{n}: {1.0 / v:.2f} steps/s ({1e3 * v:.1f} ms per step of {n_seeds} "
-                f"seeds{ratio})")
-    record["budget"] = {"time_budget_s": budget, "planned_steps": cfg.steps,
-                        "steps": common, "limited_by_budget": common < cfg.steps,
-                        "training_ended_at_s": round(time.monotonic() - t0, 3)}
+            say(f"{n}: {1.0 / v:.2f} steps/s ({1e3 * v:.1f} ms per step of {n_seeds} seeds{ratio})")
+    record["budget"] = {
+        "time_budget_s": budget,
+        "planned_steps": cfg.steps,
+        "steps": common,
+        "limited_by_budget": common < cfg.steps,
+        "training_ended_at_s": round(time.monotonic() - t0, 3),
+    }
     record["status"] = "checking"
     _write(record, path)
 
@@ -634,30 +787,54 @@ def _run_study(cfg: StudyConfig, recipe_names: Sequence[str], out_dir: Path, *,
     f32_chunk = runs[REFERENCE].chunk
     for n, r in runs.items():
         record["recipes"][n].update(_curves(r, cfg))
-        record["recipes"][n].update(_finish(r, cfg, state0, tokens, xv, yv, x_leak, y_leak,
-                                            f32_chunk, recipes[n],
-                                            rerun=n == determinism_recipe))
+        record["recipes"][n].update(
+            _finish(
+                r,
+                cfg,
+                state0,
+                tokens,
+                xv,
+                yv,
+                x_leak,
+                y_leak,
+                f32_chunk,
+                recipes[n],
+                rerun=n == determinism_recipe,
+            )
+        )
         _write(record, path)
     det = record["recipes"].get(determinism_recipe, {}).get("determinism")
     record["determinism"] = {"recipe": determinism_recipe, **(det or {})}
     if det:
-        say(f"determinism ({determinism_recipe}, first {det['steps']} steps rerun): "
-            f"{'bitwise identical' if det['bitwise_equal'] else 'DIFFERENT'}")
+        say(
+            f"determinism ({determinism_recipe}, first {det['steps']} steps rerun): "
+            f"{'bitwise identical' if det['bitwise_equal'] else 'DIFFERENT'}"
+        )
 
     record["status"] = "complete"
     record["wall_s"] = round(time.monotonic() - t0, 3)
     record["budget"]["over_budget"] = budget is not None and record["wall_s"] > budget
-    record["provenance"]["finished_utc"] = _dt.datetime.now(_dt.UTC).isoformat(
-        timespec="seconds")
+    record["provenance"]["finished_utc"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     _write(record, path)
     if figure:
         _report.regenerate(path, out_dir)
     return record
 
 
-def _finish(r: _Run, cfg: StudyConfig, state0: Any, tokens: Any, xv: Any, yv: Any,
-            x_leak: Any, y_leak: Any, f32_chunk: _loop.Chunk, recipe: StudyRecipe, *,
-            rerun: bool) -> dict[str, Any]:
+def _finish(
+    r: _Run,
+    cfg: StudyConfig,
+    state0: Any,
+    tokens: Any,
+    xv: Any,
+    yv: Any,
+    x_leak: Any,
+    y_leak: Any,
+    f32_chunk: _loop.Chunk,
+    recipe: StudyRecipe,
+    *,
+    rerun: bool,
+) -> dict[str, Any]:
     """The per-recipe results and checks after training (module docstring, phase 4)."""
     res: dict[str, Any] = {}
     res["leak_init"] = _loop.leak_check(r.chunk, state0, tokens, cfg, x_leak, y_leak)
@@ -669,13 +846,23 @@ def _finish(r: _Run, cfg: StudyConfig, state0: Any, tokens: Any, xv: Any, yv: An
         k = r.times[0][0]
         _, again, _ = r.chunk.train(state0, tokens, k)
         again = np.asarray(again)
-        res["determinism"] = {"steps": k, "bitwise_equal": bool(
-            np.array_equal(again.view(np.uint32), np.asarray(r.loss[0]).view(np.uint32)))}
+        res["determinism"] = {
+            "steps": k,
+            "bitwise_equal": bool(
+                np.array_equal(again.view(np.uint32), np.asarray(r.loss[0]).view(np.uint32))
+            ),
+        }
     if recipe.training is not None:
         from fp4sim.attention.leak import leak_probe
 
         p = leak_probe(recipe.training)
-        res["operator_probe"] = {"leak_o": p.leak_o, "leak_dq": p.leak_dq,
-                                 "bitwise_o": p.bitwise_o, "bitwise_dq": p.bitwise_dq,
-                                 "vacuous": p.vacuous, "n_tokens": 128, "gain": p.gain}
+        res["operator_probe"] = {
+            "leak_o": p.leak_o,
+            "leak_dq": p.leak_dq,
+            "bitwise_o": p.bitwise_o,
+            "bitwise_dq": p.bitwise_dq,
+            "vacuous": p.vacuous,
+            "n_tokens": 128,
+            "gain": p.gain,
+        }
     return res

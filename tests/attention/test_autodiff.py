@@ -55,8 +55,9 @@ def test_tiny_causal_model_grad_under_jit_uses_the_emulated_backward():
 
     # the same chain rule by hand with the NumPy training path, head by head
     q, k, v = (np.einsum("nm,hmd->hnd", x, params[w]) for w in ("wq", "wk", "wv"))
-    outs, saved = zip(*(training_forward(q[h], k[h], v[h], RECIPE, causal=True)
-                        for h in range(HEADS)))
+    outs, saved = zip(
+        *(training_forward(q[h], k[h], v[h], RECIPE, causal=True) for h in range(HEADS))
+    )
     o = np.stack(outs)
     y = np.einsum("hnd,hdm->nm", o, params["wo"])
     dy = 2.0 * (y - target) / y.size
@@ -79,8 +80,9 @@ def test_vmap_and_segment_ids_under_jit():
     seg = np.repeat(np.arange(3), [20, 12, 32]).astype(np.int32)
 
     def loss(q, k, v):
-        o = jax.vmap(lambda a, b, c: emulated_attention(a, b, c, RECIPE, causal=True,
-                                                        segment_ids=seg))(q, k, v)
+        o = jax.vmap(
+            lambda a, b, c: emulated_attention(a, b, c, RECIPE, causal=True, segment_ids=seg)
+        )(q, k, v)
         return jnp.sum(o * do)
 
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)

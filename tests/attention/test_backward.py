@@ -20,8 +20,12 @@ def attention_forward_reference(*args, **kwargs):
 
 def _qkvd(seed, n=12, m=12, d=8, dv=6, batch=(2,)):
     rng = np.random.default_rng(seed)
-    return (rng.standard_normal(batch + (n, d)), rng.standard_normal(batch + (m, d)),
-            rng.standard_normal(batch + (m, dv)), rng.standard_normal(batch + (n, dv)))
+    return (
+        rng.standard_normal(batch + (n, d)),
+        rng.standard_normal(batch + (m, d)),
+        rng.standard_normal(batch + (m, dv)),
+        rng.standard_normal(batch + (n, dv)),
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -114,8 +118,9 @@ def _float32_bound(q, k, v, do, scale, causal_):
     delta = np.sum(do * out, -1)
     ds = p * (dp - delta[..., None])
     s_abs = np.where(mask, np.abs(s), 0.0)
-    rel_p = g * (1 + scale * (np.abs(q) @ np.abs(k).swapaxes(-1, -2)) + s_abs
-                 + s_abs.max(-1, keepdims=True))
+    rel_p = g * (
+        1 + scale * (np.abs(q) @ np.abs(k).swapaxes(-1, -2)) + s_abs + s_abs.max(-1, keepdims=True)
+    )
     a = np.abs(do) @ np.abs(v).swapaxes(-1, -2)
     b = np.sum(np.abs(do) * np.abs(out), -1)[..., None]
     e_ds = p * ((np.abs(dp) + np.abs(delta)[..., None]) * rel_p + g * (a + b)) + g * np.abs(ds)
@@ -160,13 +165,18 @@ def test_published_routes_gradient_error_ordered_by_format():
     errs = {name: _route_errors(name) for name in TRAINING_PRESETS if name != "float32"}
     for name, e in errs.items():
         assert all(1e-3 < x < 0.5 for x in e), (name, e)
-    nvfp4_qk = min(min(errs[n]) for n in ("direct_p_fp8_training", "direct_p_fp4_forward",
-                                          "direct_p_affine_fp4"))
+    nvfp4_qk = min(
+        min(errs[n])
+        for n in ("direct_p_fp8_training", "direct_p_fp4_forward", "direct_p_affine_fp4")
+    )
     for n in ("flamia_mxfp8_training", "cudnn_mxfp8_like"):
         assert max(errs[n]) < nvfp4_qk, (n, errs[n], nvfp4_qk)
     # 4-bit P costs accuracy over 8-bit P; the affine classifier more than the exact converter
-    assert errs["direct_p_fp8_training"][0] < errs["direct_p_fp4_forward"][0] \
+    assert (
+        errs["direct_p_fp8_training"][0]
+        < errs["direct_p_fp4_forward"][0]
         < errs["direct_p_affine_fp4"][0]
+    )
 
 
 def test_softmax_grad_row_sum_identity():
@@ -223,7 +233,18 @@ def test_emulated_backward_bad_arguments():
     with pytest.raises(ValueError, match="d_out.shape"):
         training_backward(saved, do[:, :8], recipe)
     with pytest.raises(TypeError, match="DeltaSource"):
-        emulated_backward(q, q, k, v, q, do, softmax_scale=1.0, d_out_scaling=operands.FLOAT32,
-                          p_scaling=operands.FLOAT32, ds_scaling=operands.FLOAT32, delta="float")
+        emulated_backward(
+            q,
+            q,
+            k,
+            v,
+            q,
+            do,
+            softmax_scale=1.0,
+            d_out_scaling=operands.FLOAT32,
+            p_scaling=operands.FLOAT32,
+            ds_scaling=operands.FLOAT32,
+            delta="float",
+        )
     with pytest.raises(TypeError, match="TrainingRecipe"):
         training_forward(q, k, v, recipe.forward)

@@ -70,8 +70,12 @@ def _check(a, b):
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), bits_a=st.integers(1, 12), lo=st.integers(-60, 0),
-       span=st.integers(0, 40))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    bits_a=st.integers(1, 12),
+    lo=st.integers(-60, 0),
+    span=st.integers(0, 40),
+)
 def test_plain_loop_equals_flushed_chain(seed, bits_a, lo, span):
     rng = np.random.default_rng(seed)
     a = _short(rng, SHAPE_A, bits_a, lo, lo + span)
@@ -105,8 +109,10 @@ def test_predicate_boundaries_and_both_paths():
     b3 = _short(rng, SHAPE_B, 3, -66, -60)
     assert not _check(a3, b3)
     # long significands (float32 noise): products round, so the flushed chain runs
-    assert not _check(rng.standard_normal(SHAPE_A).astype(np.float32),
-                      rng.standard_normal(SHAPE_B).astype(np.float32))
+    assert not _check(
+        rng.standard_normal(SHAPE_A).astype(np.float32),
+        rng.standard_normal(SHAPE_B).astype(np.float32),
+    )
     # overflow margin: k·max|a|·max|b| up to 2^126 is fast, beyond it the chain runs
     for top, fast in ((59, True), (62, False)):
         a4 = e4m3.copy()
@@ -132,9 +138,10 @@ def test_vmap_reduces_the_predicate_over_the_batch():
     assert_same_bits(got, flushed_chain(a, b[0]))
 
 
-@pytest.mark.parametrize("shape_a,shape_b", [((2, 256, 24), (2, 24, 160)),
-                                             ((2, 64, 16), (2, 16, 512)),
-                                             ((3, 130, 20), (20, 300))])
+@pytest.mark.parametrize(
+    "shape_a,shape_b",
+    [((2, 256, 24), (2, 24, 160)), ((2, 64, 16), (2, 16, 512)), ((3, 130, 20), (20, 300))],
+)
 def test_plain_loop_in_output_blocks(shape_a, shape_b):
     """Large outputs are summed block by block (rows × columns, the accumulator in the cache):
     every element keeps its contraction order, with and without leading axes."""
@@ -209,16 +216,18 @@ def test_dp_only_where_p_keeps_the_gradients(small_blocks):
         assert_same_bits(getattr(got.grads, field), getattr(want.grads, field))
     dp = np.asarray(got.dp)
     assert np.all(dp[:16, 48:] == 0) and np.any(want.dp[:16, 48:] != 0)  # a block was skipped
-    assert np.array_equal(dp[np.tril(np.ones((64, 64), bool))],
-                          want.dp[np.tril(np.ones((64, 64), bool))])
+    assert np.array_equal(
+        dp[np.tril(np.ones((64, 64), bool))], want.dp[np.tril(np.ones((64, 64), bool))]
+    )
 
 
 def _recipes():
     base = TRAINING_PRESETS["direct_p_fp8_training"]
     out = [(name, r) for name, r in TRAINING_PRESETS.items()]
     for name, fwd in PRESETS.items():
-        out.append((name, base.replace(name=name, forward=fwd.replace(v=VFormat.FLOAT32,
-                                                                      hadamard=False))))
+        out.append(
+            (name, base.replace(name=name, forward=fwd.replace(v=VFormat.FLOAT32, hadamard=False)))
+        )
     return out
 
 
@@ -242,8 +251,9 @@ def test_p_from_forward_codes_equals_the_rebuild(name, recipe):
             if w is None:
                 assert g is None
                 continue
-            assert np.array_equal(np.ascontiguousarray(g).view(np.uint8),
-                                  np.ascontiguousarray(w).view(np.uint8)), field
+            assert np.array_equal(
+                np.ascontiguousarray(g).view(np.uint8), np.ascontiguousarray(w).view(np.uint8)
+            ), field
 
 
 def test_reuse_only_for_matched_recipes():
@@ -274,8 +284,10 @@ def test_causal_spans_of_the_normalization_are_exact(name, recipe, monkeypatch):
         k[1] *= np.float32(1e30)  # huge scores (Inf in some formats)
         with np.errstate(all="ignore"):
             _, saved = training_forward(q, k, v, recipe, causal=True)
-        fns = {"codes": lambda s: p_from_forward(s, recipe.forward).p,
-               "rebuild": lambda s: rebuild_p(s, recipe.forward).p}
+        fns = {
+            "codes": lambda s: p_from_forward(s, recipe.forward).p,
+            "rebuild": lambda s: rebuild_p(s, recipe.forward).p,
+        }
         for kind, fn in fns.items():
             with np.errstate(all="ignore"):
                 got_np = np.asarray(fn(saved))
@@ -289,7 +301,9 @@ def test_causal_spans_of_the_normalization_are_exact(name, recipe, monkeypatch):
             spans = autodiff._causal_spans(recipe.forward, True, sq, skv, n_tiles)
             skipped |= spans is not None and any(ntu < n_tiles for _, _, ntu in spans)
             for g in got:
-                assert np.array_equal(np.ascontiguousarray(g).view(np.uint32),
-                                      np.ascontiguousarray(want).view(np.uint32)), (kind, sq, skv)
+                assert np.array_equal(
+                    np.ascontiguousarray(g).view(np.uint32),
+                    np.ascontiguousarray(want).view(np.uint32),
+                ), (kind, sq, skv)
     # every converter's masked tile is zero, so each recipe skips tiles in some case
     assert skipped

@@ -35,16 +35,22 @@ def test_v_options_classified_as_the_seed_table():
     assert {o.name: leak_class(o) for o in causal.V_OPTIONS} == EXPECTED
 
 
-@pytest.mark.parametrize("scaling, expected", [
-    (operands.NVFP4_HEAD_DIM, LeakClass.NONE),
-    (operands.NVFP4_HEAD_DIM_PER_TOKEN, LeakClass.NONE),
-    (operands.NVFP4_HEAD_DIM_PER_TENSOR, LeakClass.LARGE),
-    (operands.MXFP8_HEAD_DIM, LeakClass.NONE),
-    (operands.DS_PER_ROW, LeakClass.NONE),
-    (operands.DS_SQUARE_RCEIL, LeakClass.SUBNORMAL),
-    (operands.DS_SQUARE_FLOOR, LeakClass.LARGE),
-    (OperandScaling(name="even", fmt=MXFP8_E4M3, axis=-2, rule=ScaleRule.EVEN), LeakClass.LARGE),
-])
+@pytest.mark.parametrize(
+    "scaling, expected",
+    [
+        (operands.NVFP4_HEAD_DIM, LeakClass.NONE),
+        (operands.NVFP4_HEAD_DIM_PER_TOKEN, LeakClass.NONE),
+        (operands.NVFP4_HEAD_DIM_PER_TENSOR, LeakClass.LARGE),
+        (operands.MXFP8_HEAD_DIM, LeakClass.NONE),
+        (operands.DS_PER_ROW, LeakClass.NONE),
+        (operands.DS_SQUARE_RCEIL, LeakClass.SUBNORMAL),
+        (operands.DS_SQUARE_FLOOR, LeakClass.LARGE),
+        (
+            OperandScaling(name="even", fmt=MXFP8_E4M3, axis=-2, rule=ScaleRule.EVEN),
+            LeakClass.LARGE,
+        ),
+    ],
+)
 def test_other_operands_classified(scaling, expected):
     assert leak_class(scaling) is expected
 
@@ -77,8 +83,12 @@ def test_segmented_quantization_keeps_documents_apart():
     rng = np.random.default_rng(3)
     ids = np.repeat(np.arange(4), [10, 30, 4, 20])
     x = rng.standard_normal((64, 8)).astype(np.float32)
-    for scaling in (operands.MXFP8_TOKENS_FLOOR, operands.NVFP4_TOKENS, operands.FP8_PER_TENSOR_AMAX,
-                    operands.TOKEN_BLOCK_POW2):
+    for scaling in (
+        operands.MXFP8_TOKENS_FLOOR,
+        operands.NVFP4_TOKENS,
+        operands.FP8_PER_TENSOR_AMAX,
+        operands.TOKEN_BLOCK_POW2,
+    ):
         base = causal.fake_quantize_segmented(x, scaling, ids)
         for doc in range(4):
             x1 = x.copy()
@@ -88,8 +98,9 @@ def test_segmented_quantization_keeps_documents_apart():
             assert np.array_equal(base[other], after[other]), (scaling.name, doc)
         # one document alone, placed at the same rows, quantizes the same
         alone = np.where((ids == 1)[:, None], x, 0).astype(np.float32)
-        np.testing.assert_array_equal(operands.fake_quantize(alone, scaling)[ids == 1],
-                                      base[ids == 1])
+        np.testing.assert_array_equal(
+            operands.fake_quantize(alone, scaling)[ids == 1], base[ids == 1]
+        )
 
 
 def test_segmented_quantization_jit_matches_numpy():
@@ -101,8 +112,9 @@ def test_segmented_quantization_jit_matches_numpy():
     x = rng.standard_normal((64, 8)).astype(np.float32)
     f = jax.jit(causal.fake_quantize_segmented, static_argnums=1)
     got = f(jnp.asarray(x), operands.MXFP8_TOKENS_RCEIL, jnp.asarray(ids))
-    np.testing.assert_array_equal(np.asarray(got),
-                                  causal.fake_quantize_segmented(x, operands.MXFP8_TOKENS_RCEIL, ids))
+    np.testing.assert_array_equal(
+        np.asarray(got), causal.fake_quantize_segmented(x, operands.MXFP8_TOKENS_RCEIL, ids)
+    )
 
 
 def test_bad_scaling_arguments_named():

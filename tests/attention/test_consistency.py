@@ -57,8 +57,16 @@ def _inputs(seed=3, n=128, d=64):
     return tuple(rng.standard_normal((n, d)).astype(np.float32) for _ in range(4))
 
 
-@pytest.mark.parametrize("name", ["float32", "direct_p_fp8_training", "direct_p_fp4_forward",
-                                  "direct_p_affine_fp4", "flamia_mxfp8_training"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "float32",
+        "direct_p_fp8_training",
+        "direct_p_fp4_forward",
+        "direct_p_affine_fp4",
+        "flamia_mxfp8_training",
+    ],
+)
 def test_matched_recipes_pass(name):
     rep = check_consistency(TRAINING_PRESETS[name], *_inputs())
     assert rep.ok, rep
@@ -99,10 +107,12 @@ FORWARDS = {
     "hao_log_mxfp8": R.HAO_LOG_MXFP8,
     "sage3_two_level": R.SAGE3_TWO_LEVEL,
     "cudnn_fp8_fixed": R.CUDNN_FP8_FIXED,
-    "schraudolph_fp8": R.AttentionRecipe(converter=R.SchraudolphP(scale_log2=8),
-                                         p_format=R.PFormat.FP8, v=R.VFormat.FLOAT32),
-    "exact_nvfp4_row_anchor": R.AttentionRecipe(converter=R.ExactP(), p_format=R.PFormat.NVFP4,
-                                                block_exponent=R.BlockExponent.ROW_ANCHOR),
+    "schraudolph_fp8": R.AttentionRecipe(
+        converter=R.SchraudolphP(scale_log2=8), p_format=R.PFormat.FP8, v=R.VFormat.FLOAT32
+    ),
+    "exact_nvfp4_row_anchor": R.AttentionRecipe(
+        converter=R.ExactP(), p_format=R.PFormat.NVFP4, block_exponent=R.BlockExponent.ROW_ANCHOR
+    ),
     "fa4_poly_exp2": R.HW_FP4_FP8_PV.replace(exp2=R.Exp2Model(kind=R.Exp2Kind.FA4_POLY)),
 }
 
@@ -144,21 +154,32 @@ from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=12, deadline=None)
-@given(n=st.integers(1, 80), d=st.sampled_from([32, 64]), causal_=st.booleans(),
-       n_docs=st.integers(1, 4), name=st.sampled_from(sorted(TRAINING_PRESETS)),
-       seed=st.integers(0, 2**16))
-def test_property_matched_recipes_rebuild_p_and_keep_the_identities(n, d, causal_, n_docs, name,
-                                                                     seed):
+@given(
+    n=st.integers(1, 80),
+    d=st.sampled_from([32, 64]),
+    causal_=st.booleans(),
+    n_docs=st.integers(1, 4),
+    name=st.sampled_from(sorted(TRAINING_PRESETS)),
+    seed=st.integers(0, 2**16),
+)
+def test_property_matched_recipes_rebuild_p_and_keep_the_identities(
+    n, d, causal_, n_docs, name, seed
+):
     rng = np.random.default_rng(seed)
     q, k, v, do = (rng.standard_normal((n, d)).astype(np.float32) for _ in range(4))
-    cuts = np.sort(rng.choice(np.arange(1, n), size=min(n_docs - 1, n - 1), replace=False)) \
-        if n > 1 else np.array([], int)
+    cuts = (
+        np.sort(rng.choice(np.arange(1, n), size=min(n_docs - 1, n - 1), replace=False))
+        if n > 1
+        else np.array([], int)
+    )
     ids = np.zeros(n, np.int32)
     for c in cuts:
         ids[c:] += 1
     recipe = TRAINING_PRESETS[name]
     rep = check_consistency(recipe, q, k, v, do, causal=causal_, segment_ids=ids)
     assert rep.p_bitwise and rep.delta_ok, rep
-    if recipe.forward.normalization is not R.Normalization.MISMATCHED or \
-            recipe.ds_probabilities.name == "HIGH_PRECISION":
+    if (
+        recipe.forward.normalization is not R.Normalization.MISMATCHED
+        or recipe.ds_probabilities.name == "HIGH_PRECISION"
+    ):
         assert rep.ds_row_sum_ok, rep

@@ -45,12 +45,19 @@ def test_affine_and_exact_behaviour_table():
 
 def test_mitchell_golden_rows():
     # Mitchell-P golden rows: x -> (exact, Mitchell s=0, Mitchell s=log2(1.25)-1/4)
-    rows = [(0.30, 1, 1.5, 1), (0.78, 1.5, 2, 1.5), (0.81, 2, 2, 1.5), (1.30, 2, 3, 2),
-            (2.30, 4, 6, 4), (-1.5, 0.5, 0.5, 0.5)]
+    rows = [
+        (0.30, 1, 1.5, 1),
+        (0.78, 1.5, 2, 1.5),
+        (0.81, 2, 2, 1.5),
+        (1.30, 2, 3, 2),
+        (2.30, 4, 6, 4),
+        (-1.5, 0.5, 0.5, 0.5),
+    ]
     x = np.array([r[0] for r in rows], np.float32)
     np.testing.assert_array_equal(_vals(direct_p_payload(R.ExactP(), x)), [r[1] for r in rows])
-    np.testing.assert_array_equal(_vals(direct_p_payload(R.MitchellP(shift=0.0), x)),
-                                  [r[2] for r in rows])
+    np.testing.assert_array_equal(
+        _vals(direct_p_payload(R.MitchellP(shift=0.0), x)), [r[2] for r in rows]
+    )
     np.testing.assert_array_equal(_vals(direct_p_payload(R.MitchellP(), x)), [r[3] for r in rows])
 
 
@@ -73,8 +80,12 @@ def test_code_match_rates_on_the_8m_grid():
     x = uniform_grid()
     assert x.size == 8_000_000 and x.min() > -6 and x.max() < math.log2(6)
     exact = direct_p_payload(R.ExactP(), x)
-    for conv, want in [(R.AffineP(), 0.632884), (R.MitchellP(shift=0.0), 0.95161),
-                       (R.MitchellP(shift=0.0576), 0.98504), (R.MitchellP(), 0.98671)]:
+    for conv, want in [
+        (R.AffineP(), 0.632884),
+        (R.MitchellP(shift=0.0), 0.95161),
+        (R.MitchellP(shift=0.0576), 0.98504),
+        (R.MitchellP(), 0.98671),
+    ]:
         rate = np.count_nonzero(direct_p_payload(conv, x) == exact) / x.size
         assert rate == pytest.approx(want, abs=1e-4), conv
 
@@ -126,8 +137,7 @@ def test_direct_p_block_exponent_rules():
     assert np.all((top >= 3) & (top <= 6))  # 2^x of the block max lies in (3, 6]
     np.testing.assert_array_equal(p.scales, (p.k + 127).astype(np.uint8))
     assert p.pdiv == 6.0 and p.block == 32
-    anchored = convert_tile(R.HW_FP4_DIRECT_P.replace(
-        block_exponent=R.BlockExponent.ROW_ANCHOR), t)
+    anchored = convert_tile(R.HW_FP4_DIRECT_P.replace(block_exponent=R.BlockExponent.ROW_ANCHOR), t)
     assert np.all(anchored.k == 0)
     assert np.count_nonzero(anchored.codes) < np.count_nonzero(p.codes)
     np.testing.assert_array_equal(p.codes[~np.isfinite(t)], 0)
@@ -146,8 +156,9 @@ def test_exact_mxfp8_and_nvfp4_and_fixed_scale():
     assert np.all((top >= 224) & (top <= 448))
     p = exp2_rn(t)
     nv = convert_tile(_recipe(R.ExactP(), R.PFormat.NVFP4), t)
-    sf = decode(encode((p.reshape(6, 8, 16).max(-1) / np.float32(6)).astype(np.float32), UE4M3),
-                UE4M3)
+    sf = decode(
+        encode((p.reshape(6, 8, 16).max(-1) / np.float32(6)).astype(np.float32), UE4M3), UE4M3
+    )
     np.testing.assert_array_equal(decode(nv.scales, UE4M3), sf)
     np.testing.assert_array_equal(nv.values, _vals(nv.codes) * np.repeat(sf, 16, axis=-1))
     fx = convert_tile(_recipe(R.FixedScaleP(), R.PFormat.FP8), t)
@@ -180,11 +191,17 @@ def test_schraudolph_codes():
 def test_converters_numpy_equals_jit_bitwise():
     t = _random_t(rows=4, seed=3)
     t[3, 7] = np.nan
-    recipes = [R.HW_FP4_DIRECT_P, R.HW_FP4_DIRECT_P_MITCHELL,
-               R.HW_FP4_DIRECT_P.replace(converter=R.ExactP(),
-                                         exp2=R.Exp2Model(kind=R.Exp2Kind.FA4_POLY)),
-               R.HAO_LOG_NVFP4, R.HAO_LOG_MXFP8, R.SAGE3_TWO_LEVEL, R.CUDNN_FP8_FIXED,
-               _recipe(R.SchraudolphP(), R.PFormat.BF16), _recipe(R.ExactP(), R.PFormat.NVFP4)]
+    recipes = [
+        R.HW_FP4_DIRECT_P,
+        R.HW_FP4_DIRECT_P_MITCHELL,
+        R.HW_FP4_DIRECT_P.replace(converter=R.ExactP(), exp2=R.Exp2Model(kind=R.Exp2Kind.FA4_POLY)),
+        R.HAO_LOG_NVFP4,
+        R.HAO_LOG_MXFP8,
+        R.SAGE3_TWO_LEVEL,
+        R.CUDNN_FP8_FIXED,
+        _recipe(R.SchraudolphP(), R.PFormat.BF16),
+        _recipe(R.ExactP(), R.PFormat.NVFP4),
+    ]
 
     def all_tiles(t):
         return [convert_tile(r, t, need_mismatched=True) for r in recipes]
@@ -222,11 +239,16 @@ def test_direct_p_payloads_are_monotone_codes(xs):
 
 
 _PAIRS = [(R.ExactP(), f) for f in R.PFormat] + [
-    (R.AffineP(), R.PFormat.MXFP4), (R.MitchellP(), R.PFormat.MXFP4),
-    (R.SchraudolphP(), R.PFormat.BF16), (R.SchraudolphP(scale_log2=8), R.PFormat.FP8),
-    (R.LogGroupP(), R.PFormat.NVFP4), (R.LogGroupP(), R.PFormat.MXFP8),
-    (R.SageTwoLevelP(), R.PFormat.NVFP4), (R.FixedScaleP(scale=16.0), R.PFormat.FP8),
-    (R.FixedScaleP(scale=256.0), R.PFormat.FP8)]
+    (R.AffineP(), R.PFormat.MXFP4),
+    (R.MitchellP(), R.PFormat.MXFP4),
+    (R.SchraudolphP(), R.PFormat.BF16),
+    (R.SchraudolphP(scale_log2=8), R.PFormat.FP8),
+    (R.LogGroupP(), R.PFormat.NVFP4),
+    (R.LogGroupP(), R.PFormat.MXFP8),
+    (R.SageTwoLevelP(), R.PFormat.NVFP4),
+    (R.FixedScaleP(scale=16.0), R.PFormat.FP8),
+    (R.FixedScaleP(scale=256.0), R.PFormat.FP8),
+]
 
 
 @pytest.mark.parametrize("conv, fmt", _PAIRS, ids=lambda x: getattr(x, "name", type(x).__name__))

@@ -23,23 +23,29 @@ from fp4sim.attention import ordered_gpu as og
 def _same(a, b):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     return np.array_equal(np.isnan(a), np.isnan(b)) and np.array_equal(
-        a[~np.isnan(a)].view(np.uint32), b[~np.isnan(b)].view(np.uint32))
+        a[~np.isnan(a)].view(np.uint32), b[~np.isnan(b)].view(np.uint32)
+    )
 
 
-@pytest.mark.parametrize(("preset", "causal", "sq", "skv", "gpu_chunk"), [
-    ("hw_fp4_direct_p", False, 256, 256, None),
-    ("hw_fp4_direct_p", True, 192, 320, 64),  # padded keys (320 = 2.5 tiles), 3 row chunks
-    ("hw_fp4_direct_p_mitchell", True, 128, 128, None),
-])
-def test_direct_p_forward_through_the_kernels_equals_numpy(monkeypatch, preset, causal, sq, skv,
-                                                           gpu_chunk):
+@pytest.mark.parametrize(
+    ("preset", "causal", "sq", "skv", "gpu_chunk"),
+    [
+        ("hw_fp4_direct_p", False, 256, 256, None),
+        ("hw_fp4_direct_p", True, 192, 320, 64),  # padded keys (320 = 2.5 tiles), 3 row chunks
+        ("hw_fp4_direct_p_mitchell", True, 128, 128, None),
+    ],
+)
+def test_direct_p_forward_through_the_kernels_equals_numpy(
+    monkeypatch, preset, causal, sq, skv, gpu_chunk
+):
     monkeypatch.setenv(og.ENV, "interpret")
     if gpu_chunk is not None:
         monkeypatch.setattr(forward, "_GPU_ROW_CHUNK_FUSED", gpu_chunk)
     calls = []
     kernel = direct_p_gpu.accumulate
-    monkeypatch.setattr(direct_p_gpu, "accumulate",
-                        lambda *a, **kw: calls.append(kw["ntu"]) or kernel(*a, **kw))
+    monkeypatch.setattr(
+        direct_p_gpu, "accumulate", lambda *a, **kw: calls.append(kw["ntu"]) or kernel(*a, **kw)
+    )
     rec = PRESETS[preset]
     rng = np.random.default_rng(8)
     q = rng.standard_normal((2, sq, 64)).astype(np.float32)
@@ -60,14 +66,19 @@ def test_fused_only_for_the_direct_p_family(monkeypatch):
     monkeypatch.setattr(direct_p_gpu, "tile_maxima", lambda *a, **kw: calls.append(1))
     x = np.ones((1, 64, 64), np.float32)
     jax.jit(lambda q: attention_forward(q, q, q, PRESETS["hw_fp4_fp8_pv"])[:2]).trace(x)
-    jax.jit(lambda q: attention_forward(q, q, q, PRESETS["hw_fp4_direct_p"],
-                                        return_intermediates=True)).trace(x)
+    jax.jit(
+        lambda q: attention_forward(q, q, q, PRESETS["hw_fp4_direct_p"], return_intermediates=True)
+    ).trace(x)
     assert not calls
 
 
 def test_direct_p_kernels_lower_for_cuda(monkeypatch):
     monkeypatch.setenv(og.ENV, "all")  # the Direct-P kernels are opt-in
     rec = PRESETS["hw_fp4_direct_p"]
-    text = cuda_text(lambda q, k, v: attention_forward(q, k, v, rec)[:2],
-                      (1, 4096, 128), (1, 4096, 128), (1, 4096, 128))
+    text = cuda_text(
+        lambda q, k, v: attention_forward(q, k, v, rec)[:2],
+        (1, 4096, 128),
+        (1, 4096, 128),
+        (1, 4096, 128),
+    )
     assert text.count("xla.gpu.triton") >= 2

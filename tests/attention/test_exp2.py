@@ -43,17 +43,38 @@ def test_exp2_rn_every_float32_in_minus_one_to_minus_half():
 
 def test_exp2_rn_random_ranges_and_jit_bits():
     rng = np.random.default_rng(11)
-    x = np.concatenate([rng.uniform(-130, 130, 400_000), rng.uniform(-0.5, 0.5, 400_000),
-                        rng.uniform(-1e-4, 1e-4, 100_000),
-                        rng.standard_normal(100_000) * 1e-30]).astype(np.float32)
+    x = np.concatenate(
+        [
+            rng.uniform(-130, 130, 400_000),
+            rng.uniform(-0.5, 0.5, 400_000),
+            rng.uniform(-1e-4, 1e-4, 100_000),
+            rng.standard_normal(100_000) * 1e-30,
+        ]
+    ).astype(np.float32)
     y = exp2_rn(x)
     np.testing.assert_array_equal(_bits(y), _bits(_oracle_exp2(x)))
     np.testing.assert_array_equal(_bits(jax.jit(exp2_rn)(x)), _bits(y))
 
 
 def test_exp2_rn_special_values():
-    x = np.array([-np.inf, np.inf, np.nan, 0.0, -0.0, 1.0, -126.0, -126.00001, 127.99,
-                  128.0, 1e-45, -1e-45, -149.0], dtype=np.float32)
+    x = np.array(
+        [
+            -np.inf,
+            np.inf,
+            np.nan,
+            0.0,
+            -0.0,
+            1.0,
+            -126.0,
+            -126.00001,
+            127.99,
+            128.0,
+            1e-45,
+            -1e-45,
+            -149.0,
+        ],
+        dtype=np.float32,
+    )
     y = exp2_rn(x)
     assert y[0] == 0 and np.isinf(y[1]) and y[1] > 0 and np.isnan(y[2])
     assert y[3] == 1 and y[4] == 1 and y[5] == 2
@@ -80,11 +101,17 @@ def test_fma_emulation_is_exact():
     n = 3000
     a = rng.standard_normal(n).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
-    c = np.concatenate([rng.standard_normal(n // 2), -(a[n // 2:].astype(np.float64)
-                                                          * b[n // 2:])]).astype(np.float32)
+    c = np.concatenate(
+        [rng.standard_normal(n // 2), -(a[n // 2 :].astype(np.float64) * b[n // 2 :])]
+    ).astype(np.float32)
     got = f32.fma_ftz(a, b, c)
-    want = np.array([_rn_f32(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
-                     for x, y, z in zip(a, b, c)], dtype=np.float32)
+    want = np.array(
+        [
+            _rn_f32(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
+            for x, y, z in zip(a, b, c)
+        ],
+        dtype=np.float32,
+    )
     np.testing.assert_array_equal(_bits(got), _bits(want))
     np.testing.assert_array_equal(_bits(jax.jit(f32.fma_ftz)(a, b, c)), _bits(got))
     # a*b+c written plainly is NOT what the emulation gives on every input (FMA differs)
@@ -112,15 +139,17 @@ def _fa4_oracle(x: np.ndarray) -> np.ndarray:
 
 def test_fa4_exp2_matches_spec_oracle():
     rng = np.random.default_rng(5)
-    x = np.concatenate([rng.uniform(-127, 0, 2000), [-127.5, -127.0, -126.2, -1e-8, 0.0,
-                                                     -0.5, -3.0]]).astype(np.float32)
+    x = np.concatenate(
+        [rng.uniform(-127, 0, 2000), [-127.5, -127.0, -126.2, -1e-8, 0.0, -0.5, -3.0]]
+    ).astype(np.float32)
     np.testing.assert_array_equal(_bits(exp2_fa4(x)), _bits(_fa4_oracle(x)))
 
 
 def test_fa4_exp2_error_bound_and_jit():
     # FA4's polynomial: |rel err| <= 9e-5 over x in [-126, 0]
-    x = np.concatenate([np.linspace(-126, 0, 500_001),
-                        np.random.default_rng(0).uniform(-126, 0, 500_000)]).astype(np.float32)
+    x = np.concatenate(
+        [np.linspace(-126, 0, 500_001), np.random.default_rng(0).uniform(-126, 0, 500_000)]
+    ).astype(np.float32)
     y = exp2_fa4(x)
     rel = y.astype(np.float64) / np.exp2(x.astype(np.float64)) - 1
     assert np.max(np.abs(rel)) <= 9e-5
@@ -178,9 +207,25 @@ def _division_operands(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
         b[:m] = (a[:m] * (1 + rng.uniform(-1e-6, 1e-6, m))).astype(np.float32)
     # results exactly halfway between two float32: (odd 25-bit integer) / 2
     odd = (rng.integers(2**23, 2**24, m) * 2 + 1).astype(np.float32)
-    a[m:2 * m], b[m:2 * m] = odd, np.float32(2.0)
-    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-39, 2.0**-126,
-                        3.4e38, 1.0, -1.0, 3.0], np.float32)
+    a[m : 2 * m], b[m : 2 * m] = odd, np.float32(2.0)
+    special = np.array(
+        [
+            0.0,
+            -0.0,
+            np.inf,
+            -np.inf,
+            np.nan,
+            1e-45,
+            -1e-45,
+            1e-39,
+            2.0**-126,
+            3.4e38,
+            1.0,
+            -1.0,
+            3.0,
+        ],
+        np.float32,
+    )
     a[-169:] = np.repeat(special, 13)
     b[-169:] = np.tile(special, 13)
     return a, b
@@ -223,8 +268,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=200)
-@given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1,
-                max_size=64))
+@given(st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), min_size=1, max_size=64))
 def test_exp2_rn_property_matches_oracle(xs):
     x = np.array(xs, dtype=np.float32)
     y = exp2_rn(x)

@@ -70,8 +70,15 @@ def test_exact_f32_converges_to_the_reference():
     qs = np.repeat(np.arange(4), 18)
     ks = np.repeat(np.arange(4), 50)
     for causal in (False, True):
-        r = attention_forward(q, k, v, R.EXACT_F32.replace(block_kv=64), causal=causal,
-                              q_segment_ids=qs, kv_segment_ids=ks)
+        r = attention_forward(
+            q,
+            k,
+            v,
+            R.EXACT_F32.replace(block_kv=64),
+            causal=causal,
+            q_segment_ids=qs,
+            kv_segment_ids=ks,
+        )
         ref = attention_reference(q, k, v, causal=causal, q_segment_ids=qs, kv_segment_ids=ks)
         # float32 arithmetic with D=32-term score sums and <=200-term accumulations
         np.testing.assert_allclose(r.out, ref.out, rtol=0, atol=2.0**-16)
@@ -85,8 +92,9 @@ def test_constant_v_exact_under_consistent_normalization_only():
     v = np.ones((1, 256, 32), np.float32)  # MXFP4 V represents 1 exactly (beta=1, payload 6)
     cons = attention_forward(q * 3, k, v, R.HW_FP4_DIRECT_P)
     assert np.max(np.abs(cons.out - 1)) <= 8 * 2.0**-23  # a few float32 roundings
-    mism = attention_forward(q * 3, k, v,
-                             R.HW_FP4_DIRECT_P.replace(normalization=R.Normalization.MISMATCHED))
+    mism = attention_forward(
+        q * 3, k, v, R.HW_FP4_DIRECT_P.replace(normalization=R.Normalization.MISMATCHED)
+    )
     assert np.max(np.abs(mism.out - 1)) > 1e-3
 
 
@@ -140,8 +148,9 @@ def test_nan_policy_rows():
     np.testing.assert_array_equal(_bits(r.out[0, :36]), _bits(clean.out[0, :36]))
 
 
-@pytest.mark.parametrize("rec", [R.HW_FP4_DIRECT_P, R.HW_FP4_DIRECT_P_MITCHELL],
-                         ids=["direct_p", "mitchell"])
+@pytest.mark.parametrize(
+    "rec", [R.HW_FP4_DIRECT_P, R.HW_FP4_DIRECT_P_MITCHELL], ids=["direct_p", "mitchell"]
+)
 @pytest.mark.parametrize("causal", [False, True])
 def test_one_nan_in_v_is_nan_in_its_whole_column(rec, causal):
     """One NaN in V: its output column is NaN in every row, on NumPy and under jit alike (as in
@@ -155,8 +164,9 @@ def test_one_nan_in_v_is_nan_in_its_whole_column(rec, causal):
     clean = attention_forward(q, k, v0, rec, causal=causal)
     got = attention_forward(q, k, vn, rec, causal=causal)
     jit = jax.jit(lambda a, b, c: attention_forward(a, b, c, rec, causal=causal))(q, k, vn)
-    ref = attention_reference(q.astype(np.float64), k.astype(np.float64),
-                              vn.astype(np.float64), causal=causal)
+    ref = attention_reference(
+        q.astype(np.float64), k.astype(np.float64), vn.astype(np.float64), causal=causal
+    )
     ref = ref[0] if isinstance(ref, tuple) else ref
     assert np.isnan(ref[0, :, 5]).all()
     for r in (got, jit):
@@ -174,10 +184,20 @@ def _u(fmt: str) -> float:
 
 
 _QK = {R.QKFormat.NVFP4: "e2m1", R.QKFormat.MXFP8: "e4m3", R.QKFormat.FLOAT32: "f32"}
-_V = {R.VFormat.MXFP4_TOKENS: "e2m1", R.VFormat.NVFP4_TOKENS: "e2m1",
-      R.VFormat.MXFP8_TOKENS: "e4m3", R.VFormat.TOKEN_BLOCK_FP8: "e4m3", R.VFormat.FLOAT32: "f32"}
-_P = {R.PFormat.MXFP4: "e2m1", R.PFormat.NVFP4: "e2m1", R.PFormat.MXFP8: "e4m3",
-      R.PFormat.FP8: "e4m3", R.PFormat.FLOAT32: "f32"}
+_V = {
+    R.VFormat.MXFP4_TOKENS: "e2m1",
+    R.VFormat.NVFP4_TOKENS: "e2m1",
+    R.VFormat.MXFP8_TOKENS: "e4m3",
+    R.VFormat.TOKEN_BLOCK_FP8: "e4m3",
+    R.VFormat.FLOAT32: "f32",
+}
+_P = {
+    R.PFormat.MXFP4: "e2m1",
+    R.PFormat.NVFP4: "e2m1",
+    R.PFormat.MXFP8: "e4m3",
+    R.PFormat.FP8: "e4m3",
+    R.PFormat.FLOAT32: "f32",
+}
 
 
 def _bound(rec: R.AttentionRecipe) -> float:
@@ -200,8 +220,9 @@ def test_route_errors_against_the_exact_reference():
         assert e.cosine >= 1 - _bound(rec) ** 2, (name, e)
     assert errs["exact_f32"] < 1e-6
     # converter quality ordering on the Direct-P route
-    exact_p = error_summary(attention_forward(
-        q, k, v, R.HW_FP4_DIRECT_P.replace(converter=R.ExactP())).out, ref).rel_l2
+    exact_p = error_summary(
+        attention_forward(q, k, v, R.HW_FP4_DIRECT_P.replace(converter=R.ExactP())).out, ref
+    ).rel_l2
     assert exact_p < errs["hw_fp4_direct_p_mitchell"] < errs["hw_fp4_direct_p"]
     assert errs["hao_log_mxfp8"] < errs["hao_log_nvfp4"]
 
@@ -215,10 +236,11 @@ def test_intermediates_rebuild_p_bit_identically():
     mask = attention_mask(48, 256, causal=True)
     for tile in range(2):
         sl = slice(tile * 128, (tile + 1) * 128)
-        kt = it.k._replace(values=it.k.values[:, sl], post=None if it.k.post is None
-                           else it.k.post[:, sl])
+        kt = it.k._replace(
+            values=it.k.values[:, sl], post=None if it.k.post is None else it.k.post[:, sl]
+        )
         u = log2_scores(scores(it.q, kt), it.score_scale, mask[:, sl])
-        m = it.anchors[..., tile:tile + 1]
+        m = it.anchors[..., tile : tile + 1]
         t = np.where(np.isfinite(m), u - m, np.float32(-np.inf)).astype(np.float32)
         np.testing.assert_array_equal(convert_tile(rec, t).codes, it.p_codes[..., sl])
 
@@ -236,19 +258,35 @@ def test_hadamard():
         hadamard(np.zeros((2, 48), np.float32))
 
 
-@pytest.mark.parametrize("shapes, kw, exc, words", [
-    (((1, 8, 32), (1, 8, 16), (1, 8, 32)), {}, ValueError, "head dim"),
-    (((1, 8, 24), (1, 8, 24), (1, 8, 24)), {}, ValueError, "multiple of the NVFP4"),
-    (((1, 8, 32), (1, 9, 32), (1, 8, 32)), {}, ValueError, "keys"),
-    (((2, 8, 32), (1, 8, 32), (1, 8, 32)), {}, ValueError, "leading"),
-    (((8, 32), (1, 8, 32), (1, 8, 32)), {}, ValueError, "rank"),
-    (((1, 8, 32), (1, 8, 32), (1, 8, 32)), dict(softmax_scale=0.0), ValueError, "softmax_scale"),
-    (((1, 8, 32), (1, 8, 32), (1, 8, 32)), dict(causal="yes"), TypeError, "causal"),
-    (((1, 8, 32), (1, 8, 32), (1, 8, 32)), dict(q_segment_ids=np.zeros(7, int)), ValueError,
-     "segment"),
-    (((1, 8, 32), (1, 8, 32), (1, 8, 32)), dict(q_segment_ids=np.zeros(8)), TypeError,
-     "integer"),
-])
+@pytest.mark.parametrize(
+    "shapes, kw, exc, words",
+    [
+        (((1, 8, 32), (1, 8, 16), (1, 8, 32)), {}, ValueError, "head dim"),
+        (((1, 8, 24), (1, 8, 24), (1, 8, 24)), {}, ValueError, "multiple of the NVFP4"),
+        (((1, 8, 32), (1, 9, 32), (1, 8, 32)), {}, ValueError, "keys"),
+        (((2, 8, 32), (1, 8, 32), (1, 8, 32)), {}, ValueError, "leading"),
+        (((8, 32), (1, 8, 32), (1, 8, 32)), {}, ValueError, "rank"),
+        (
+            ((1, 8, 32), (1, 8, 32), (1, 8, 32)),
+            dict(softmax_scale=0.0),
+            ValueError,
+            "softmax_scale",
+        ),
+        (((1, 8, 32), (1, 8, 32), (1, 8, 32)), dict(causal="yes"), TypeError, "causal"),
+        (
+            ((1, 8, 32), (1, 8, 32), (1, 8, 32)),
+            dict(q_segment_ids=np.zeros(7, int)),
+            ValueError,
+            "segment",
+        ),
+        (
+            ((1, 8, 32), (1, 8, 32), (1, 8, 32)),
+            dict(q_segment_ids=np.zeros(8)),
+            TypeError,
+            "integer",
+        ),
+    ],
+)
 def test_bad_input(shapes, kw, exc, words):
     q, k, v = (np.zeros(s, np.float32) for s in shapes)
     with pytest.raises(exc, match=words):
@@ -264,15 +302,30 @@ def test_bad_recipe_and_dtype():
 
 
 OTHER_FORMATS = [
-    R.AttentionRecipe(qk=R.QKFormat.BF16, converter=R.ExactP(), p_format=R.PFormat.BF16,
-                      v=R.VFormat.BF16),
-    R.AttentionRecipe(qk=R.QKFormat.FP8_PER_TENSOR, converter=R.ExactP(), p_format=R.PFormat.FP8,
-                      v=R.VFormat.FP8, normalization=R.Normalization.MISMATCHED),
-    R.AttentionRecipe(qk=R.QKFormat.TOKEN_BLOCK_FP8, converter=R.SchraudolphP(scale_log2=8),
-                      p_format=R.PFormat.FP8, v=R.VFormat.TOKEN_BLOCK_FP8),
-    R.AttentionRecipe(qk_global=R.QKGlobalScale.PER_TOKEN, converter=R.ExactP(),
-                      exp2=R.Exp2Model(kind=R.Exp2Kind.FA4_POLY), v=R.VFormat.MXFP8_TOKENS,
-                      normalization=R.Normalization.MISMATCHED, rescale_threshold=8.0),
+    R.AttentionRecipe(
+        qk=R.QKFormat.BF16, converter=R.ExactP(), p_format=R.PFormat.BF16, v=R.VFormat.BF16
+    ),
+    R.AttentionRecipe(
+        qk=R.QKFormat.FP8_PER_TENSOR,
+        converter=R.ExactP(),
+        p_format=R.PFormat.FP8,
+        v=R.VFormat.FP8,
+        normalization=R.Normalization.MISMATCHED,
+    ),
+    R.AttentionRecipe(
+        qk=R.QKFormat.TOKEN_BLOCK_FP8,
+        converter=R.SchraudolphP(scale_log2=8),
+        p_format=R.PFormat.FP8,
+        v=R.VFormat.TOKEN_BLOCK_FP8,
+    ),
+    R.AttentionRecipe(
+        qk_global=R.QKGlobalScale.PER_TOKEN,
+        converter=R.ExactP(),
+        exp2=R.Exp2Model(kind=R.Exp2Kind.FA4_POLY),
+        v=R.VFormat.MXFP8_TOKENS,
+        normalization=R.Normalization.MISMATCHED,
+        rescale_threshold=8.0,
+    ),
 ]
 
 
@@ -284,7 +337,8 @@ def test_other_operand_formats_numpy_jit_and_error():
         want = attention_forward(q, k, v, rec, causal=True)
         assert error_summary(want.out, ref).rel_l2 <= bound, rec
         got = jax.jit(lambda q, k, v, rec=rec: attention_forward(q, k, v, rec, causal=True)[:2])(
-            q, k, v)
+            q, k, v
+        )
         np.testing.assert_array_equal(_bits(got[0]), _bits(want.out))
         np.testing.assert_array_equal(_bits(got[1]), _bits(want.lse))
 
@@ -294,8 +348,13 @@ from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=15)
-@given(seed=st.integers(0, 2**31 - 1), shift=st.integers(-20, 20), causal=st.booleans(),
-       sq=st.integers(1, 40), skv=st.integers(1, 100))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    shift=st.integers(-20, 20),
+    causal=st.booleans(),
+    sq=st.integers(1, 40),
+    skv=st.integers(1, 100),
+)
 def test_power_of_two_v_scaling_is_exact(seed, shift, causal, sq, skv):
     # V in MXFP4 along tokens has power-of-two block scales: V·2^s gives exactly O·2^s
     q, k, v = _qkv((1, sq, 32), skv, seed=seed)

@@ -36,8 +36,7 @@ def _short(rng, shape, bits, lo, hi, zeros=0.1, signed=True):
 
 
 def _pv(p, v):
-    return ordered_product(fwd._pv_plain, fwd._pv_chain, p, v, operand_stats(p),
-                           operand_stats(v))
+    return ordered_product(fwd._pv_plain, fwd._pv_chain, p, v, operand_stats(p), operand_stats(v))
 
 
 _jit = jax.jit(_pv)
@@ -63,8 +62,9 @@ def test_pv_partials_on_the_predicate_boundaries():
         v2[1, 2, 5, 3] = np.float32(2.0**e_v)
         assert _check(p2, v2) is fast
     # products and partial sums below 2^-126: flushed on the chain, so the chain runs
-    assert not _check(_short(rng, SHAPE_P, 4, -70, -60, signed=False),
-                      _short(rng, SHAPE_V, 4, -66, -60))
+    assert not _check(
+        _short(rng, SHAPE_P, 4, -70, -60, signed=False), _short(rng, SHAPE_V, 4, -66, -60)
+    )
     # a float32 V (long significands): products round, FMA would change bits: the chain runs
     assert not _check(p, rng.standard_normal(SHAPE_V).astype(np.float32))
     # overflow margin 2^126 / 32 terms: 2^60·2^61 is fast, 2^62·2^63 is not
@@ -96,8 +96,16 @@ def test_vmap_member_failing_the_predicate():
 
 def _fields(res):
     it = res.intermediates
-    return (res.out, res.lse, it.anchors, it.p_codes, it.p_scales, it.p_k, it.numerator,
-            it.normalizer)
+    return (
+        res.out,
+        res.lse,
+        it.anchors,
+        it.p_codes,
+        it.p_scales,
+        it.p_k,
+        it.numerator,
+        it.normalizer,
+    )
 
 
 @pytest.mark.parametrize("case", ["e4m3_v", "tiny_v_in_one_head", "float32_v"])
@@ -114,13 +122,13 @@ def test_forward_with_the_plain_pv_equals_the_chain(case, monkeypatch):
         v[1, 7, 3] = np.float32(2.0**-100)
 
     def run(q, k, v):
-        return _fields(fwd.attention_forward(q, k, v, recipe.forward, causal=True,
-                                             return_intermediates=True))
+        return _fields(
+            fwd.attention_forward(q, k, v, recipe.forward, causal=True, return_intermediates=True)
+        )
 
     got_jit = jax.jit(run)(q, k, v)
     got_vmap = jax.jit(jax.vmap(run))(q, k, v)
-    monkeypatch.setattr(fwd, "ordered_product",
-                        lambda plain, chain, a, b, *rest: chain(a, b))
+    monkeypatch.setattr(fwd, "ordered_product", lambda plain, chain, a, b, *rest: chain(a, b))
     with np.errstate(all="ignore"):
         want = run(q, k, v)
     for got in (got_jit, got_vmap):

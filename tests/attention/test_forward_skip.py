@@ -19,9 +19,16 @@ from fp4sim.attention.autodiff import TRAINING_PRESETS
 
 def _fields(res):
     it = res.intermediates
-    return {"out": res.out, "lse": res.lse, "anchors": it.anchors, "p_codes": it.p_codes,
-            "p_scales": it.p_scales, "p_k": it.p_k, "numerator": it.numerator,
-            "normalizer": it.normalizer}
+    return {
+        "out": res.out,
+        "lse": res.lse,
+        "anchors": it.anchors,
+        "p_codes": it.p_codes,
+        "p_scales": it.p_scales,
+        "p_k": it.p_k,
+        "numerator": it.numerator,
+        "normalizer": it.normalizer,
+    }
 
 
 def _assert_same(got, want):
@@ -35,8 +42,9 @@ def _assert_same(got, want):
         if w.dtype.kind == "f":
             np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=name)
             ok = ~np.isnan(w)
-            np.testing.assert_array_equal(g[ok].view(np.uint32), w[ok].view(np.uint32),
-                                          err_msg=name)
+            np.testing.assert_array_equal(
+                g[ok].view(np.uint32), w[ok].view(np.uint32), err_msg=name
+            )
         else:
             np.testing.assert_array_equal(g, w, err_msg=name)
 
@@ -44,8 +52,11 @@ def _assert_same(got, want):
 # (name, recipe, V specials: Inf/NaN survive the V format; MXFP4 V takes no NaN on NumPy)
 RECIPES = [
     ("direct_p (fp4 x fp4 exact PV)", R.HW_FP4_DIRECT_P.replace(block_kv=64), False),
-    ("fp8 training (float32 V, ordered PV)", TRAINING_PRESETS["direct_p_fp8_training"].forward,
-     True),
+    (
+        "fp8 training (float32 V, ordered PV)",
+        TRAINING_PRESETS["direct_p_fp8_training"].forward,
+        True,
+    ),
     ("cudnn fixed (mismatched, threshold)", R.CUDNN_FP8_FIXED.replace(block_kv=64), True),
 ]
 
@@ -63,15 +74,18 @@ def test_causal_skipping_is_exact(name, rec, specials, monkeypatch):
         v[0, 240, 9] = -np.inf
     with monkeypatch.context() as m:
         m.setattr(fwd, "masked_tile", lambda *a, **kw: None)  # process every tile
-        want = _fields(fwd.attention_forward(q, k, v, rec, causal=True,
-                                             return_intermediates=True))
+        want = _fields(fwd.attention_forward(q, k, v, rec, causal=True, return_intermediates=True))
     monkeypatch.setattr(fwd, "_NP_ROW_CHUNK", 24)  # NumPy: 5 row blocks, 3..5 tiles each
     monkeypatch.setattr(fwd, "_ROW_CHUNK", 16)  # jit: 7 row blocks in 4 groups
     assert fwd.masked_tile(rec, rec.block_kv, rec.normalization is R.Normalization.MISMATCHED)
-    _assert_same(_fields(fwd.attention_forward(q, k, v, rec, causal=True,
-                                               return_intermediates=True)), want)
-    got = jax.jit(lambda q, k, v: _fields(fwd.attention_forward(
-        q, k, v, rec, causal=True, return_intermediates=True)))(q, k, v)
+    _assert_same(
+        _fields(fwd.attention_forward(q, k, v, rec, causal=True, return_intermediates=True)), want
+    )
+    got = jax.jit(
+        lambda q, k, v: _fields(
+            fwd.attention_forward(q, k, v, rec, causal=True, return_intermediates=True)
+        )
+    )(q, k, v)
     _assert_same(got, want)
     if specials:
         assert np.isnan(np.asarray(got["out"])[0, 0, [3, 7, 9]]).all()  # skipped, still NaN

@@ -37,8 +37,10 @@ CLASS_OF_ROW = {
 def test_table_rows_are_the_seed_rows_in_order():
     assert list(LEAK_TABLE) == list(CLASS_OF_ROW)
     for name, recipe in LEAK_TABLE.items():
-        worst = max((leak_class(s) for s in (recipe.qk, recipe.v, recipe.ds)),
-                    key=[LeakClass.NONE, LeakClass.SUBNORMAL, LeakClass.LARGE].index)
+        worst = max(
+            (leak_class(s) for s in (recipe.qk, recipe.v, recipe.ds)),
+            key=[LeakClass.NONE, LeakClass.SUBNORMAL, LeakClass.LARGE].index,
+        )
         assert worst is CLASS_OF_ROW[name], name
 
 
@@ -58,17 +60,21 @@ def test_leak_class_observed(name):
         assert rep.leak_o > 1e-3 and rep.leak_dq > 1e-3, rep
 
 
-@pytest.mark.parametrize("qk_global, qk, cls", [
-    (GlobalScale.NONE, QKFormat.NVFP4, LeakClass.NONE),  # constant global factor (1)
-    (GlobalScale.PER_TOKEN, QKFormat.NVFP4, LeakClass.NONE),
-    (GlobalScale.PER_TENSOR, QKFormat.NVFP4, LeakClass.LARGE),
-    (GlobalScale.NONE, QKFormat.FP8_PER_TENSOR, LeakClass.LARGE),
-    (GlobalScale.NONE, QKFormat.MXFP8, LeakClass.NONE),
-])
+@pytest.mark.parametrize(
+    "qk_global, qk, cls",
+    [
+        (GlobalScale.NONE, QKFormat.NVFP4, LeakClass.NONE),  # constant global factor (1)
+        (GlobalScale.PER_TOKEN, QKFormat.NVFP4, LeakClass.NONE),
+        (GlobalScale.PER_TENSOR, QKFormat.NVFP4, LeakClass.LARGE),
+        (GlobalScale.NONE, QKFormat.FP8_PER_TENSOR, LeakClass.LARGE),
+        (GlobalScale.NONE, QKFormat.MXFP8, LeakClass.NONE),
+    ],
+)
 def test_qk_global_factor_for_causal_training(qk_global, qk, cls):
     base = LEAK_TABLE["V per-token pow2 (exact option)"]
-    recipe = base.replace(name=f"{qk.name}/{qk_global.name}",
-                          forward=base.forward.replace(qk=qk, qk_global=qk_global))
+    recipe = base.replace(
+        name=f"{qk.name}/{qk_global.name}", forward=base.forward.replace(qk=qk, qk_global=qk_global)
+    )
     assert leak_class(recipe.qk) is cls
     rep = leak_probe(recipe)
     assert not rep.vacuous
@@ -122,18 +128,29 @@ from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=8, deadline=None)
-@given(seed=st.integers(0, 2**16), target=st.integers(33, 63), gain=st.floats(1.5, 100.0),
-       name=st.sampled_from(["V unquantized", "V per-token pow2 (exact option)"]))
+@given(
+    seed=st.integers(0, 2**16),
+    target=st.integers(33, 63),
+    gain=st.floats(1.5, 100.0),
+    name=st.sampled_from(["V unquantized", "V per-token pow2 (exact option)"]),
+)
 def test_property_exact_options_never_leak(seed, target, gain, name):
-    rep = leak_probe(LEAK_TABLE[name], n_tokens=64, d_model=32, head_dim=32, target=target,
-                     gain=gain, seed=seed)
+    rep = leak_probe(
+        LEAK_TABLE[name], n_tokens=64, d_model=32, head_dim=32, target=target, gain=gain, seed=seed
+    )
     assert rep.bitwise_o and rep.bitwise_dq, rep
 
 
-@pytest.mark.parametrize("scaling, leaks", [
-    (operands.PER_TOKEN_POW2, False),  # the causal dQ scale: one exponent per query row
-    (operands.MXFP8_TOKENS_FLOOR, True),  # 32 query rows share a scale: dQ of earlier rows leaks
-])
+@pytest.mark.parametrize(
+    "scaling, leaks",
+    [
+        (operands.PER_TOKEN_POW2, False),  # the causal dQ scale: one exponent per query row
+        (
+            operands.MXFP8_TOKENS_FLOOR,
+            True,
+        ),  # 32 query rows share a scale: dQ of earlier rows leaks
+    ],
+)
 def test_dq_output_scale_must_be_causal(scaling, leaks):
     recipe = LEAK_TABLE["V per-token pow2 (exact option)"]
     recipe = recipe.replace(name=f"dQ {scaling.name}", dq=scaling)

@@ -30,10 +30,13 @@ def test_two_key_payloads_and_represented_weights():
     np.testing.assert_allclose(rep, [1, 1 / 3], rtol=0, atol=1e-15)
 
 
-@pytest.mark.parametrize("v, exact, consistent, mismatched", [
-    ([2, 2], 2.0, 2.0, 40 / 21),
-    ([0, 6], 12 / 7, 1.5, 10 / 7),
-])
+@pytest.mark.parametrize(
+    "v, exact, consistent, mismatched",
+    [
+        ([2, 2], 2.0, 2.0, 40 / 21),
+        ([0, 6], 12 / 7, 1.5, 10 / 7),
+    ],
+)
 def test_two_key_two_element_outputs(v, exact, consistent, mismatched):
     _, rep = _represented(W)
     v = np.array(v, dtype=np.float64)
@@ -48,8 +51,9 @@ def test_ds_row_sums_consistent_zero_mismatched_not():
     _, rep = _represented(W)
     v = np.array([0.0, 6.0])
     for norm, p_want, ds_want, total in [
-            (Normalization.CONSISTENT, [0.75, 0.25], [-1.125, 1.125], 0.0),
-            (Normalization.MISMATCHED, [1 / 1.4, (1 / 3) / 1.4], [-1.020408, 1.088435], 0.068027)]:
+        (Normalization.CONSISTENT, [0.75, 0.25], [-1.125, 1.125], 0.0),
+        (Normalization.MISMATCHED, [1 / 1.4, (1 / 3) / 1.4], [-1.020408, 1.088435], 0.068027),
+    ]:
         r = normalize(W, rep, v, norm)
         p = rep / r.denominator
         np.testing.assert_allclose(p, p_want, atol=1e-12)
@@ -88,10 +92,12 @@ def test_orders_agree_in_the_normal_range():
 
 
 def test_represented_output_zero_denominator_and_bad_input():
-    out = represented_output(np.array([[3.0, 6.0], [1.0, 1.0]], np.float32),
-                             np.array([[1.5], [0.0]], np.float32), 6.0)
-    np.testing.assert_array_equal(out, [[np.float32(np.float32(3 / 6) / np.float32(1.5)),
-                                         np.float32(1 / 1.5)], [0, 0]])
+    out = represented_output(
+        np.array([[3.0, 6.0], [1.0, 1.0]], np.float32), np.array([[1.5], [0.0]], np.float32), 6.0
+    )
+    np.testing.assert_array_equal(
+        out, [[np.float32(np.float32(3 / 6) / np.float32(1.5)), np.float32(1 / 1.5)], [0, 0]]
+    )
     with pytest.raises(TypeError, match="Normalization"):
         normalize(W, W, W, "consistent")
     with pytest.raises(ValueError, match="shape"):
@@ -99,5 +105,6 @@ def test_represented_output_zero_denominator_and_bad_input():
     with pytest.raises(TypeError, match="NormalizerOrder"):
         block_denominator(np.ones(1, np.float32), np.zeros(1, np.int32), 6.0, "safe")
     with pytest.raises(ValueError, match="payloads"):
-        block_denominator(np.ones(1, np.float32), np.zeros(1, np.int32), 6.0,
-                          NormalizerOrder.PER_ELEMENT)
+        block_denominator(
+            np.ones(1, np.float32), np.zeros(1, np.int32), 6.0, NormalizerOrder.PER_ELEMENT
+        )

@@ -55,8 +55,11 @@ def test_chain_kernel_equals_flushed_chain(transposed, groups):
     assert 0.2 < np.mean(np.abs(prods) < 2.0**-126) < 0.9  # many products flush, not all
     assert np.mean(want != unflushed) > 0.2  # and the flushes change the sums
     a_in = np.swapaxes(a, -1, -2) if transposed else a
-    got = jax.jit(lambda x, y: og.ordered_product_kernel(x, y, plain=False, transposed=transposed,
-                                                         interpret=True))(a_in, b)
+    got = jax.jit(
+        lambda x, y: og.ordered_product_kernel(
+            x, y, plain=False, transposed=transposed, interpret=True
+        )
+    )(a_in, b)
     assert_same_bits(got, want)
 
 
@@ -79,7 +82,10 @@ def test_chain_kernel_with_inf_nan_and_large_values():
 def test_plain_kernel_equals_plain_chain(groups):
     rng = np.random.default_rng(3)
     # 4-bit by 4-bit significands: every product exact (the plain chain's premise), sums round
-    a = (rng.integers(-15, 16, (2, groups, 16, 64)) * np.exp2(rng.integers(-4, 20, (2, groups, 16, 64)))).astype(np.float32)
+    a = (
+        rng.integers(-15, 16, (2, groups, 16, 64))
+        * np.exp2(rng.integers(-4, 20, (2, groups, 16, 64)))
+    ).astype(np.float32)
     b = (rng.integers(-15, 16, (2, groups, 64, 32)) * 0.125).astype(np.float32)
     want = _grouped(_plain(a, b))
     got = jax.jit(lambda x, y: og.ordered_product_kernel(x, y, plain=True, interpret=True))(a, b)
@@ -100,14 +106,16 @@ def test_backward_product_ranges_and_skipped_blocks(transposed):
     needed[:, :16, 16:] = 0.0  # one all-zero output block (tiles of 16 here)
     needed[1, 20, 3] = np.nan
     want = _plain(a_mat, b)
-    got = jax.jit(lambda x, y, z: og.backward_product(x, y, True, z, transposed,
-                                                      interpret=True))(a, b, needed)
+    got = jax.jit(lambda x, y, z: og.backward_product(x, y, True, z, transposed, interpret=True))(
+        a, b, needed
+    )
     got = np.asarray(got)
     keep = needed != 0
     assert_same_bits(np.where(keep, got, 0.0), np.where(keep, want, 0.0))
     assert not got[:, :16, 16:].view(np.uint32).any()  # skipped: +0
-    got_chain = jax.jit(lambda x, y: og.backward_product(x, y, False, None, transposed,
-                                                         interpret=True))(a, b)
+    got_chain = jax.jit(
+        lambda x, y: og.backward_product(x, y, False, None, transposed, interpret=True)
+    )(a, b)
     assert_same_bits(got_chain, flushed_chain(a_mat, b))
 
 
@@ -135,15 +143,15 @@ def test_mode_and_dispatch(monkeypatch):
     texts = {}
     for m in ("0", "1", "interpret"):
         monkeypatch.setenv(og.ENV, m)
-        texts[m] = str(jax.make_jaxpr(lambda a, b: og.on_gpu(gpu, default, a, b,
-                                                             family="ordered"))(x, y))
+        texts[m] = str(
+            jax.make_jaxpr(lambda a, b: og.on_gpu(gpu, default, a, b, family="ordered"))(x, y)
+        )
         out = jax.jit(lambda a, b: og.on_gpu(gpu, default, a, b, family="ordered"))(x, y)
         assert float(out[0, 0, 0]) == (4.0 if m == "interpret" else 0.0)  # CPU here
     assert "pallas_call" not in texts["0"]
     assert "pallas_call" in texts["1"] and "platform_index" in texts["1"]
     # NumPy inputs never dispatch
-    assert og.on_gpu(gpu, lambda a, b: "numpy", np.ones(2), np.ones(2),
-                     family="ordered") == "numpy"
+    assert og.on_gpu(gpu, lambda a, b: "numpy", np.ones(2), np.ones(2), family="ordered") == "numpy"
     # the default leaves the Direct-P kernels off; "all" turns them on
     monkeypatch.setenv(og.ENV, "1")
     assert og.mode() == "ordered,rows,scores"
@@ -152,10 +160,12 @@ def test_mode_and_dispatch(monkeypatch):
     # a subset of the families: the others take the default
     monkeypatch.setenv(og.ENV, "scores, rows")
     assert og.mode() == "rows,scores"
-    assert "pallas_call" not in str(jax.make_jaxpr(
-        lambda a, b: og.on_gpu(gpu, default, a, b, family="ordered"))(x, y))
-    assert "pallas_call" in str(jax.make_jaxpr(
-        lambda a, b: og.on_gpu(gpu, default, a, b, family="scores"))(x, y))
+    assert "pallas_call" not in str(
+        jax.make_jaxpr(lambda a, b: og.on_gpu(gpu, default, a, b, family="ordered"))(x, y)
+    )
+    assert "pallas_call" in str(
+        jax.make_jaxpr(lambda a, b: og.on_gpu(gpu, default, a, b, family="scores"))(x, y)
+    )
     monkeypatch.setenv(og.ENV, "scores,bogus")
     with pytest.raises(ValueError, match="subset"):
         og.mode()
@@ -201,9 +211,15 @@ def test_training_route_through_the_kernels_equals_numpy(monkeypatch):
     def grads(m):
         monkeypatch.setenv(og.ENV, m)
         calls.clear()
-        f = jax.jit(jax.grad(lambda q, k, v: jnp.sum(jax.vmap(
-            lambda a, b, c: emulated_attention(a, b, c, rec, causal=True))(q, k, v) * do),
-            argnums=(0, 1, 2)))
+        f = jax.jit(
+            jax.grad(
+                lambda q, k, v: jnp.sum(
+                    jax.vmap(lambda a, b, c: emulated_attention(a, b, c, rec, causal=True))(q, k, v)
+                    * do
+                ),
+                argnums=(0, 1, 2),
+            )
+        )
         out = [np.asarray(x) for x in f(q, k, v)]
         # interpret: the forward's PV sums and the four backward products (plain and chain
         # branch of each) were traced on the kernel
@@ -218,9 +234,15 @@ def test_training_route_through_the_kernels_equals_numpy(monkeypatch):
         assert _bits_equal(a, b[1])
 
 
-@pytest.mark.parametrize(("preset", "causal", "gpu_chunk"),
-                         [("hw_fp4_fp8_pv", False, None), ("hw_fp4_fp8_pv", True, 64),
-                          ("hw_fp4_direct_p", True, None), ("hw_fp4_direct_p", False, 64)])
+@pytest.mark.parametrize(
+    ("preset", "causal", "gpu_chunk"),
+    [
+        ("hw_fp4_fp8_pv", False, None),
+        ("hw_fp4_fp8_pv", True, 64),
+        ("hw_fp4_direct_p", True, None),
+        ("hw_fp4_direct_p", False, 64),
+    ],
+)
 def test_forward_through_the_kernels_equals_numpy(monkeypatch, preset, causal, gpu_chunk):
     """Forwards with NVFP4 Q/K (the exact score kernel) and, for the FP8 P/V route, ordered PV
     sums (E4M3 P, token-block FP8 V); masked keys (−inf scores), 192 query rows: more than one
@@ -248,11 +270,16 @@ def test_forward_through_the_kernels_equals_numpy(monkeypatch, preset, causal, g
 
 @pytest.mark.parametrize("plain", [False, True])
 def test_kernels_lower_for_cuda(plain):
-    text = _cuda_text(lambda a, b, n: og.backward_product(a, b, plain, n, True),
-                      (2, 512, 256), (2, 512, 64), (2, 256, 64))
+    text = _cuda_text(
+        lambda a, b, n: og.backward_product(a, b, plain, n, True),
+        (2, 512, 256),
+        (2, 512, 64),
+        (2, 256, 64),
+    )
     assert "xla.gpu.triton" in text
-    text = _cuda_text(lambda a, b: og.grouped_product(a, b, 2, plain),
-                      (2, 4, 128, 32), (2, 4, 32, 64))
+    text = _cuda_text(
+        lambda a, b: og.grouped_product(a, b, 2, plain), (2, 4, 128, 32), (2, 4, 32, 64)
+    )
     assert "xla.gpu.triton" in text
 
 
@@ -272,12 +299,16 @@ def test_exact_scores_kernel():
         return (np.asarray(decode(codes, E2M1)) * np.repeat(sc, 16, axis=-1)).astype(np.float32)
 
     qv, kv = operand(32), operand(48)
-    parts = np.einsum("bsnk,btnk->bnst", qv.reshape(2, 32, 4, 16).astype(np.float64),
-                      kv.reshape(2, 48, 4, 16).astype(np.float64)).astype(np.float32)
+    parts = np.einsum(
+        "bsnk,btnk->bnst",
+        qv.reshape(2, 32, 4, 16).astype(np.float64),
+        kv.reshape(2, 48, 4, 16).astype(np.float64),
+    ).astype(np.float32)
     want = parts[:, 0]
     for b in range(1, 4):
         want = want + parts[:, b]
     got = jax.jit(lambda a, b: og.exact_scores(a, b, 16, interpret=True))(qv, kv)
     assert_same_bits(got, want)
-    assert "xla.gpu.triton" in _cuda_text(lambda a, b: og.exact_scores(a, b, 16),
-                                          (2, 128, 128), (2, 256, 128))
+    assert "xla.gpu.triton" in _cuda_text(
+        lambda a, b: og.exact_scores(a, b, 16), (2, 128, 128), (2, 256, 128)
+    )

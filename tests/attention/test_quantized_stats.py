@@ -29,9 +29,19 @@ from fp4sim.attention._ordered import plain_sum_is_exact
 from fp4sim.attention.autodiff import P_MXFP8_KEYS, TRAINING_PRESETS
 from fp4sim.attention.backward import emulated_backward
 
-DERIVED = [P_MXFP8_KEYS, operands.DS_SQUARE_RCEIL, operands.DS_SQUARE_FLOOR, operands.TOKEN_BLOCK_POW2,
-           operands.MXFP8_TOKENS_FLOOR, operands.MXFP8_TOKENS_RCEIL, operands.MXFP4_TOKENS_RCEIL, operands.PER_TOKEN_POW2,
-           operands.MXFP8_HEAD_DIM, operands.E5M2_CAST, operands.E4M3_CAST]
+DERIVED = [
+    P_MXFP8_KEYS,
+    operands.DS_SQUARE_RCEIL,
+    operands.DS_SQUARE_FLOOR,
+    operands.TOKEN_BLOCK_POW2,
+    operands.MXFP8_TOKENS_FLOOR,
+    operands.MXFP8_TOKENS_RCEIL,
+    operands.MXFP4_TOKENS_RCEIL,
+    operands.PER_TOKEN_POW2,
+    operands.MXFP8_HEAD_DIM,
+    operands.E5M2_CAST,
+    operands.E4M3_CAST,
+]
 # formats without derived bounds (a scan of the result, whose jitted form sees float32
 # subnormals as zeros, as the products' loops do there): the NumPy bounds must hold as well
 SCANNED = [operands.NVFP4_TOKENS, operands.FP8_PER_TENSOR_AMAX, operands.FLOAT32]
@@ -69,8 +79,17 @@ def _inputs():
     nan[5, 7] = np.nan
     inf = wide.copy()
     inf[9, 1] = -np.inf
-    return {"wide": wide, "causal": causal, "tiny": tiny, "tinier": tinier, "huge": huge,
-            "mixed": mixed, "nan": nan, "inf": inf, "zeros": np.zeros((n, n), np.float32)}
+    return {
+        "wide": wide,
+        "causal": causal,
+        "tiny": tiny,
+        "tinier": tinier,
+        "huge": huge,
+        "mixed": mixed,
+        "nan": nan,
+        "inf": inf,
+        "zeros": np.zeros((n, n), np.float32),
+    }
 
 
 INPUTS = _inputs()
@@ -106,8 +125,9 @@ def test_bounds_admit_the_fast_path_on_attention_operands():
     p = np.exp(s - s.max(-1, keepdims=True))
     p = (p / p.sum(-1, keepdims=True)).astype(np.float32)
     _, p_st = operands.fake_quantize_stats(p, P_MXFP8_KEYS)
-    _, do_st = operands.fake_quantize_stats(rng.standard_normal((n, 64)).astype(np.float32),
-                                      operands.E5M2_CAST)
+    _, do_st = operands.fake_quantize_stats(
+        rng.standard_normal((n, 64)).astype(np.float32), operands.E5M2_CAST
+    )
     ds = (p * rng.standard_normal((n, n))).astype(np.float32)
     _, ds_st = operands.fake_quantize_stats(ds, operands.DS_SQUARE_RCEIL)
     assert bool(plain_sum_is_exact(p_st, do_st, n))
@@ -128,8 +148,12 @@ def _backward_case(kind):
         p = (p * np.float32(2.0**-60)).astype(np.float32)
         do = (do * np.float32(2.0**-44)).astype(np.float32)
     q_hat, k_hat, v_hat = (operands.fake_quantize(x, operands.PER_TOKEN_POW2) for x in (q, k, v))
-    kw = dict(softmax_scale=float(1 / np.sqrt(d)), d_out_scaling=recipe.d_out,
-              p_scaling=recipe.p_backward, ds_scaling=recipe.ds)
+    kw = dict(
+        softmax_scale=float(1 / np.sqrt(d)),
+        d_out_scaling=recipe.d_out,
+        p_scaling=recipe.p_backward,
+        ds_scaling=recipe.ds,
+    )
     return (p, q_hat, k_hat, v_hat, out, do), kw
 
 
@@ -139,9 +163,11 @@ def _chain_grads(tr, q_hat, k_hat, c):
     pre = ftz
     with np.errstate(all="ignore"):
         ds_q, p_dv = pre(tr.ds_q), pre(tr.p_dv)
-        want = {"dv": flushed_chain(np.swapaxes(p_dv, -1, -2), pre(tr.d_out_q)),
-                "dq": c * flushed_chain(ds_q, pre(k_hat)),
-                "dk": c * flushed_chain(np.swapaxes(ds_q, -1, -2), pre(q_hat))}
+        want = {
+            "dv": flushed_chain(np.swapaxes(p_dv, -1, -2), pre(tr.d_out_q)),
+            "dq": c * flushed_chain(ds_q, pre(k_hat)),
+            "dk": c * flushed_chain(np.swapaxes(ds_q, -1, -2), pre(q_hat)),
+        }
     return {key: ftz(w) for key, w in want.items()}
 
 

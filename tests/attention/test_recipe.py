@@ -44,25 +44,35 @@ def test_properties():
     assert R.HW_FP4_DIRECT_P.replace(block_kv=256).block_kv == 256
 
 
-@pytest.mark.parametrize("changes, exc, words", [
-    (dict(converter=R.AffineP(), p_format=R.PFormat.NVFP4), ValueError, "cannot produce"),
-    (dict(converter=R.LogGroupP(), p_format=R.PFormat.MXFP4), ValueError, "cannot produce"),
-    (dict(converter=R.FixedScaleP(), p_format=R.PFormat.MXFP8), ValueError, "cannot produce"),
-    (dict(converter="affine"), TypeError, "converter"),
-    (dict(qk="nvfp4"), TypeError, "QKFormat"),
-    (dict(block_kv=100), ValueError, "block_kv"),
-    (dict(fragment=24), ValueError, "fragment"),
-    (dict(block_kv=0), ValueError, "block_kv"),
-    (dict(block_q=1.5), TypeError, "block_q"),
-    (dict(rescale_threshold=-1.0), ValueError, "rescale_threshold"),
-    (dict(rescale_threshold=float("nan")), TypeError, "rescale_threshold"),
-    (dict(hadamard=1), TypeError, "hadamard"),
-    (dict(normalization=R.Normalization.EXACT), ValueError, "FLOAT32"),
-    (dict(converter=R.ExactP(), p_format=R.PFormat.FLOAT32,
-          normalization=R.Normalization.MISMATCHED), ValueError, "MISMATCHED"),
-    (dict(qk=R.QKFormat.MXFP8, qk_global=R.QKGlobalScale.PER_TENSOR), ValueError, "qk_global"),
-    (dict(exp2="fa4"), TypeError, "Exp2Model"),
-])
+@pytest.mark.parametrize(
+    "changes, exc, words",
+    [
+        (dict(converter=R.AffineP(), p_format=R.PFormat.NVFP4), ValueError, "cannot produce"),
+        (dict(converter=R.LogGroupP(), p_format=R.PFormat.MXFP4), ValueError, "cannot produce"),
+        (dict(converter=R.FixedScaleP(), p_format=R.PFormat.MXFP8), ValueError, "cannot produce"),
+        (dict(converter="affine"), TypeError, "converter"),
+        (dict(qk="nvfp4"), TypeError, "QKFormat"),
+        (dict(block_kv=100), ValueError, "block_kv"),
+        (dict(fragment=24), ValueError, "fragment"),
+        (dict(block_kv=0), ValueError, "block_kv"),
+        (dict(block_q=1.5), TypeError, "block_q"),
+        (dict(rescale_threshold=-1.0), ValueError, "rescale_threshold"),
+        (dict(rescale_threshold=float("nan")), TypeError, "rescale_threshold"),
+        (dict(hadamard=1), TypeError, "hadamard"),
+        (dict(normalization=R.Normalization.EXACT), ValueError, "FLOAT32"),
+        (
+            dict(
+                converter=R.ExactP(),
+                p_format=R.PFormat.FLOAT32,
+                normalization=R.Normalization.MISMATCHED,
+            ),
+            ValueError,
+            "MISMATCHED",
+        ),
+        (dict(qk=R.QKFormat.MXFP8, qk_global=R.QKGlobalScale.PER_TENSOR), ValueError, "qk_global"),
+        (dict(exp2="fa4"), TypeError, "Exp2Model"),
+    ],
+)
 def test_invalid_recipes_name_the_field(changes, exc, words):
     with pytest.raises(exc, match=words):
         R.AttentionRecipe(**changes)
@@ -72,9 +82,14 @@ def test_converter_and_model_validation():
     with pytest.raises(ValueError, match="power of two"):
         R.FixedScaleP(scale=10.0)
     with pytest.raises(ValueError, match="448"):
-        R.AttentionRecipe(qk=R.QKFormat.MXFP8, converter=R.FixedScaleP(scale=256.0),
-                          p_format=R.PFormat.FP8, v=R.VFormat.MXFP8_TOKENS,
-                          normalization=R.Normalization.MISMATCHED, rescale_threshold=4.0)
+        R.AttentionRecipe(
+            qk=R.QKFormat.MXFP8,
+            converter=R.FixedScaleP(scale=256.0),
+            p_format=R.PFormat.FP8,
+            v=R.VFormat.MXFP8_TOKENS,
+            normalization=R.Normalization.MISMATCHED,
+            rescale_threshold=4.0,
+        )
     with pytest.raises(ValueError, match="> 0"):
         R.AffineP(a=0.0)
     with pytest.raises(TypeError, match="finite"):

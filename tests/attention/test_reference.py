@@ -70,15 +70,18 @@ def test_default_scale_batch_dims_and_nan_rows():
     np.testing.assert_array_equal(rn.out[0, 0, :2], r.out[0, 0, :2])
 
 
-@pytest.mark.parametrize("args, kw, exc, words", [
-    (((3, 4), (5, 6), (5, 2)), {}, ValueError, "head dim"),
-    (((3, 4), (5, 4), (6, 2)), {}, ValueError, "keys"),
-    (((2, 3, 4), (5, 4), (5, 2)), {}, ValueError, "rank"),
-    (((3, 4), (5, 4), (5, 2)), dict(softmax_scale=-1.0), ValueError, "softmax_scale"),
-    (((3, 4), (5, 4), (5, 2)), dict(causal=1), TypeError, "causal"),
-    (((3, 4), (5, 4), (5, 2)), dict(q_segment_ids=np.zeros(2, int)), ValueError, "segment"),
-    (((3, 4), (5, 4), (5, 2)), dict(kv_segment_ids=np.zeros(5, int)), ValueError, "kv_segment"),
-])
+@pytest.mark.parametrize(
+    "args, kw, exc, words",
+    [
+        (((3, 4), (5, 6), (5, 2)), {}, ValueError, "head dim"),
+        (((3, 4), (5, 4), (6, 2)), {}, ValueError, "keys"),
+        (((2, 3, 4), (5, 4), (5, 2)), {}, ValueError, "rank"),
+        (((3, 4), (5, 4), (5, 2)), dict(softmax_scale=-1.0), ValueError, "softmax_scale"),
+        (((3, 4), (5, 4), (5, 2)), dict(causal=1), TypeError, "causal"),
+        (((3, 4), (5, 4), (5, 2)), dict(q_segment_ids=np.zeros(2, int)), ValueError, "segment"),
+        (((3, 4), (5, 4), (5, 2)), dict(kv_segment_ids=np.zeros(5, int)), ValueError, "kv_segment"),
+    ],
+)
 def test_bad_input(args, kw, exc, words):
     q, k, v = (np.zeros(s) for s in args)
     with pytest.raises(exc, match=words):

@@ -74,12 +74,15 @@ def _run(recipe, q, k, v, do, ids):
 
 
 STRADDLING = {  # V / dS scalings whose groups span tokens
-    "V MXFP8 tokens floor, dS 32x32 floor": dict(v=operands.MXFP8_TOKENS_FLOOR,
-                                                  ds=operands.DS_SQUARE_FLOOR),
-    "V per-tensor FP8, dS 32x32 RCEIL": dict(v=operands.FP8_PER_TENSOR_AMAX,
-                                             ds=operands.DS_SQUARE_RCEIL),
-    "V NVFP4 tokens, dO per-tensor pow2": dict(v=operands.NVFP4_TOKENS,
-                                               d_out=operands.PER_TENSOR_POW2),
+    "V MXFP8 tokens floor, dS 32x32 floor": dict(
+        v=operands.MXFP8_TOKENS_FLOOR, ds=operands.DS_SQUARE_FLOOR
+    ),
+    "V per-tensor FP8, dS 32x32 RCEIL": dict(
+        v=operands.FP8_PER_TENSOR_AMAX, ds=operands.DS_SQUARE_RCEIL
+    ),
+    "V NVFP4 tokens, dO per-tensor pow2": dict(
+        v=operands.NVFP4_TOKENS, d_out=operands.PER_TENSOR_POW2
+    ),
 }
 
 
@@ -100,8 +103,7 @@ def test_documents_never_share_a_scale_when_aligned(name):
             assert np.array_equal(a[other], b[other]), (name, doc)
         unaligned = _run(recipe.replace(segment_aligned=False), q, k, v, do, ids)
         unaligned1 = _run(recipe.replace(segment_aligned=False), q1, k1, v1, do, ids)
-        leaked |= any(not np.array_equal(a[other], b[other])
-                      for a, b in zip(unaligned, unaligned1))
+        leaked |= any(not np.array_equal(a[other], b[other]) for a, b in zip(unaligned, unaligned1))
     # the same scalings without alignment do let a document reach the others (not vacuous)
     assert leaked, name
 
@@ -150,8 +152,11 @@ def test_partial_blocks_are_zero_padded_and_stay_consistent():
     x = rng.standard_normal((40, 8)).astype(np.float32)
     for scaling in (operands.MXFP8_TOKENS_FLOOR, operands.TOKEN_BLOCK_POW2):
         whole = np.pad(x, ((0, 24), (0, 0)))  # 40 tokens -> two 32-token groups
-        np.testing.assert_array_equal(operands.fake_quantize(x, scaling),
-                                      operands.fake_quantize(whole, scaling)[:40])
+        np.testing.assert_array_equal(
+            operands.fake_quantize(x, scaling), operands.fake_quantize(whole, scaling)[:40]
+        )
     whole = np.pad(x, ((0, 24), (0, 24)))  # 40 x 8 -> 2 x 1 tiles of 32 x 32
-    np.testing.assert_array_equal(operands.fake_quantize(x, operands.DS_SQUARE_RCEIL),
-                                  operands.fake_quantize(whole, operands.DS_SQUARE_RCEIL)[:40, :8])
+    np.testing.assert_array_equal(
+        operands.fake_quantize(x, operands.DS_SQUARE_RCEIL),
+        operands.fake_quantize(whole, operands.DS_SQUARE_RCEIL)[:40, :8],
+    )

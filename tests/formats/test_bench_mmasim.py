@@ -41,11 +41,26 @@ def test_bad_size(capsys):
 def test_small_problem_bit_equal(capsys, tmp_path):
     py, src = os.environ.get("FP4SIM_MMASIM_PYTHON"), os.environ.get("FP4SIM_MMASIM_SRC")
     if not (py and src):
-        pytest.skip("needs MMA-Sim's side environment: set FP4SIM_MMASIM_PYTHON (a Python with "
-                    "torch) and FP4SIM_MMASIM_SRC (a checkout of microsoft/MMA-Sim)")
+        pytest.skip(
+            "needs MMA-Sim's side environment: set FP4SIM_MMASIM_PYTHON (a Python with "
+            "torch) and FP4SIM_MMASIM_SRC (a checkout of microsoft/MMA-Sim)"
+        )
     out = tmp_path / "b.json"
-    code, text, _ = _run(["bench", "mmasim", "--size", "128", "--kinds", "nvfp4",
-                          "--repeats", "1", "--json", str(out)], capsys)
+    code, text, _ = _run(
+        [
+            "bench",
+            "mmasim",
+            "--size",
+            "128",
+            "--kinds",
+            "nvfp4",
+            "--repeats",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capsys,
+    )
     assert code == 0, text
     (row,) = json.loads(out.read_text())["rows"]
     assert row["bit_equal"] == row["outputs"] == 128 * 128

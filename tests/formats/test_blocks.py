@@ -44,7 +44,8 @@ def bits(a):
 def same_bits(a, b):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     return np.array_equal(bits(a), bits(b)) or bool(
-        np.all((bits(a) == bits(b)) | (np.isnan(a) & np.isnan(b))))
+        np.all((bits(a) == bits(b)) | (np.isnan(a) & np.isnan(b)))
+    )
 
 
 def one_block(vals, fmt, rule=None):
@@ -72,13 +73,19 @@ def test_amax_7_e2m1_floor_clamps_rceil_gives_8():
     assert code == 128 and y[0] == 8.0  # 7/2 = 3.5 ties to 4 (even code)
 
 
-@pytest.mark.parametrize("fmt,amax,expect", [
-    # torchao's measured scale bytes: FLOOR, CEIL, EVEN, RCEIL
-    (MXFP4, 3.5, (126, 127, 127, 127)), (MXFP4, 5.0, (127, 128, 127, 127)),
-    (MXFP4, 6.1, (127, 128, 127, 128)), (MXFP4, 7.0, (127, 128, 128, 128)),
-    (MXFP8, 449.0, (127, 128, 127, 128)), (MXFP8, 500.0, (127, 128, 128, 128)),
-    (MXFP8, 957.0, (128, 129, 128, 129)),
-])
+@pytest.mark.parametrize(
+    "fmt,amax,expect",
+    [
+        # torchao's measured scale bytes: FLOOR, CEIL, EVEN, RCEIL
+        (MXFP4, 3.5, (126, 127, 127, 127)),
+        (MXFP4, 5.0, (127, 128, 127, 127)),
+        (MXFP4, 6.1, (127, 128, 127, 128)),
+        (MXFP4, 7.0, (127, 128, 128, 128)),
+        (MXFP8, 449.0, (127, 128, 127, 128)),
+        (MXFP8, 500.0, (127, 128, 128, 128)),
+        (MXFP8, 957.0, (128, 129, 128, 129)),
+    ],
+)
 def test_scale_rule_table(fmt, amax, expect):
     rules = (ScaleRule.FLOOR, ScaleRule.CEIL, ScaleRule.EVEN, ScaleRule.RCEIL)
     assert tuple(one_block([amax], fmt, r)[0] for r in rules) == expect
@@ -104,13 +111,15 @@ def test_pow2_block_quantize_demo_semantics():
     x = (rng.standard_normal((4, 128)) * 3.0).astype(np.float32)
     blocks = x.reshape(4, 4, 32).astype(np.float64)
     scale = 2.0 ** np.ceil(np.log2(np.abs(blocks).max(-1, keepdims=True) / 448.0))
-    ref = (np.clip(blocks / scale, -448, 448).astype(ml_dtypes.float8_e4m3fn)
-           .astype(np.float64) * scale).reshape(4, 128)
+    ref = (
+        np.clip(blocks / scale, -448, 448).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
+        * scale
+    ).reshape(4, 128)
     q = quantize(x, MXFP8)
     assert q.scales.shape == (4, 4)
     assert np.array_equal(dequantize(q), ref.astype(np.float32))
     rel = np.abs(x - dequantize(q)).mean() / np.abs(x).mean()
-    assert rel < 2.0 ** -4  # E4M3: at most half an ulp (2^-4 relative) per element
+    assert rel < 2.0**-4  # E4M3: at most half an ulp (2^-4 relative) per element
 
 
 def test_special_blocks():
@@ -125,7 +134,7 @@ def test_special_blocks():
     assert y[2, 5] == np.inf and np.all(y[2, :5] == 0)  # 448 * 2^127 overflows float32
     # bottom binade: descale 1e-40/448 <= 2^-127 -> 0x00 (2^-127); elements 1e-40 * 2^127
     assert int(q.scales[3, 0]) == 0
-    expect = np.float32(np.float64(np.float32(1e-40)) * 2.0 ** 127)
+    expect = np.float32(np.float64(np.float32(1e-40)) * 2.0**127)
     assert q.values()[3, 0] == np.float32(expect.astype(ml_dtypes.float8_e4m3fn))
 
 
@@ -143,7 +152,7 @@ def oracle_pow2(x, fmt, rule):
         else:  # RCEIL: 2^ceil(log2(fl32(amax * fl32(1/M))))
             d = (amax.astype(np.float32) * (np.float32(1) / np.float32(M))).astype(np.float64)
             e = np.ceil(np.log2(d))
-            e = np.where(d <= 2.0 ** -127, -127, e)
+            e = np.where(d <= 2.0**-127, -127, e)
     e = np.clip(np.where(amax == 0, -127, e), -127, 127)
     scaled = blocks * 2.0 ** -e[:, None]
     vals = np.clip(scaled, -M, M).astype(fmt.elem.dtype).astype(np.float64)
@@ -154,11 +163,15 @@ finite_f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(MX), st.sampled_from([ScaleRule.FLOOR, ScaleRule.CEIL, ScaleRule.RCEIL]),
-       st.lists(finite_f32, min_size=64, max_size=64), st.integers(-30, 30))
+@given(
+    st.sampled_from(MX),
+    st.sampled_from([ScaleRule.FLOOR, ScaleRule.CEIL, ScaleRule.RCEIL]),
+    st.lists(finite_f32, min_size=64, max_size=64),
+    st.integers(-30, 30),
+)
 def test_mx_matches_float64_oracle(fmt, rule, vals, shift):
     with np.errstate(over="ignore"):
-        x = (np.asarray(vals, np.float64) * 2.0 ** shift).astype(np.float32)
+        x = (np.asarray(vals, np.float64) * 2.0**shift).astype(np.float32)
     x = np.where(np.isfinite(x), x, 0).astype(np.float32).reshape(2, 32)
     q = quantize(x, fmt, rule=rule)
     codes, ref = oracle_pow2(x, fmt, rule)
@@ -180,35 +193,48 @@ def assert_within_bound(x, q):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.sampled_from(MX), st.sampled_from([ScaleRule.CEIL, ScaleRule.RCEIL]),
-       st.lists(finite_f32, min_size=96, max_size=96), st.sampled_from([-1, -2]),
-       st.sampled_from([Geometry.BLOCK, Geometry.TOKEN_BLOCK, Geometry.SQUARE]))
+@given(
+    st.sampled_from(MX),
+    st.sampled_from([ScaleRule.CEIL, ScaleRule.RCEIL]),
+    st.lists(finite_f32, min_size=96, max_size=96),
+    st.sampled_from([-1, -2]),
+    st.sampled_from([Geometry.BLOCK, Geometry.TOKEN_BLOCK, Geometry.SQUARE]),
+)
 def test_dequantize_error_within_format_bound(fmt, rule, vals, axis, geometry):
-    x = np.asarray(vals, np.float32).reshape(32, 3) if axis == -2 else \
-        np.asarray(vals, np.float32).reshape(3, 32)
+    x = (
+        np.asarray(vals, np.float32).reshape(32, 3)
+        if axis == -2
+        else np.asarray(vals, np.float32).reshape(3, 32)
+    )
     if geometry is not Geometry.BLOCK:
         x = np.resize(x.reshape(-1), (32, 64)).astype(np.float32)
         axis = -2
-    x = np.clip(x, -2.0 ** 120, 2.0 ** 120).astype(np.float32)  # no overflow of the largest scale
+    x = np.clip(x, -(2.0**120), 2.0**120).astype(np.float32)  # no overflow of the largest scale
     assert_within_bound(x, quantize(x, fmt, rule=rule, axis=axis, geometry=geometry))
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(finite_f32, min_size=64, max_size=64), st.integers(-40, 40),
-       st.sampled_from([NVFP4, NVFP4_SINGLE, NVFP4.replace(global_scale=GlobalScale.PER_ROW)]))
+@given(
+    st.lists(finite_f32, min_size=64, max_size=64),
+    st.integers(-40, 40),
+    st.sampled_from([NVFP4, NVFP4_SINGLE, NVFP4.replace(global_scale=GlobalScale.PER_ROW)]),
+)
 def test_nvfp4_error_bound(vals, shift, fmt):
     with np.errstate(over="ignore"):
-        x = (np.asarray(vals, np.float64) * 2.0 ** shift).astype(np.float32)
+        x = (np.asarray(vals, np.float64) * 2.0**shift).astype(np.float32)
     x = np.clip(np.where(np.isfinite(x), x, 0), -1e30, 1e30).astype(np.float32).reshape(4, 16)
     q = quantize(x, fmt)
     y = dequantize(q).astype(np.float64)
-    g = 1.0 if q.global_scale is None else np.broadcast_to(q.global_scale, (4, 1)).astype(
-        np.float64)
+    g = (
+        1.0
+        if q.global_scale is None
+        else np.broadcast_to(q.global_scale, (4, 1)).astype(np.float64)
+    )
     s = q.scale_values().astype(np.float64) * g  # effective scale per block
     amax = np.abs(x.astype(np.float64)).max(-1, keepdims=True)
     # E2M1 spacing is at most 2 (half: 1) and the max may clip by amax - 6s; relative 2^-22 slack
     # for the float32 rounding of x*(1/(s g)) and of the dequantized product.
-    bound = s * 1.0 + np.maximum(0.0, amax - 6.0 * s) + amax * 2.0 ** -20
+    bound = s * 1.0 + np.maximum(0.0, amax - 6.0 * s) + amax * 2.0**-20
     # TE's order caps the element factor fl(1/(s·g)) at float32 max: blocks whose effective scale
     # is below 1/FLT_MAX (amax in the float32 subnormals) come out shrunk by s·g·FLT_MAX < 1.
     capped = np.broadcast_to(s < 1.0 / np.float64(np.finfo(np.float32).max), x.shape)
@@ -217,7 +243,7 @@ def test_nvfp4_error_bound(vals, shift, fmt):
     # and back, with 0 < fl(1/(s·g))·s·g <= 1 once capped, up to the element's own rounding)
     xc, yc = x.astype(np.float64)[capped], y[capped]
     slack = np.broadcast_to(bound, x.shape)[capped]
-    assert np.all(np.abs(yc) <= np.abs(xc) * (1 + 2.0 ** -20) + slack)
+    assert np.all(np.abs(yc) <= np.abs(xc) * (1 + 2.0**-20) + slack)
     assert np.all(yc * xc >= 0)
 
 
@@ -271,7 +297,7 @@ def test_fp8_per_tensor_and_packing():
     q = quantize(x, FP8_E4M3_PER_TENSOR)
     assert q.scales is None and q.global_scale.shape == ()
     assert (q.codes % 128).max() == 0x7E  # the amax element maps to +-448
-    assert np.isclose(np.abs(dequantize(q)).max(), np.abs(x).max(), rtol=2.0 ** -23, atol=0)
+    assert np.isclose(np.abs(dequantize(q)).max(), np.abs(x).max(), rtol=2.0**-23, atol=0)
     for fmt in (MXFP4, MXFP6_E2M3, NVFP4):
         p = quantize(x, fmt, pack=True)
         assert p.packed and p.shape == x.shape
@@ -280,15 +306,37 @@ def test_fp8_per_tensor_and_packing():
 
 
 # --- NumPy vs jitted JAX -------------------------------------------------------------------
-SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, -3e-39, 2.0 ** -149, 3e38,
-                    448.0, 464.0, 6.0, 7.0, 0.25, 0.75], np.float32)
+SPECIAL = np.array(
+    [
+        0.0,
+        -0.0,
+        np.inf,
+        -np.inf,
+        np.nan,
+        1e-40,
+        -3e-39,
+        2.0**-149,
+        3e38,
+        448.0,
+        464.0,
+        6.0,
+        7.0,
+        0.25,
+        0.75,
+    ],
+    np.float32,
+)
 
 JIT_CASES = [
-    (MXFP8, dict()), (MXFP4, dict(axis=-2)), (MXFP8_E5M2, dict(rule=ScaleRule.FLOOR)),
+    (MXFP8, dict()),
+    (MXFP4, dict(axis=-2)),
+    (MXFP8_E5M2, dict(rule=ScaleRule.FLOOR)),
     (MXFP6_E3M2, dict(rule=ScaleRule.EVEN)),
     (MXFP8, dict(axis=-2, geometry=Geometry.TOKEN_BLOCK)),
     (MXFP8, dict(geometry=Geometry.SQUARE)),
-    (NVFP4, dict()), (NVFP4_SINGLE, dict()), (NVFP4.replace(global_scale=GlobalScale.PER_ROW), {}),
+    (NVFP4, dict()),
+    (NVFP4_SINGLE, dict()),
+    (NVFP4.replace(global_scale=GlobalScale.PER_ROW), {}),
     (NVFP4.replace(rule=ScaleRule.RCEIL), {}),
     # blocks whose scale amax/6 is a float32 subnormal, rounded up: the clamp must not flush it
     *[(NVFP4_SINGLE.replace(rule=ScaleRule.RCEIL, arithmetic=a), {}) for a in Arithmetic],
@@ -300,7 +348,8 @@ JIT_CASES = [
 def test_numpy_and_jit_bit_identical(fmt, kw):
     rng = np.random.default_rng(zlib.crc32(repr((fmt, fmt.rule, fmt.arithmetic, kw)).encode()))
     x = (rng.standard_normal((64, 64)) * np.exp2(rng.integers(-140, 100, (64, 1)))).astype(
-        np.float32)
+        np.float32
+    )
     x[::7, ::5] = SPECIAL[rng.integers(0, len(SPECIAL), x[::7, ::5].shape)]
     x[3] = 0.0
     x[5] = 1e-40 * rng.standard_normal(64).astype(np.float32)  # subnormal-only rows
@@ -324,9 +373,9 @@ def test_exact_f32_helpers_match_float64(vals):
         ref_div = (a.astype(np.float64) / b).astype(np.float32)
     # float64 products of float32 are exact, so one rounding: equal unless the result is a
     # float32 subnormal (where fp4sim may round twice; see the module doc)
-    normal = np.abs(ref_mul) >= 2.0 ** -126
+    normal = np.abs(ref_mul) >= 2.0**-126
     assert same_bits(B.mul_f32(a, b)[normal], ref_mul[normal])
-    ok = (np.abs(ref_div) >= 2.0 ** -126) | (ref_div == 0) & (a == 0)
+    ok = (np.abs(ref_div) >= 2.0**-126) | (ref_div == 0) & (a == 0)
     assert same_bits(B.div_f32(a, b)[ok], ref_div[ok])
     for k in (-300, -149, -127, -3, 0, 5, 127, 300):
         with np.errstate(all="ignore"):
@@ -393,8 +442,9 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="TOKEN_BLOCK"):
         quantize(x, MXFP8, axis=-1, geometry=Geometry.TOKEN_BLOCK)
     with pytest.raises(ValueError, match="packed=True"):
-        QuantizedArray(np.zeros((4, 64), np.uint8), np.zeros((4, 2), np.uint8), None, MXFP8,
-                       packed=True)
+        QuantizedArray(
+            np.zeros((4, 64), np.uint8), np.zeros((4, 2), np.uint8), None, MXFP8, packed=True
+        )
 
 
 def test_format_constants():
@@ -415,9 +465,11 @@ def test_random_shapes_axes_block_sizes(data):
     axis = data.draw(st.integers(-ndim, ndim - 1))
     shape = [data.draw(st.integers(1, 3)) for _ in range(ndim)]
     shape[axis] *= bs
-    x = np.asarray(data.draw(st.lists(finite_f32, min_size=int(np.prod(shape)),
-                                      max_size=int(np.prod(shape)))), np.float32).reshape(shape)
-    x = np.clip(x, -2.0 ** 120, 2.0 ** 120).astype(np.float32)
+    x = np.asarray(
+        data.draw(st.lists(finite_f32, min_size=int(np.prod(shape)), max_size=int(np.prod(shape)))),
+        np.float32,
+    ).reshape(shape)
+    x = np.clip(x, -(2.0**120), 2.0**120).astype(np.float32)
     q = quantize(x, fmt, axis=axis)
     want = list(shape)
     want[axis] //= bs
@@ -437,7 +489,7 @@ def test_nvfp4_scale_rounding_up():
 def _flush32(a):
     """float64 -> float32 (RNE), then |x| < 2^-126 -> +0 (the rule's flushed float32 steps)."""
     a = np.asarray(a, np.float64).astype(np.float32)
-    return np.where(np.abs(a) < np.float32(2.0 ** -126), np.float32(0.0), a)
+    return np.where(np.abs(a) < np.float32(2.0**-126), np.float32(0.0), a)
 
 
 def _amplitude_oracle(x):
@@ -448,25 +500,27 @@ def _amplitude_oracle(x):
     m, ex = np.frexp(amax)  # amax = m·2^ex, m in [0.5, 1)
     e = np.where(m == 0.5, ex - 1, ex)  # ceil(log2 amax)
     e = np.where(amax == 0, -127, np.clip(e, -127, 127))
-    y = _flush32(_flush32(xb / 2.0 ** e).astype(np.float64) * 6.0)
+    y = _flush32(_flush32(xb / 2.0**e).astype(np.float64) * 6.0)
     q = y.astype(ml_dtypes.float4_e2m1fn)
     codes = q.view(np.uint8).reshape(x.shape) & 0xF
-    vals = (q.astype(np.float64) * 2.0 ** e / 6.0).astype(np.float32).reshape(x.shape)
+    vals = (q.astype(np.float64) * 2.0**e / 6.0).astype(np.float32).reshape(x.shape)
     return codes, (e + 127).astype(np.uint8)[..., 0, :], vals
 
 
 def test_amplitude_rule_matches_its_definition_numpy_and_jit():
     rng = np.random.default_rng(11)
-    x = (rng.standard_normal((3, 128, 16)) *
-         2.0 ** rng.integers(-100, 100, size=(3, 1, 16))).astype(np.float32)
+    x = (
+        rng.standard_normal((3, 128, 16)) * 2.0 ** rng.integers(-100, 100, size=(3, 1, 16))
+    ).astype(np.float32)
     # exact E2M1 ties of 6·x/β (0.25, 0.75, ... 5 over 6 times a power of two) and zero blocks
     ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32) / np.float32(6.0)
     pick = rng.random(x.shape) < 0.3
     x = np.where(pick, rng.choice(ties, x.shape) * np.sign(x), x).astype(np.float32)
     x[0, :32, 0] = 0.0
-    x = np.where(np.abs(x) < 2.0 ** -126, 0.0, x).astype(np.float32)
+    x = np.where(np.abs(x) < 2.0**-126, 0.0, x).astype(np.float32)
     codes, scales, vals = _amplitude_oracle(x)
     assert B.MXFP4_AMPLITUDE.divisor == 6.0 and MXFP4.divisor == 1.0
+
     def f(a):
         return quantize(a, B.MXFP4_AMPLITUDE, axis=-2)
 
@@ -476,8 +530,9 @@ def test_amplitude_rule_matches_its_definition_numpy_and_jit():
         np.testing.assert_array_equal(np.asarray(qa.scales), scales)
         np.testing.assert_array_equal(bits(np.asarray(dequantize(qa))), bits(vals))
     # the same grid is not OCP MX with the CEIL rule: that one scales by 2^(e - 2)
-    assert not np.array_equal(np.asarray(quantize(x, MXFP4, axis=-2, rule=ScaleRule.CEIL).codes),
-                              codes)
+    assert not np.array_equal(
+        np.asarray(quantize(x, MXFP4, axis=-2, rule=ScaleRule.CEIL).codes), codes
+    )
 
 
 def test_amplitude_rule_nonfinite_blocks_and_range():
@@ -485,15 +540,17 @@ def test_amplitude_rule_nonfinite_blocks_and_range():
     x[3, 0] = np.nan
     x[40, 1] = np.inf
     x[:32, 2] = np.float32(3.0e38)  # ceil(log2 amax) = 128 clamps to 127: payloads saturate
-    for arr, f in ((x, quantize), (jnp.asarray(x), jax.jit(quantize, static_argnums=1,
-                                                           static_argnames="axis"))):
+    for arr, f in (
+        (x, quantize),
+        (jnp.asarray(x), jax.jit(quantize, static_argnums=1, static_argnames="axis")),
+    ):
         qa = f(arr, B.MXFP4_AMPLITUDE, axis=-2)
         s = np.asarray(qa.scales)
         assert s[0, 0] == 0xFF and s[1, 1] == 0xFE and s[0, 2] == 254 and s[1, 0] == 127
         d = np.asarray(dequantize(qa))
         assert np.isnan(d[:32, 0]).all() and not np.isnan(d[32:, 0]).any()
-        assert d[40, 1] == np.float32(2.0 ** 127)  # 2^127·6/6: no overflow on the way
-        np.testing.assert_array_equal(d[:32, 2], np.float32(2.0 ** 127))
+        assert d[40, 1] == np.float32(2.0**127)  # 2^127·6/6: no overflow on the way
+        np.testing.assert_array_equal(d[:32, 2], np.float32(2.0**127))
 
 
 def test_amplitude_rule_bad_formats_and_mma():

@@ -36,9 +36,31 @@ FORMATS = [E2M1, E2M3, E3M2, E4M3, E5M2, UE4M3, UE8M0]
 def _f32_patterns() -> np.ndarray:
     """Every float32 exponent field with edge mantissas (ties, all ones, the subnormal range),
     both signs, zeros, Inf and NaN."""
-    man = np.array([0, 1, 2, 3, 0x7FFFFF, 0x400000, 0x400001, 0x3FFFFF, 0x200000, 0x100000,
-                    0x080000, 0x0C0000, 0x0A0000, 0x060000, 0x040001, 0x1FFFFF, 0x600000,
-                    0x700000, 0x7E0000, 0x555555], np.uint32)
+    man = np.array(
+        [
+            0,
+            1,
+            2,
+            3,
+            0x7FFFFF,
+            0x400000,
+            0x400001,
+            0x3FFFFF,
+            0x200000,
+            0x100000,
+            0x080000,
+            0x0C0000,
+            0x0A0000,
+            0x060000,
+            0x040001,
+            0x1FFFFF,
+            0x600000,
+            0x700000,
+            0x7E0000,
+            0x555555,
+        ],
+        np.uint32,
+    )
     b = ((np.arange(256, dtype=np.uint32)[:, None] << 23) | man[None, :]).ravel()
     return np.concatenate([b, b | np.uint32(0x80000000)]).view(np.float32)
 
@@ -55,10 +77,12 @@ with np.errstate(invalid="ignore"):  # signalling NaN patterns are quieted by th
 
 def _policies(fmt):
     nans = [NanPolicy.ZERO, NanPolicy.MAX] + ([NanPolicy.PROPAGATE] if fmt.has_nan else [])
-    for rounding, overflow, nan, flush in itertools.product(Rounding, Overflow, nans,
-                                                            (False, True)):
-        policy = Policy(rounding=rounding, overflow=overflow, nan=nan, flush_inputs=flush,
-                        flush_outputs=flush)
+    for rounding, overflow, nan, flush in itertools.product(
+        Rounding, Overflow, nans, (False, True)
+    ):
+        policy = Policy(
+            rounding=rounding, overflow=overflow, nan=nan, flush_inputs=flush, flush_outputs=flush
+        )
         try:
             codec.check_policy(fmt, policy)
         except ValueError:
@@ -83,22 +107,28 @@ def test_shift_broadcasts_per_block_and_zero_shift_is_plain_encode():
     assert np.array_equal(codec.encode(x, E4M3, exp_shift=k), want)
     assert np.array_equal(codec.encode(X, E5M2, exp_shift=np.int32(0)), codec.encode(X, E5M2))
     # a NumPy scalar goes through the same steps (no scalar wrap-around warnings)
-    assert codec.encode(np.float32(1e-40), E4M3, exp_shift=np.int32(127)) == \
-        codec.encode(np.float64(1e-40 * 2.0**127), E4M3)
+    assert codec.encode(np.float32(1e-40), E4M3, exp_shift=np.int32(127)) == codec.encode(
+        np.float64(1e-40 * 2.0**127), E4M3
+    )
 
 
-@pytest.mark.parametrize("fmt,policy", [
-    (E4M3, Policy()), (E5M2, Policy(rounding=Rounding.UP, overflow=Overflow.INF)),
-    (E2M1, Policy(nan=NanPolicy.ZERO, rounding=Rounding.DOWN)),
-    (UE8M0, Policy(flush_inputs=True)),
-    (E3M2, Policy(rounding=Rounding.STOCHASTIC, nan=NanPolicy.MAX)),
-])
+@pytest.mark.parametrize(
+    "fmt,policy",
+    [
+        (E4M3, Policy()),
+        (E5M2, Policy(rounding=Rounding.UP, overflow=Overflow.INF)),
+        (E2M1, Policy(nan=NanPolicy.ZERO, rounding=Rounding.DOWN)),
+        (UE8M0, Policy(flush_inputs=True)),
+        (E3M2, Policy(rounding=Rounding.STOCHASTIC, nan=NanPolicy.MAX)),
+    ],
+)
 def test_shift_jit_equals_numpy(fmt, policy):
     rb = RANDOM if policy.rounding is Rounding.STOCHASTIC else None
     fn = jax.jit(lambda v, k, r: codec.encode(v, fmt, policy, random_bits=r, exp_shift=k))
     got = fn(jnp.asarray(X), jnp.asarray(K), None if rb is None else jnp.asarray(rb))
-    assert np.array_equal(np.asarray(got), codec.encode(X, fmt, policy, random_bits=rb,
-                                                        exp_shift=K))
+    assert np.array_equal(
+        np.asarray(got), codec.encode(X, fmt, policy, random_bits=rb, exp_shift=K)
+    )
 
 
 def test_shift_bad_input_names_the_argument():
@@ -125,7 +155,10 @@ def test_quantize_lifts_subnormal_blocks_exactly(fmt):
     assert np.array_equal(q.scales, np.asarray(qj.scales))
     e = q.scales.astype(np.int64) - 127
     assert e.min() == -127  # the case under test
-    want = codec.encode(x.astype(np.float64) * np.exp2(-e.astype(np.float64)), fmt.elem,
-                        Policy(nan=NanPolicy.ZERO) if not fmt.elem.has_nan else Policy())
+    want = codec.encode(
+        x.astype(np.float64) * np.exp2(-e.astype(np.float64)),
+        fmt.elem,
+        Policy(nan=NanPolicy.ZERO) if not fmt.elem.has_nan else Policy(),
+    )
     assert np.array_equal(q.codes, want)
     assert np.all(np.isfinite(dequantize(q)))

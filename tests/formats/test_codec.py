@@ -44,13 +44,23 @@ from fp4sim.formats import (
 )
 
 FMT_IDS = [f.name for f in ALL_FORMATS]
-DIRECTED = (Rounding.NEAREST_EVEN, Rounding.NEAREST_AWAY, Rounding.TOWARD_ZERO, Rounding.UP,
-            Rounding.DOWN)
+DIRECTED = (
+    Rounding.NEAREST_EVEN,
+    Rounding.NEAREST_AWAY,
+    Rounding.TOWARD_ZERO,
+    Rounding.UP,
+    Rounding.DOWN,
+)
 
 
 def valid_overflows(fmt):
-    return [o for o in Overflow if o is Overflow.SATURATE or (o is Overflow.NAN and fmt.has_nan)
-            or (o is Overflow.INF and fmt.has_inf)]
+    return [
+        o
+        for o in Overflow
+        if o is Overflow.SATURATE
+        or (o is Overflow.NAN and fmt.has_nan)
+        or (o is Overflow.INF and fmt.has_inf)
+    ]
 
 
 def raises_on(fmt, policy, x):
@@ -124,8 +134,11 @@ def oracle_encode(x, fmt, policy, random_bits=None):
     if policy.flush_outputs and fmt.subnormals:
         mag = np.where(mag < (1 << fmt.mbits), 0, mag)
     overflow = (mag == ovf_sentinel) | beyond | inf
-    ovf = {Overflow.SATURATE: max_code(fmt), Overflow.NAN: fmt.magnitude_mask if fmt.nan.name == "ALL_ONES" else nan_code(fmt),
-           Overflow.INF: inf_code(fmt)}[policy.overflow]
+    ovf = {
+        Overflow.SATURATE: max_code(fmt),
+        Overflow.NAN: fmt.magnitude_mask if fmt.nan.name == "ALL_ONES" else nan_code(fmt),
+        Overflow.INF: inf_code(fmt),
+    }[policy.overflow]
     mag = np.where(overflow, ovf, mag)
     sign = neg & fmt.signed
     if policy.nan in (NanPolicy.PROPAGATE, NanPolicy.RAISE) and fmt.has_nan:
@@ -139,9 +152,12 @@ def oracle_encode(x, fmt, policy, random_bits=None):
 
 
 def all_policies(fmt):
-    for r, o, n, z, fi, fo in itertools.product(Rounding, valid_overflows(fmt), NanPolicy,
-                                                SignedZero, (False, True), (False, True)):
-        yield Policy(rounding=r, overflow=o, nan=n, signed_zero=z, flush_inputs=fi, flush_outputs=fo)
+    for r, o, n, z, fi, fo in itertools.product(
+        Rounding, valid_overflows(fmt), NanPolicy, SignedZero, (False, True), (False, True)
+    ):
+        yield Policy(
+            rounding=r, overflow=o, nan=n, signed_zero=z, flush_inputs=fi, flush_outputs=fo
+        )
 
 
 def interesting_inputs(fmt, rng, n_random=1500):
@@ -152,9 +168,25 @@ def interesting_inputs(fmt, rng, n_random=1500):
     pts = np.concatenate([g, (g[:-1] + g[1:]) / 2, [(fmt.max + top) / 2, top, 2 * top]])
     pts = np.minimum(pts, np.finfo(np.float32).max).astype(np.float32)
     with np.errstate(over="ignore"):
-        near = np.concatenate([pts, np.nextafter(pts, np.float32(np.inf)), np.nextafter(pts, np.float32(0))])
-    specials = np.array([0.0, np.inf, np.nan, 2.0**-149, 2.0**-127, 1.5 * 2.0**-127, 2.0**-126,
-                         3.4028235e38, 1e-45, 1e-40, 1e30], dtype=np.float32)
+        near = np.concatenate(
+            [pts, np.nextafter(pts, np.float32(np.inf)), np.nextafter(pts, np.float32(0))]
+        )
+    specials = np.array(
+        [
+            0.0,
+            np.inf,
+            np.nan,
+            2.0**-149,
+            2.0**-127,
+            1.5 * 2.0**-127,
+            2.0**-126,
+            3.4028235e38,
+            1e-45,
+            1e-40,
+            1e30,
+        ],
+        dtype=np.float32,
+    )
     rand_bits = rng.integers(0, 2**32, n_random, dtype=np.uint64).astype(np.uint32).view(np.float32)
     rand_range = (rng.uniform(0, 1.2, n_random) * fmt.max).astype(np.float32)
     rand_small = (rng.uniform(0, 4, n_random) * fmt.min_subnormal).astype(np.float32)
@@ -175,8 +207,10 @@ def check_against_oracle(x, fmt, policy, rng):
     got = encode(x, fmt, policy, random_bits=rb)
     want = oracle_encode(x, fmt, policy, rb)
     bad = np.flatnonzero(got != want)
-    assert bad.size == 0, (f"{fmt} {policy}: {bad.size} mismatches, e.g. x={x[bad[:4]]!r} "
-                           f"got={got[bad[:4]]} want={want[bad[:4]]}")
+    assert bad.size == 0, (
+        f"{fmt} {policy}: {bad.size} mismatches, e.g. x={x[bad[:4]]!r} "
+        f"got={got[bad[:4]]} want={want[bad[:4]]}"
+    )
 
 
 # --- every code --------------------------------------------------------------------------------
@@ -187,7 +221,9 @@ def _ml_dtypes_table(fmt):
     return codes.view(fmt.np_dtype).astype(np.float32)
 
 
-@pytest.mark.parametrize("fmt", [f for f in ALL_FORMATS if f.dtype is not None], ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fmt", [f for f in ALL_FORMATS if f.dtype is not None], ids=lambda f: f.name
+)
 def test_every_code_decodes_like_ml_dtypes(fmt):
     ours, ref = value_table(fmt), _ml_dtypes_table(fmt)
     assert ours.dtype == np.float32 and ours.shape == (fmt.num_codes,)
@@ -237,17 +273,21 @@ def _tie_cases(fmt):
 
 
 @pytest.mark.parametrize("rounding", DIRECTED, ids=lambda r: r.name)
-@pytest.mark.parametrize(("fmt", "negative"),
-                         [(f, False) for f in ALL_FORMATS] + [(f, True) for f in ALL_FORMATS if f.signed],
-                         ids=lambda v: v.name if hasattr(v, "name") else ("neg" if v else "pos"))
+@pytest.mark.parametrize(
+    ("fmt", "negative"),
+    [(f, False) for f in ALL_FORMATS] + [(f, True) for f in ALL_FORMATS if f.signed],
+    ids=lambda v: v.name if hasattr(v, "name") else ("neg" if v else "pos"),
+)
 def test_every_tie_and_its_neighbours(fmt, rounding, negative):
     """Unsigned formats only take the positive side: negatives are invalid inputs there."""
     policy = Policy(rounding=rounding, overflow=Overflow.SATURATE)
     for lo, hi, clo, chi in _tie_cases(fmt):
         mid = np.float32((lo + hi) / 2)
         assert float(mid) == (lo + hi) / 2, "midpoints are float32 values"
-        x = np.array([np.nextafter(mid, np.float32(0)), mid, np.nextafter(mid, np.float32(np.inf))],
-                     np.float32)
+        x = np.array(
+            [np.nextafter(mid, np.float32(0)), mid, np.nextafter(mid, np.float32(np.inf))],
+            np.float32,
+        )
         hi_code = max_code(fmt) if chi is None else chi  # saturation of the overflow side
         if rounding is Rounding.NEAREST_EVEN:
             want = [clo, clo if clo % 2 == 0 else hi_code, hi_code]
@@ -261,7 +301,9 @@ def test_every_tie_and_its_neighbours(fmt, rounding, negative):
             x = -x
             want = [w | fmt.sign_mask for w in want]
         got = encode(x, fmt, policy)
-        assert got.tolist() == want, f"{fmt} {rounding} between {lo} and {hi}: x={x} got={got} want={want}"
+        assert got.tolist() == want, (
+            f"{fmt} {rounding} between {lo} and {hi}: x={x} got={got} want={want}"
+        )
 
 
 def test_e2m1_golden_ties():
@@ -283,17 +325,37 @@ def test_e4m3_e5m2_worked_examples():
     nan = decode(encode(x, E4M3, Policy(overflow=Overflow.NAN)), E4M3)
     np.testing.assert_array_equal(np.isnan(nan), [False, True, True, True, False, False])
     # microxcaling test_fp8_e4m3_fix: 400 -> 416 with its default ties-away rounding
-    assert decode(encode(np.float32([400]), E4M3, Policy(rounding=Rounding.NEAREST_AWAY)), E4M3)[0] == 416
+    assert (
+        decode(encode(np.float32([400]), E4M3, Policy(rounding=Rounding.NEAREST_AWAY)), E4M3)[0]
+        == 416
+    )
     # E4M3 subnormal ties: 2^-10 -> 0, 3*2^-10 -> 2^-8
-    np.testing.assert_array_equal(decode(encode(np.float32([2.0**-10, 3 * 2.0**-10]), E4M3), E4M3),
-                                  [0, 2.0**-8])
+    np.testing.assert_array_equal(
+        decode(encode(np.float32([2.0**-10, 3 * 2.0**-10]), E4M3), E4M3), [0, 2.0**-8]
+    )
     inf = encode(np.float32([61440, -61440, 61439.996]), E5M2, Policy(overflow=Overflow.INF))
     assert inf.tolist() == [0x7C, 0xFC, 0x7B]
 
 
 def test_ue8m0_special_cases():
-    x = np.float32([0.0, -0.0, 2.0**-149, 2.0**-127, 1.4 * 2.0**-127, 1.5 * 2.0**-127, 3.0, 6.0,
-                    2.0**127, 1.5 * 2.0**127, np.inf, np.nan, -1.0, -np.inf])
+    x = np.float32(
+        [
+            0.0,
+            -0.0,
+            2.0**-149,
+            2.0**-127,
+            1.4 * 2.0**-127,
+            1.5 * 2.0**-127,
+            3.0,
+            6.0,
+            2.0**127,
+            1.5 * 2.0**127,
+            np.inf,
+            np.nan,
+            -1.0,
+            -np.inf,
+        ]
+    )
     rne = encode(x, UE8M0)
     assert rne.tolist() == [0, 0, 0, 0, 0, 0, 128, 130, 254, 254, 254, 255, 255, 255]
     away = encode(x[:10], UE8M0, Policy(rounding=Rounding.NEAREST_AWAY))
@@ -316,16 +378,25 @@ def test_unsigned_negatives_are_invalid_inputs():
 
 # --- random inputs: ml_dtypes where the policies coincide --------------------------------------
 ML_DTYPES_EQUIVALENT = [
-    (E2M1, Policy()), (E2M3, Policy()), (E3M2, Policy()),
-    (E4M3, Policy(overflow=Overflow.NAN)), (E5M2, Policy(overflow=Overflow.INF)),
+    (E2M1, Policy()),
+    (E2M3, Policy()),
+    (E3M2, Policy()),
+    (E4M3, Policy(overflow=Overflow.NAN)),
+    (E5M2, Policy(overflow=Overflow.INF)),
 ]
 
 f32_arrays = st.one_of(
     hnp.arrays(np.uint32, st.integers(1, 64)).map(lambda b: b.view(np.float32)),
-    hnp.arrays(np.float32, st.integers(1, 64),
-               elements=st.floats(-1e5, 1e5, width=32, allow_subnormal=True)),
-    hnp.arrays(np.float32, st.integers(1, 64),
-               elements=st.sampled_from([0.0, -0.0, np.inf, -np.inf, 1e-45, -3e-39, 7.0, 480.0])),
+    hnp.arrays(
+        np.float32,
+        st.integers(1, 64),
+        elements=st.floats(-1e5, 1e5, width=32, allow_subnormal=True),
+    ),
+    hnp.arrays(
+        np.float32,
+        st.integers(1, 64),
+        elements=st.sampled_from([0.0, -0.0, np.inf, -np.inf, 1e-45, -3e-39, 7.0, 480.0]),
+    ),
 )
 
 
@@ -339,12 +410,15 @@ def test_random_inputs_match_ml_dtypes_where_policies_coincide(x):
             assert np.all(np.isnan(decode(encode(x[~ok], fmt, policy), fmt)))
     # UE4M3 = float8_e4m3fn on non-negative inputs; UE8M0 = nearest-away above 1.5*2^-127
     pos = np.abs(x[~np.isnan(x)])
-    np.testing.assert_array_equal(encode(pos, UE4M3, Policy(overflow=Overflow.NAN)),
-                                  pos.astype(ml_dtypes.float8_e4m3fn).view(np.uint8))
+    np.testing.assert_array_equal(
+        encode(pos, UE4M3, Policy(overflow=Overflow.NAN)),
+        pos.astype(ml_dtypes.float8_e4m3fn).view(np.uint8),
+    )
     big = pos[pos >= 1.5 * 2.0**-127]
     np.testing.assert_array_equal(
         encode(big, UE8M0, Policy(rounding=Rounding.NEAREST_AWAY, overflow=Overflow.NAN)),
-        big.astype(ml_dtypes.float8_e8m0fnu).view(np.uint8))
+        big.astype(ml_dtypes.float8_e8m0fnu).view(np.uint8),
+    )
 
 
 # --- random inputs: the brute-force oracle, every policy ---------------------------------------
@@ -365,22 +439,39 @@ def test_every_bfloat16_value_matches_the_oracle(fmt):
     for rounding in DIRECTED:
         for overflow in valid_overflows(fmt):
             policy = Policy(rounding=rounding, overflow=overflow)
-            np.testing.assert_array_equal(encode(x, fmt, policy), oracle_encode(x, fmt, policy),
-                                          err_msg=f"{fmt} {policy}")
+            np.testing.assert_array_equal(
+                encode(x, fmt, policy), oracle_encode(x, fmt, policy), err_msg=f"{fmt} {policy}"
+            )
 
 
-policies = st.builds(Policy, rounding=st.sampled_from(Rounding), overflow=st.just(Overflow.SATURATE),
-                     nan=st.sampled_from(NanPolicy), signed_zero=st.sampled_from(SignedZero),
-                     flush_inputs=st.booleans(), flush_outputs=st.booleans())
+policies = st.builds(
+    Policy,
+    rounding=st.sampled_from(Rounding),
+    overflow=st.just(Overflow.SATURATE),
+    nan=st.sampled_from(NanPolicy),
+    signed_zero=st.sampled_from(SignedZero),
+    flush_inputs=st.booleans(),
+    flush_outputs=st.booleans(),
+)
 
 
-@given(x=f32_arrays, fmt=st.sampled_from(ALL_FORMATS), policy=policies, seed=st.integers(0, 2**32 - 1),
-       overflow=st.sampled_from(Overflow))
+@given(
+    x=f32_arrays,
+    fmt=st.sampled_from(ALL_FORMATS),
+    policy=policies,
+    seed=st.integers(0, 2**32 - 1),
+    overflow=st.sampled_from(Overflow),
+)
 def test_random_inputs_match_the_oracle(x, fmt, policy, seed, overflow):
     if overflow in valid_overflows(fmt):
-        policy = Policy(rounding=policy.rounding, overflow=overflow, nan=policy.nan,
-                        signed_zero=policy.signed_zero, flush_inputs=policy.flush_inputs,
-                        flush_outputs=policy.flush_outputs)
+        policy = Policy(
+            rounding=policy.rounding,
+            overflow=overflow,
+            nan=policy.nan,
+            signed_zero=policy.signed_zero,
+            flush_inputs=policy.flush_inputs,
+            flush_outputs=policy.flush_outputs,
+        )
     check_against_oracle(x, fmt, policy, np.random.default_rng(seed))
 
 
@@ -390,20 +481,26 @@ def test_half_inputs_equal_their_exact_float32(dtype):
     x = np.arange(2**16, dtype=np.uint16).view(dtype)  # every half-precision value
     x32 = x.astype(np.float32)  # NumPy/ml_dtypes widening is exact
     for fmt in (E2M1, E4M3, E5M2, UE8M0):
-        for policy in (Policy(nan=NanPolicy.ZERO), Policy(rounding=Rounding.UP, nan=NanPolicy.MAX,
-                                                          flush_inputs=True)):
+        for policy in (
+            Policy(nan=NanPolicy.ZERO),
+            Policy(rounding=Rounding.UP, nan=NanPolicy.MAX, flush_inputs=True),
+        ):
             np.testing.assert_array_equal(encode(x, fmt, policy), encode(x32, fmt, policy))
 
 
 f64_arrays = st.one_of(
     hnp.arrays(np.float64, st.integers(1, 64), elements=st.floats(-1e6, 1e6, allow_subnormal=True)),
-    hnp.arrays(np.float64, st.integers(1, 64), elements=st.floats(-2.0**-120, 2.0**-120)),
+    hnp.arrays(np.float64, st.integers(1, 64), elements=st.floats(-(2.0**-120), 2.0**-120)),
     hnp.arrays(np.uint64, st.integers(1, 64)).map(lambda b: b.view(np.float64)),
 )
 
 
-@given(x=f64_arrays, fmt=st.sampled_from(ALL_FORMATS), rounding=st.sampled_from(DIRECTED),
-       flush=st.booleans())
+@given(
+    x=f64_arrays,
+    fmt=st.sampled_from(ALL_FORMATS),
+    rounding=st.sampled_from(DIRECTED),
+    flush=st.booleans(),
+)
 def test_float64_inputs_are_rounded_once(x, fmt, rounding, flush):
     policy = Policy(rounding=rounding, nan=NanPolicy.ZERO, flush_inputs=flush)
     np.testing.assert_array_equal(encode(x, fmt, policy), oracle_encode(x, fmt, policy))
@@ -424,8 +521,9 @@ def test_stochastic_threshold_is_exact():
     np.testing.assert_array_equal(got, [1.5, 1.5, 1.0, 1.0])
     exact = np.float32([1.0, 6.0, 0.0])  # representable values never move
     for b in (0, 2**32 - 1):
-        got = encode(exact, E2M1, Policy(rounding=Rounding.STOCHASTIC),
-                     random_bits=np.full(3, b, np.uint32))
+        got = encode(
+            exact, E2M1, Policy(rounding=Rounding.STOCHASTIC), random_bits=np.full(3, b, np.uint32)
+        )
         np.testing.assert_array_equal(decode(got, E2M1), exact)
 
 
@@ -495,6 +593,7 @@ def test_bad_input_errors_name_the_argument():
     assert decode(np.uint8([0x10]), E2M1).view(np.uint32).tolist() == [0x7FC00000]
     assert decode(np.uint8([0x80]), UE4M3).view(np.uint32).tolist() == [0x7FC00000]
     from fp4sim.formats.spec import FloatFormat, NanEncoding
+
     tiny = FloatFormat(name="UE7M0", ebits=7, mbits=0, bias=200, signed=False, nan=NanEncoding.NONE)
     with pytest.raises(ValueError, match="fmt=UE7M0"):
         encode(x, tiny)

@@ -39,14 +39,27 @@ FMT_IDS = [f.name for f in ALL_FORMATS]
 def covering_policies(fmt):
     """Every value of every Policy field at least once (every rounding with every valid
     overflow), cycling the NaN, signed-zero and flush options along."""
-    overflows = [o for o in Overflow if o is Overflow.SATURATE or (o is Overflow.NAN and fmt.has_nan)
-                 or (o is Overflow.INF and fmt.has_inf)]
+    overflows = [
+        o
+        for o in Overflow
+        if o is Overflow.SATURATE
+        or (o is Overflow.NAN and fmt.has_nan)
+        or (o is Overflow.INF and fmt.has_inf)
+    ]
     nans, zeros = list(NanPolicy), list(SignedZero)
     out = []
     for k, r in enumerate(Rounding):
         for o in overflows:
-            out.append(Policy(rounding=r, overflow=o, nan=nans[k % 4], signed_zero=zeros[k % 2],
-                              flush_inputs=k % 3 == 1, flush_outputs=k % 3 != 0))
+            out.append(
+                Policy(
+                    rounding=r,
+                    overflow=o,
+                    nan=nans[k % 4],
+                    signed_zero=zeros[k % 2],
+                    flush_inputs=k % 3 == 1,
+                    flush_outputs=k % 3 != 0,
+                )
+            )
     return out
 
 
@@ -79,12 +92,15 @@ def test_jit_equals_numpy_for_every_policy_option(fmt):
         out = []
         for p in policies:
             v, r = (xc, rc) if numpy_raises(fmt, p) else (xa, ra)
-            out.append(encode(v, fmt, p, random_bits=r if p.rounding is Rounding.STOCHASTIC else None))
+            out.append(
+                encode(v, fmt, p, random_bits=r if p.rounding is Rounding.STOCHASTIC else None)
+            )
         return out
 
     # RAISE is a checkify check under jax (clean inputs here: it must not fire)
-    err, got = checkify.checkify(jax.jit(run))(jnp.asarray(x), jnp.asarray(clean),
-                                               jnp.asarray(rb_x), jnp.asarray(rb_c))
+    err, got = checkify.checkify(jax.jit(run))(
+        jnp.asarray(x), jnp.asarray(clean), jnp.asarray(rb_x), jnp.asarray(rb_c)
+    )
     err.throw()
     want = run(x, clean, rb_x, rb_c)
     for p, g, w in zip(policies, got, want):
@@ -161,15 +177,18 @@ def test_vmap_and_half_inputs():
     np.testing.assert_array_equal(np.asarray(f(jnp.asarray(x))), encode(x, E2M1))
     static = jax.jit(encode, static_argnames=("fmt", "policy"))  # formats and policies hash
     up = Policy(rounding=Rounding.UP)
-    np.testing.assert_array_equal(np.asarray(static(jnp.asarray(x), fmt=E2M1, policy=up)),
-                                  encode(x, E2M1, up))
+    np.testing.assert_array_equal(
+        np.asarray(static(jnp.asarray(x), fmt=E2M1, policy=up)), encode(x, E2M1, up)
+    )
     for dtype in (jnp.float16, jnp.bfloat16):
         h = jnp.asarray(np.arange(2**16, dtype=np.uint16)).view(dtype)
         hn = np.asarray(h)
         for fmt in (E5M2, UE8M0):
             p = Policy(nan=NanPolicy.ZERO)
             got = jax.jit(lambda v, fmt=fmt, p=p: encode(v, fmt, p))(h)
-            np.testing.assert_array_equal(np.asarray(got), encode(hn, fmt, p), err_msg=f"{dtype} {fmt}")
+            np.testing.assert_array_equal(
+                np.asarray(got), encode(hn, fmt, p), err_msg=f"{dtype} {fmt}"
+            )
             assert hn.dtype in (np.float16, ml_dtypes.bfloat16)
 
 
@@ -179,11 +198,13 @@ def test_stochastic_under_jit_uses_the_given_bits():
     bits = rng.integers(0, 2**32, 500, dtype=np.uint64).astype(np.uint32)
     p = Policy(rounding=Rounding.STOCHASTIC)
     f = jax.jit(lambda v, b: encode(v, E2M1, p, random_bits=b))
-    np.testing.assert_array_equal(np.asarray(f(jnp.asarray(x), jnp.asarray(bits))),
-                                  encode(x, E2M1, p, random_bits=bits))
+    np.testing.assert_array_equal(
+        np.asarray(f(jnp.asarray(x), jnp.asarray(bits))), encode(x, E2M1, p, random_bits=bits)
+    )
     key_bits = jax.random.bits(jax.random.key(0), (500,), jnp.uint32)
-    np.testing.assert_array_equal(np.asarray(f(jnp.asarray(x), key_bits)),
-                                  np.asarray(f(jnp.asarray(x), key_bits)))
+    np.testing.assert_array_equal(
+        np.asarray(f(jnp.asarray(x), key_bits)), np.asarray(f(jnp.asarray(x), key_bits))
+    )
 
 
 def test_float64_numpy_values_with_jax_bits_are_refused_without_x64():

@@ -49,8 +49,10 @@ def test_div_f32_random_bit_patterns_equal_ieee():
     """Random float32 bit patterns (every class: subnormal, normal, Inf, NaN), NumPy and jit,
     against NumPy's native IEEE division (NaN payloads are checked in test_exp2)."""
     rng = np.random.default_rng(12)
-    a, b = (rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32)
-            for _ in range(2))
+    a, b = (
+        rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32)
+        for _ in range(2)
+    )
     with np.errstate(all="ignore"):
         want = a / b
     ok = ~np.isnan(want)

@@ -63,8 +63,11 @@ def oracle_8x4(s: np.ndarray) -> np.ndarray:
 def mosaic_format_scales(s: np.ndarray) -> np.ndarray:
     """The conversion documented in jax's tcgen05.py (jax/_src/pallas/mosaic_gpu), for padded input."""
     mn, kk = s.shape
-    return (s.reshape(mn // 128, 4, 32, kk // 4, 4)
-             .transpose(0, 3, 2, 1, 4).reshape(mn // 128, kk // 4, 32, 16))
+    return (
+        s.reshape(mn // 128, 4, 32, kk // 4, 4)
+        .transpose(0, 3, 2, 1, 4)
+        .reshape(mn // 128, kk // 4, 32, 16)
+    )
 
 
 def random_scales(rng, shape) -> np.ndarray:
@@ -89,8 +92,10 @@ def test_8x4_matches_flashinfer_formula(rows, cols):
     got = to_swizzled_8x4(s)
     np.testing.assert_array_equal(got, oracle_8x4(s))
     np.testing.assert_array_equal(from_swizzled_8x4(got, rows, cols), s)
-    assert padded_scale_shape(rows, cols, ScaleLayout.SWIZZLED_8X4) == (-(-rows // 8) * 8,
-                                                                       -(-cols // 4) * 4)
+    assert padded_scale_shape(rows, cols, ScaleLayout.SWIZZLED_8X4) == (
+        -(-rows // 8) * 8,
+        -(-cols // 4) * 4,
+    )
 
 
 def test_cublas_worked_example():
@@ -100,14 +105,30 @@ def test_cublas_worked_example():
         for c in range(4):
             s[r, c] = 1000 * r + c
     b = to_blocked(s)
-    assert b[:16].tolist() == [0, 1, 2, 3, 32000, 32001, 32002, 32003,
-                               64000, 64001, 64002, 64003, 96000, 96001, 96002, 96003]
+    assert b[:16].tolist() == [
+        0,
+        1,
+        2,
+        3,
+        32000,
+        32001,
+        32002,
+        32003,
+        64000,
+        64001,
+        64002,
+        64003,
+        96000,
+        96001,
+        96002,
+        96003,
+    ]
     assert b[16:20].tolist() == [1000, 1001, 1002, 1003]
 
 
 def test_matches_torchao_to_blocked():
     d = np.load(PRESETS / "torchao_to_blocked.npz")
-    shapes = [k[len("scales_"):] for k in d.files if k.startswith("scales_")]
+    shapes = [k[len("scales_") :] for k in d.files if k.startswith("scales_")]
     assert len(shapes) >= 4
     for shape in shapes:
         rows, cols = map(int, shape.split("x"))
@@ -119,8 +140,13 @@ def test_matches_torchao_to_blocked():
 
 def test_torchao_vectors_match_provenance():
     """Every stored torchao file is the one PROVENANCE.md lists (sha256), loads without pickle."""
-    listed = dict(re.findall(r"^\| `(torchao_\w+\.npz)` \| `([0-9a-f]{64})` \|",
-                             (PRESETS / "PROVENANCE.md").read_text(), flags=re.M))
+    listed = dict(
+        re.findall(
+            r"^\| `(torchao_\w+\.npz)` \| `([0-9a-f]{64})` \|",
+            (PRESETS / "PROVENANCE.md").read_text(),
+            flags=re.M,
+        )
+    )
     stored = sorted(p.name for p in PRESETS.glob("torchao_*.npz"))
     assert stored and sorted(listed) == stored
     for name in stored:
@@ -180,20 +206,23 @@ def test_round_trip_and_padding(s, layout):
         np.testing.assert_array_equal(x[..., blocked_offset(i, j, cols, layout)], s)
     # every batch entry is laid out on its own
     if s.ndim > 2:
-        np.testing.assert_array_equal(x[(0,) * (s.ndim - 2)], to_layout(s[(0,) * (s.ndim - 2)],
-                                                                        layout))
+        np.testing.assert_array_equal(
+            x[(0,) * (s.ndim - 2)], to_layout(s[(0,) * (s.ndim - 2)], layout)
+        )
     # a nonzero byte in the padding is caught, and only there
     if mask.any():
         bad = np.array(x)
         flat_pos = int(np.flatnonzero(mask.ravel())[-1])
-        bad.reshape(bad.shape[:bad.ndim - mask.ndim] + (-1,))[(0,) * (bad.ndim - mask.ndim)
-                                                              + (flat_pos,)] = 7
+        bad.reshape(bad.shape[: bad.ndim - mask.ndim] + (-1,))[
+            (0,) * (bad.ndim - mask.ndim) + (flat_pos,)
+        ] = 7
         with pytest.raises(ValueError, match="nonzero padding"):
             check_padding(bad, layout, rows, cols)
 
 
 def test_numpy_and_jit_identical():
     import jax
+
     s = random_scales(np.random.default_rng(9), (2, 130, 6))
     for layout in (ScaleLayout.SWIZZLED_128X4, ScaleLayout.MOSAIC_TMEM, ScaleLayout.SWIZZLED_8X4):
         got = jax.jit(lambda a, layout=layout: to_layout(a, layout))(jax.numpy.asarray(s))

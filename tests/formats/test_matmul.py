@@ -65,7 +65,7 @@ def test_float32_model_is_k_order_float32_accumulation():
     got = scaled_matmul(a, b, accumulation=Accumulation.FLOAT32)
     assert np.array_equal(got, ref)
     ex = scaled_matmul(a, b, accumulation=Accumulation.EXACT)
-    bound = 64 * 2.0 ** -24 * (np.abs(dequantize(a)) @ np.abs(dequantize(b)).T)
+    bound = 64 * 2.0**-24 * (np.abs(dequantize(a)) @ np.abs(dequantize(b)).T)
     assert np.all(np.abs(got.astype(np.float64) - ex) <= bound)
 
 
@@ -74,8 +74,12 @@ def test_numpy_and_jit_bit_identical():
     x = (rng.standard_normal((4, 32)) * 4).astype(np.float32)
     y = rng.standard_normal((8, 32)).astype(np.float32)
     pt = NVFP4.replace(global_scale=GlobalScale.PER_ROW)
-    for fmt, acc in ((MXFP8, Accumulation.FLOAT32), (pt, Accumulation.FLOAT32),
-                     (MXFP8, Accumulation.HOPPER_FP8)):
+    for fmt, acc in (
+        (MXFP8, Accumulation.FLOAT32),
+        (pt, Accumulation.FLOAT32),
+        (MXFP8, Accumulation.HOPPER_FP8),
+    ):
+
         def f(p, q, fmt=fmt, acc=acc):
             return scaled_matmul(quantize(p, fmt), quantize(q, fmt), accumulation=acc)
 
@@ -86,13 +90,13 @@ def test_numpy_and_jit_bit_identical():
 
 def test_wgmma_model_truncates_below_the_group_max():
     m = WgmmaFp8Model(group=4, frac_bits=13, acc_in_group=True)
-    a = np.array([1.0, 2.0 ** -14, 2.0 ** -14, 2.0 ** -14], np.float32)
+    a = np.array([1.0, 2.0**-14, 2.0**-14, 2.0**-14], np.float32)
     assert wgmma_fp8_dot(a, np.ones(4, np.float32), m) == 1.0  # each tiny term truncated away
-    a = np.array([1.0, 2.0 ** -13, 2.0 ** -13, 2.0 ** -13], np.float32)
-    assert wgmma_fp8_dot(a, np.ones(4, np.float32), m) == np.float32(1 + 3 * 2.0 ** -13)
+    a = np.array([1.0, 2.0**-13, 2.0**-13, 2.0**-13], np.float32)
+    assert wgmma_fp8_dot(a, np.ones(4, np.float32), m) == np.float32(1 + 3 * 2.0**-13)
     # truncation is toward zero for negative terms too
-    a = np.array([1.0, -1.5 * 2.0 ** -13, 0, 0], np.float32)
-    assert wgmma_fp8_dot(a, np.ones(4, np.float32), m) == np.float32(1 - 2.0 ** -13)
+    a = np.array([1.0, -1.5 * 2.0**-13, 0, 0], np.float32)
+    assert wgmma_fp8_dot(a, np.ones(4, np.float32), m) == np.float32(1 - 2.0**-13)
     wide = WgmmaFp8Model(group=1, frac_bits=24, acc_in_group=True)
     rng = np.random.default_rng(4)
     u = rng.integers(-8, 8, 32).astype(np.float32)
@@ -107,8 +111,10 @@ def test_attention_shaped_products(case):
     if case == "pv_tokens":
         a, b = p, quantize(grid_data((64, 16), 6, 0.5), MXFP8, axis=-2)
     elif case == "pv_token_block":
-        a, b = p, quantize(grid_data((64, 16), 6, 0.5), MXFP8, axis=-2,
-                           geometry=Geometry.TOKEN_BLOCK)
+        a, b = (
+            p,
+            quantize(grid_data((64, 16), 6, 0.5), MXFP8, axis=-2, geometry=Geometry.TOKEN_BLOCK),
+        )
     else:
         ds = grid_data((64, 64), 7, 0.25)
         if case == "dk_square_t":

@@ -16,13 +16,28 @@ def test_bench_microscaling_runs(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     out = tmp_path / "bench.json"
-    args = parser.parse_args(["--rows", "32", "--cols", "64", "--repeats", "1",
-                              "--torchao-python", str(tmp_path / "no-python"), "--json", str(out)])
+    args = parser.parse_args(
+        [
+            "--rows",
+            "32",
+            "--cols",
+            "64",
+            "--repeats",
+            "1",
+            "--torchao-python",
+            str(tmp_path / "no-python"),
+            "--json",
+            str(out),
+        ]
+    )
     assert bench.run(args) == 0
     info = json.loads(out.read_text())
     impls = {(r["case"], r["impl"]) for r in info["results"]}
-    assert impls == {(c, i) for c in ("MXFP8", "MXFP4", "NVFP4")
-                     for i in ("fp4sim NumPy", "fp4sim jax.jit", "ml_dtypes quantizer")}
+    assert impls == {
+        (c, i)
+        for c in ("MXFP8", "MXFP4", "NVFP4")
+        for i in ("fp4sim NumPy", "fp4sim jax.jit", "ml_dtypes quantizer")
+    }
     assert "not found" in info["torchao"]["note"]
     text = capsys.readouterr().out
     assert "torchao: skipped" in text and text.strip().splitlines()[-1].startswith("NVFP4")

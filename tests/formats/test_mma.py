@@ -39,9 +39,15 @@ from fp4sim.formats.spec import E2M1, E4M3, E5M2, UE4M3, UE8M0
 from fp4sim.golden import DATA_DIR
 
 VECTORS = DATA_DIR / "mmasim" / "mmasim_vectors.npz"
-KIND = {"wgmma_e4m3": MmaKind.WGMMA_FP8, "wgmma_e5m2": MmaKind.WGMMA_FP8,
-        "f8f6f4": MmaKind.F8F6F4, "mxf8f6f4": MmaKind.MXF8F6F4, "mxf4": MmaKind.MXF4,
-        "mxf4nvf4_ue8m0": MmaKind.MXF4NVF4, "mxf4nvf4_ue4m3": MmaKind.MXF4NVF4}
+KIND = {
+    "wgmma_e4m3": MmaKind.WGMMA_FP8,
+    "wgmma_e5m2": MmaKind.WGMMA_FP8,
+    "f8f6f4": MmaKind.F8F6F4,
+    "mxf8f6f4": MmaKind.MXF8F6F4,
+    "mxf4": MmaKind.MXF4,
+    "mxf4nvf4_ue8m0": MmaKind.MXF4NVF4,
+    "mxf4nvf4_ue4m3": MmaKind.MXF4NVF4,
+}
 ELEM = {"e4m3": E4M3, "e5m2": E5M2, "e2m1": E2M1}
 SCALE = {"ue8m0": UE8M0, "ue4m3": UE4M3}
 
@@ -50,8 +56,14 @@ def _calls():
     d = np.load(VECTORS)
     keys = sorted({k.rsplit(".", 1)[0] for k in d.files})
     for key in keys:
-        yield key, {f: d[f"{key}.{f}"] for f in ("a", "b", "sa", "sb", "c", "d", "formats")
-                    if f"{key}.{f}" in d.files}
+        yield (
+            key,
+            {
+                f: d[f"{key}.{f}"]
+                for f in ("a", "b", "sa", "sb", "c", "d", "formats")
+                if f"{key}.{f}" in d.files
+            },
+        )
 
 
 def _inputs(v):
@@ -61,9 +73,12 @@ def _inputs(v):
     b = codec.decode(v["b"], ELEM[fb])[None, :, :]
     if sf:  # UE4M3 codes decoded as E4M3: the model ignores the sign bit, as the hardware does
         dec = E4M3 if sf == "ue4m3" else UE8M0
-        kw.update(a_scale=codec.decode(v["sa"], dec)[:, None, :],
-                  b_scale=codec.decode(v["sb"], dec)[None, :, :], scale_format=SCALE[sf],
-                  block=int(blk))
+        kw.update(
+            a_scale=codec.decode(v["sa"], dec)[:, None, :],
+            b_scale=codec.decode(v["sb"], dec)[None, :, :],
+            scale_format=SCALE[sf],
+            block=int(blk),
+        )
     return a, b, kw
 
 
@@ -87,7 +102,8 @@ def test_models_equal_mmasim_bit_for_bit(key):
     a, b, kw = _inputs(v)
     got = mma_dot(a, b, model=MMA_MODELS[KIND[key.split(".")[0]]], **kw)
     assert np.array_equal(got.view(np.uint32), v["d"]), (
-        f"{key}: {int(np.sum(got.view(np.uint32) != v['d']))} of {v['d'].size} differ")
+        f"{key}: {int(np.sum(got.view(np.uint32) != v['d']))} of {v['d'].size} differ"
+    )
 
 
 def test_vectors_cover_the_hard_cases():
@@ -100,7 +116,7 @@ def test_vectors_cover_the_hard_cases():
         s = seen.setdefault(kind, dict(nan=0, inf=0, subnormal=0, zero=0, not_exact=0))
         s["nan"] += int(np.sum(v["d"] == NAN_BITS))
         s["inf"] += int(np.sum(np.isinf(d)))
-        s["subnormal"] += int(np.sum((d != 0) & (np.abs(d) < 2.0 ** -126)))
+        s["subnormal"] += int(np.sum((d != 0) & (np.abs(d) < 2.0**-126)))
         s["zero"] += int(np.sum(d == 0))
         a, b, kw = _inputs(v)
         if "a_scale" not in kw:
@@ -137,8 +153,9 @@ def test_hopper_fitted_model_equals_mmasim():
     assert n >= 11_000
 
 
-@pytest.mark.parametrize("key", ["mxf8f6f4.special", "mxf4nvf4_ue4m3.chain", "mxf4.special",
-                                 "wgmma_e5m2.special"])
+@pytest.mark.parametrize(
+    "key", ["mxf8f6f4.special", "mxf4nvf4_ue4m3.chain", "mxf4.special", "wgmma_e5m2.special"]
+)
 def test_jit_equals_numpy(key):
     v = CALLS[key]
     a, b, kw = _inputs(v)
@@ -151,10 +168,18 @@ def test_jit_equals_numpy(key):
     assert np.array_equal(got.view(np.uint32), v["d"])
 
 
-@pytest.mark.parametrize("fmt,kind", [(MXFP8, MmaKind.MXF8F6F4), (MXFP8_E5M2, MmaKind.MXF8F6F4),
-                                      (MXFP6_E2M3, MmaKind.MXF8F6F4), (MXFP4, MmaKind.MXF4),
-                                      (NVFP4, MmaKind.MXF4NVF4), (NVFP4_SINGLE, MmaKind.MXF4NVF4),
-                                      (FP8_E4M3_PER_TENSOR, MmaKind.F8F6F4)])
+@pytest.mark.parametrize(
+    "fmt,kind",
+    [
+        (MXFP8, MmaKind.MXF8F6F4),
+        (MXFP8_E5M2, MmaKind.MXF8F6F4),
+        (MXFP6_E2M3, MmaKind.MXF8F6F4),
+        (MXFP4, MmaKind.MXF4),
+        (NVFP4, MmaKind.MXF4NVF4),
+        (NVFP4_SINGLE, MmaKind.MXF4NVF4),
+        (FP8_E4M3_PER_TENSOR, MmaKind.F8F6F4),
+    ],
+)
 def test_scaled_matmul_tcgen05(fmt, kind):
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((16, 128)) * 3).astype(np.float32)
@@ -167,16 +192,23 @@ def test_scaled_matmul_tcgen05(fmt, kind):
     kw = {}
     if sfmt is not None:
         sa = np.repeat(a.scale_values(), 1, axis=-1)
-        kw = dict(a_scale=sa[:, None, :], b_scale=b.scale_values()[None], scale_format=sfmt,
-                  block=block)
-    ref = mma_dot(a.values()[:, None, :], b.values()[None], model=MMA_MODELS[kind],
-                  a_format=fmt.elem, b_format=fmt.elem, **kw)
+        kw = dict(
+            a_scale=sa[:, None, :], b_scale=b.scale_values()[None], scale_format=sfmt, block=block
+        )
+    ref = mma_dot(
+        a.values()[:, None, :],
+        b.values()[None],
+        model=MMA_MODELS[kind],
+        a_format=fmt.elem,
+        b_format=fmt.elem,
+        **kw,
+    )
     for q in (a, b):
         if q.global_scale is not None:
             ref = (ref * q.global_scale).astype(np.float32)
     assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
     exact = dequantize(a).astype(np.float64) @ dequantize(b).astype(np.float64).T
-    assert np.max(np.abs(got - exact)) <= 2.0 ** -20 * np.max(np.abs(x) @ np.abs(y).T)
+    assert np.max(np.abs(got - exact)) <= 2.0**-20 * np.max(np.abs(x) @ np.abs(y).T)
     aj, bj = (jax.tree_util.tree_map(jnp.asarray, q) for q in (a, b))
     fn = jax.jit(lambda p, q: scaled_matmul(p, q, accumulation=Accumulation.TCGEN05))
     assert np.array_equal(np.asarray(fn(aj, bj)).view(np.uint32), got.view(np.uint32))
@@ -186,11 +218,11 @@ def test_tcgen05_truncates_where_float32_rounds():
     """One large term and many small ones: the 25-bit aligned sum drops what float32 keeps."""
     a = np.zeros((1, 32), np.float32)
     a[0, 0] = 448.0
-    a[0, 1:] = 2.0 ** -6
+    a[0, 1:] = 2.0**-6
     b = np.ones((1, 32), np.float32)
     got = mma_dot(a, b, model=MMA_MODELS[MmaKind.F8F6F4])
     # 448 = 1.75·2^8: terms below 2^(8-25) are dropped; 2^-6 survives, 31 of them add exactly
-    assert got[0] == np.float32(448.0 + 31 * 2.0 ** -6)
+    assert got[0] == np.float32(448.0 + 31 * 2.0**-6)
     hop = mma_dot(a, b, model=MMA_MODELS[MmaKind.WGMMA_FP8])
     assert hop[0] == np.float32(448.0)  # 13 bits below 2^8: 2^-6 is truncated away
 
@@ -202,13 +234,31 @@ def test_errors():
     with pytest.raises(TypeError, match="model="):
         mma_dot(a, a, model="mxf4")
     with pytest.raises(ValueError, match="a_format="):
-        mma_dot(a, a, model=model, a_format=E4M3, b_format=E2M1, a_scale=s, b_scale=s,
-                scale_format=UE8M0, block=32)
+        mma_dot(
+            a,
+            a,
+            model=model,
+            a_format=E4M3,
+            b_format=E2M1,
+            a_scale=s,
+            b_scale=s,
+            scale_format=UE8M0,
+            block=32,
+        )
     with pytest.raises(ValueError, match="needs block scales"):
         mma_dot(a, a, model=model, a_format=E2M1, b_format=E2M1)
     with pytest.raises(ValueError, match="not allowed"):
-        mma_dot(a, a, model=model, a_format=E2M1, b_format=E2M1, a_scale=s, b_scale=s,
-                scale_format=UE4M3, block=32)
+        mma_dot(
+            a,
+            a,
+            model=model,
+            a_format=E2M1,
+            b_format=E2M1,
+            a_scale=s,
+            b_scale=s,
+            scale_format=UE4M3,
+            block=32,
+        )
     with pytest.raises(ValueError, match="multiple of"):
         mma_dot(a[:, :48], a[:, :48], model=MMA_MODELS[MmaKind.F8F6F4])
     with pytest.raises(ValueError, match="group"):
@@ -238,6 +288,7 @@ def test_scaled_matmul_tcgen05_kn_and_batch(fmt):
     kn = scaled_matmul(a, bkn, accumulation=Accumulation.TCGEN05, b_layout=BLayout.KN)
     assert np.array_equal(got.view(np.uint32), kn.view(np.uint32))
     for i in range(2):
-        one = scaled_matmul(quantize(x[i], fmt1), quantize(y[i], fmt1),
-                            accumulation=Accumulation.TCGEN05)
+        one = scaled_matmul(
+            quantize(x[i], fmt1), quantize(y[i], fmt1), accumulation=Accumulation.TCGEN05
+        )
         assert np.array_equal(got[i].view(np.uint32), one.view(np.uint32))

@@ -44,16 +44,18 @@ def oracle_pack_fp6(codes: list[int]) -> list[int]:
 
 # --- exhaustive --------------------------------------------------------------------------------
 def test_fp4_every_nibble_pair():
-    lo, hi = np.meshgrid(np.arange(16, dtype=np.uint8), np.arange(16, dtype=np.uint8),
-                         indexing="ij")
+    lo, hi = np.meshgrid(
+        np.arange(16, dtype=np.uint8), np.arange(16, dtype=np.uint8), indexing="ij"
+    )
     codes = np.stack([lo.ravel(), hi.ravel()], axis=-1)  # (256, 2): every (even, odd) pair
     packed = pack(codes, E2M1)
     assert packed.shape == (256, 1) and packed.dtype == np.uint8
     np.testing.assert_array_equal(packed[:, 0], lo.ravel() | (hi.ravel() << 4))
     # and every byte unpacks to (low nibble, high nibble)
     every = np.arange(256, dtype=np.uint8)[:, None]
-    np.testing.assert_array_equal(unpack(every, E2M1), np.stack([every[:, 0] & 15,
-                                                                 every[:, 0] >> 4], axis=-1))
+    np.testing.assert_array_equal(
+        unpack(every, E2M1), np.stack([every[:, 0] & 15, every[:, 0] >> 4], axis=-1)
+    )
 
 
 def test_torchao_worked_example():
@@ -120,11 +122,14 @@ def test_fp6_random_bytes_round_trip():
 
 
 # --- cross-library: torchao's packed bytes -----------------------------------------------------
-@pytest.mark.parametrize("name,keys", [
-    ("torchao_mx_e2m1.npz", [("codes_floor", "packed_floor"), ("codes_rceil", "packed_rceil")]),
-    ("torchao_nvfp4.npz", [("codes", "packed")]),
-    ("torchao_nvfp4_pts.npz", [("codes", "packed")]),
-])
+@pytest.mark.parametrize(
+    "name,keys",
+    [
+        ("torchao_mx_e2m1.npz", [("codes_floor", "packed_floor"), ("codes_rceil", "packed_rceil")]),
+        ("torchao_nvfp4.npz", [("codes", "packed")]),
+        ("torchao_nvfp4_pts.npz", [("codes", "packed")]),
+    ],
+)
 def test_matches_torchao_pack_uint4(name, keys):
     d = np.load(PRESETS / name)
     for codes_key, packed_key in keys:
@@ -159,7 +164,8 @@ def test_round_trip_any_axis_with_padding(case):
     # packing along an axis is packing the moved-to-last array
     np.testing.assert_array_equal(
         np.moveaxis(packed, axis, -1),
-        pack(np.ascontiguousarray(np.moveaxis(codes, axis, -1)), fmt, order=order, pad=True))
+        pack(np.ascontiguousarray(np.moveaxis(codes, axis, -1)), fmt, order=order, pad=True),
+    )
     # the padding codes are zeros: unpack without length shows them
     full = unpack(packed, fmt, axis=axis, order=order)
     assert not np.moveaxis(full, axis, -1)[..., n:].any()
@@ -177,15 +183,19 @@ def test_packed_length():
 
 
 # --- NumPy == jit ------------------------------------------------------------------------------
-@pytest.mark.parametrize("fmt,order,axis,shape", [
-    (E2M1, NibbleOrder.INTERLEAVED, -1, (3, 10)),
-    (E2M1, NibbleOrder.SPLIT_HALF, 0, (64, 2)),
-    (E2M1, NibbleOrder.SPLIT_HALF_16, 1, (2, 17, 3)),
-    (E2M3, NibbleOrder.INTERLEAVED, -1, (5, 9)),
-    (E3M2, NibbleOrder.INTERLEAVED, 0, (8, 3)),
-])
+@pytest.mark.parametrize(
+    "fmt,order,axis,shape",
+    [
+        (E2M1, NibbleOrder.INTERLEAVED, -1, (3, 10)),
+        (E2M1, NibbleOrder.SPLIT_HALF, 0, (64, 2)),
+        (E2M1, NibbleOrder.SPLIT_HALF_16, 1, (2, 17, 3)),
+        (E2M3, NibbleOrder.INTERLEAVED, -1, (5, 9)),
+        (E3M2, NibbleOrder.INTERLEAVED, 0, (8, 3)),
+    ],
+)
 def test_numpy_and_jit_identical(fmt, order, axis, shape):
     import jax
+
     rng = np.random.default_rng(3)
     codes = rng.integers(0, 1 << fmt.nbits, size=shape, dtype=np.uint8)
     n = shape[axis]
@@ -200,6 +210,7 @@ def test_numpy_and_jit_identical(fmt, order, axis, shape):
 
 def test_jax_ignores_bits_above_the_format():
     import jax.numpy as jnp
+
     codes = np.array([0x13, 0xF2], np.uint8)  # high bits set: NumPy rejects, jax masks
     assert np.asarray(pack(jnp.asarray(codes), E2M1)).tolist() == [0x23]
     with pytest.raises(ValueError, match="codes contains 0xf2"):

@@ -28,8 +28,12 @@ from fp4sim.formats.presets import (
 )
 
 GOLDEN = golden.DATA_DIR / "presets"
-MODES = {"floor": ScaleRule.FLOOR, "rceil": ScaleRule.RCEIL, "ceil": ScaleRule.CEIL,
-         "even": ScaleRule.EVEN}
+MODES = {
+    "floor": ScaleRule.FLOOR,
+    "rceil": ScaleRule.RCEIL,
+    "ceil": ScaleRule.CEIL,
+    "even": ScaleRule.EVEN,
+}
 
 
 def same_bits(a, b):
@@ -55,8 +59,9 @@ def test_torchao_mx_vectors(elem, mode):
             assert np.array_equal(q.pack().codes[live], d[prefix + "packed_" + mode][live])
 
 
-@pytest.mark.parametrize("name,fmt", [("torchao_nvfp4", TORCHAO_NVFP4_SINGLE),
-                                      ("torchao_nvfp4_pts", TORCHAO_NVFP4)])
+@pytest.mark.parametrize(
+    "name,fmt", [("torchao_nvfp4", TORCHAO_NVFP4_SINGLE), ("torchao_nvfp4_pts", TORCHAO_NVFP4)]
+)
 def test_torchao_nvfp4_vectors(name, fmt):
     d = np.load(GOLDEN / f"{name}.npz")
     q = quantize(d["x"], fmt)
@@ -80,9 +85,9 @@ def test_torchao_nvfp4_clamp_differs_from_te_on_tiny_blocks():
 # --- JAX's scaled_matmul quantizer, installed here: compare directly ----------------------
 def _jax_data():
     rng = np.random.default_rng(11)
-    x = (rng.standard_normal((64, 128)) * np.exp(rng.standard_normal((64, 1)) * 3))
+    x = rng.standard_normal((64, 128)) * np.exp(rng.standard_normal((64, 1)) * 3)
     x = x.astype(np.float32)
-    x[0, :4] = [448 * 3, 1e-3, -7, 2.0 ** -20]
+    x[0, :4] = [448 * 3, 1e-3, -7, 2.0**-20]
     x[1, :32] = np.inf
     return x
 
@@ -119,11 +124,14 @@ def microxcaling_reference(x, fmt):
     [-127, 127]; elements x / 2^shared_exp rounded to nearest, ties away, saturating."""
     blocks = x.reshape(-1, 32).astype(np.float64)
     amax = np.abs(blocks).max(-1)
-    amax = np.where(amax == 0, 2.0 ** -126, amax)
+    amax = np.where(amax == 0, 2.0**-126, amax)
     e = np.clip(np.floor(np.log2(amax)) - fmt.elem.emax, -127, 127)
     t = blocks / 2.0 ** e[:, None]
-    grid = np.unique(np.abs(codec.value_table(fmt.elem)[np.isfinite(codec.value_table(fmt.elem))])
-                     .astype(np.float64))
+    grid = np.unique(
+        np.abs(codec.value_table(fmt.elem)[np.isfinite(codec.value_table(fmt.elem))]).astype(
+            np.float64
+        )
+    )
     a = np.minimum(np.abs(t), grid[-1])
     idx = np.clip(np.searchsorted(grid, a), 1, len(grid) - 1)
     lo, hi = grid[idx - 1], grid[idx]
@@ -132,15 +140,14 @@ def microxcaling_reference(x, fmt):
     return (e + 127).astype(np.uint8), vals.reshape(x.shape)
 
 
-@pytest.mark.parametrize("fmt", [OCP_MXFP4, OCP_MXFP6_E2M3, OCP_MXFP6_E3M2, OCP_MXFP8_E4M3,
-                                 OCP_MXFP8_E5M2])
+@pytest.mark.parametrize(
+    "fmt", [OCP_MXFP4, OCP_MXFP6_E2M3, OCP_MXFP6_E3M2, OCP_MXFP8_E4M3, OCP_MXFP8_E5M2]
+)
 def test_ocp_reference(fmt):
     rng = np.random.default_rng(12)
-    x = (rng.standard_normal((48, 64)) * np.exp2(rng.integers(-20, 20, (48, 1)))).astype(
-        np.float32)
+    x = (rng.standard_normal((48, 64)) * np.exp2(rng.integers(-20, 20, (48, 1)))).astype(np.float32)
     # every element-grid tie at a few scales, and the classic clamp case (microxcaling #4)
-    grid = np.unique(np.abs(codec.value_table(fmt.elem)[np.isfinite(
-        codec.value_table(fmt.elem))]))
+    grid = np.unique(np.abs(codec.value_table(fmt.elem)[np.isfinite(codec.value_table(fmt.elem))]))
     ties = ((grid[1:] + grid[:-1]) / 2).astype(np.float32)
     x[0, : len(ties)] = ties[:64]
     x[0, 63] = grid[-1]
@@ -163,15 +170,20 @@ def test_preset_registry():
 
 @pytest.mark.optional
 def test_torchao_direct():
-    torchao = pytest.importorskip("torchao", reason="torchao is not installed in this venv "
-                                  "(it needs torch; vectors from it are stored in fp4sim/golden/data/presets)")
+    torchao = pytest.importorskip(
+        "torchao",
+        reason="torchao is not installed in this venv "
+        "(it needs torch; vectors from it are stored in fp4sim/golden/data/presets)",
+    )
     import torch
     from torchao.prototype.mx_formats.mx_tensor import to_mx
 
     x = np.random.default_rng(13).standard_normal((8, 64)).astype(np.float32)
     s, _ = to_mx(torch.from_numpy(x), torch.float8_e4m3fn, 32)
-    assert np.array_equal(s.view(torch.uint8).numpy().reshape(8, 2),
-                          quantize(x, TORCHAO_MX[("E4M3", ScaleRule.FLOOR)]).scales)
+    assert np.array_equal(
+        s.view(torch.uint8).numpy().reshape(8, 2),
+        quantize(x, TORCHAO_MX[("E4M3", ScaleRule.FLOOR)]).scales,
+    )
     assert torchao is not None
     assert ml_dtypes is not None
 
@@ -193,10 +205,15 @@ def te_nvfp4_reference(x):
         enc = np.minimum(f32(1) / (dec.astype(f32) * s_dec), np.finfo(f32).max).astype(f32)
         y = np.clip(b * enc, -6, 6).reshape(x.shape).astype(f32)
     codes = np.zeros(y.shape, np.uint8)  # TE's threshold table (NaN falls through to 0)
-    table = [(0.0, 0.25, 0, True, True), (0.25, 0.75, 1, False, False),
-             (0.75, 1.25, 2, True, True), (1.25, 1.75, 3, False, False),
-             (1.75, 2.5, 4, True, True), (2.5, 3.5, 5, False, False),
-             (3.5, 5.0, 6, True, True)]
+    table = [
+        (0.0, 0.25, 0, True, True),
+        (0.25, 0.75, 1, False, False),
+        (0.75, 1.25, 2, True, True),
+        (1.25, 1.75, 3, False, False),
+        (1.75, 2.5, 4, True, True),
+        (2.5, 3.5, 5, False, False),
+        (3.5, 5.0, 6, True, True),
+    ]
     for lo, hi, c, lo_in, hi_in in table:
         pos = ((y >= lo) if lo_in else (y > lo)) & ((y <= hi) if hi_in else (y < hi))
         neg = ((y <= -lo) if lo_in else (y < -lo)) & ((y >= -hi) if hi_in else (y > -hi))
@@ -211,7 +228,8 @@ def te_nvfp4_reference(x):
 def test_te_nvfp4_matches_transcribed_reference():
     rng = np.random.default_rng(14)
     x = (rng.standard_normal((32, 64)) * np.exp(rng.standard_normal((32, 1)) * 2)).astype(
-        np.float32)
+        np.float32
+    )
     x[0, :16] = [2.9, 0, 0.1, -0.1, 1e-4, -1e-4, 5.0, 2.5] + [0.0] * 8
     x[1, :16] = 0.0
     x[2, 16:32] = -0.0
@@ -227,17 +245,26 @@ def test_te_nvfp4_matches_transcribed_reference():
         assert np.all(q.codes[neg_zero_in] == 8) and np.all(codes[neg_zero_in] == 0)
 
 
-@pytest.mark.parametrize("fmt,kw", [
-    (JAX_MXFP8, {}), (JAX_NVFP4, {"global_scale": np.float32(0.37)}), (TORCHAO_NVFP4, {}),
-    (TORCHAO_NVFP4_SINGLE, {}), (TORCHAO_MX[("E2M1", ScaleRule.RCEIL)], {}), (TE_NVFP4, {}),
-    (OCP_MXFP8_E4M3, {}),
-], ids=lambda v: getattr(v, "name", "kw"))
+@pytest.mark.parametrize(
+    "fmt,kw",
+    [
+        (JAX_MXFP8, {}),
+        (JAX_NVFP4, {"global_scale": np.float32(0.37)}),
+        (TORCHAO_NVFP4, {}),
+        (TORCHAO_NVFP4_SINGLE, {}),
+        (TORCHAO_MX[("E2M1", ScaleRule.RCEIL)], {}),
+        (TE_NVFP4, {}),
+        (OCP_MXFP8_E4M3, {}),
+    ],
+    ids=lambda v: getattr(v, "name", "kw"),
+)
 def test_presets_numpy_and_jit_bit_identical(fmt, kw):
     import jax
 
     rng = np.random.default_rng(15)
     x = (rng.standard_normal((16, 64)) * np.exp2(rng.integers(-130, 60, (16, 1)))).astype(
-        np.float32)
+        np.float32
+    )
     x[1] = 0.0
     x[2, :5] = [np.inf, -np.inf, 1e-40, -0.0, 448.0]
     q = quantize(x, fmt, **kw)

@@ -34,7 +34,9 @@ from fp4sim.formats import (
 )
 
 
-@pytest.mark.parametrize("fmt", [f for f in ALL_FORMATS if f.dtype is not None], ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fmt", [f for f in ALL_FORMATS if f.dtype is not None], ids=lambda f: f.name
+)
 def test_finfo_matches_ml_dtypes(fmt):
     ours, ref = finfo(fmt), ml_dtypes.finfo(fmt.dtype)
     assert ours.max == float(ref.max)
@@ -50,11 +52,24 @@ def test_finfo_matches_ml_dtypes(fmt):
 def test_hand_checked_constants():
     assert (E2M1.max, E2M3.max, E3M2.max, E4M3.max, E5M2.max) == (6.0, 7.5, 28.0, 448.0, 57344.0)
     assert UE8M0.emax == 127 and UE8M0.max == float.fromhex("0x1p127")
-    assert UE8M0.min_subnormal == UE8M0.min_normal == float.fromhex("0x1p-127") and not UE8M0.has_zero
-    assert UE4M3.max == 448.0 and UE4M3.nbits == 7 and UE4M3.min_subnormal == float.fromhex("0x1p-9")
+    assert (
+        UE8M0.min_subnormal == UE8M0.min_normal == float.fromhex("0x1p-127") and not UE8M0.has_zero
+    )
+    assert (
+        UE4M3.max == 448.0 and UE4M3.nbits == 7 and UE4M3.min_subnormal == float.fromhex("0x1p-9")
+    )
     assert UE5M3.max == float.fromhex("0x1.cp16") == 114688.0
-    assert UE5M3.min_subnormal == float.fromhex("0x1p-17") and UE5M3.min_normal == float.fromhex("0x1p-14")
-    assert [max_code(f) for f in (E2M1, E4M3, E5M2, UE8M0, UE4M3, UE5M3)] == [0x7, 0x7E, 0x7B, 0xFE, 0x7E, 0xFE]
+    assert UE5M3.min_subnormal == float.fromhex("0x1p-17") and UE5M3.min_normal == float.fromhex(
+        "0x1p-14"
+    )
+    assert [max_code(f) for f in (E2M1, E4M3, E5M2, UE8M0, UE4M3, UE5M3)] == [
+        0x7,
+        0x7E,
+        0x7B,
+        0xFE,
+        0x7E,
+        0xFE,
+    ]
     assert [nan_code(f) for f in (E2M1, E4M3, E5M2, UE8M0)] == [None, 0x7F, 0x7E, 0xFF]
     assert [inf_code(f) for f in (E4M3, E5M2)] == [None, 0x7C]
 
@@ -82,7 +97,9 @@ def test_policy_is_frozen_hashable_and_validated():
         Policy(flush_inputs=1)
     with pytest.raises(TypeError):
         Policy(Rounding.UP)  # keyword-only
-    assert len({Policy(), Policy(rounding=Rounding.UP), Policy(signed_zero=SignedZero.POSITIVE)}) == 3
+    assert (
+        len({Policy(), Policy(rounding=Rounding.UP), Policy(signed_zero=SignedZero.POSITIVE)}) == 3
+    )
 
 
 def test_format_by_name_and_validation():

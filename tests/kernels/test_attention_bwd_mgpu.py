@@ -38,9 +38,17 @@ def _residuals(rng, b, t, hq, hkv, d, *, causal, scale=None, spread=1.0):
     ops = am.quantize_operands(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     np_ops = am.FP8Operands(*(np.asarray(x) for x in ops))
-    qc = np_ops.q_codes.astype(np.float64) * np.exp2(np.repeat(np_ops.q_exp, 32, -1)).transpose(0, 2, 1)[..., None]
-    kc = np_ops.k_codes.astype(np.float64) * np.exp2(np.repeat(np_ops.k_exp, 32, -1)).transpose(0, 2, 1)[..., None]
-    vt = np_ops.vt_codes.astype(np.float64) * np.exp2(np.repeat(np_ops.v_exp, 32, -1))[:, :, None, :]
+    qc = (
+        np_ops.q_codes.astype(np.float64)
+        * np.exp2(np.repeat(np_ops.q_exp, 32, -1)).transpose(0, 2, 1)[..., None]
+    )
+    kc = (
+        np_ops.k_codes.astype(np.float64)
+        * np.exp2(np.repeat(np_ops.k_exp, 32, -1)).transpose(0, 2, 1)[..., None]
+    )
+    vt = (
+        np_ops.vt_codes.astype(np.float64) * np.exp2(np.repeat(np_ops.v_exp, 32, -1))[:, :, None, :]
+    )
     group = hq // hkv
     kq = np.repeat(kc, group, axis=2)
     vq = np.repeat(np.swapaxes(vt, 2, 3), group, axis=1)  # (B, Hq, S, D)
@@ -57,8 +65,9 @@ def _residuals(rng, b, t, hq, hkv, d, *, causal, scale=None, spread=1.0):
 
 
 def _np_res(res):
-    return bw.BackwardResiduals(am.FP8Operands(*(np.asarray(x) for x in res.ops)),
-                                np.asarray(res.out), np.asarray(res.lse))
+    return bw.BackwardResiduals(
+        am.FP8Operands(*(np.asarray(x) for x in res.ops)), np.asarray(res.out), np.asarray(res.lse)
+    )
 
 
 def _check_debug_bitwise(dbg, ref, cfg):
@@ -76,8 +85,9 @@ def _check_debug_bitwise(dbg, ref, cfg):
                 rows = slice(qi * cfg.block_q, (qi + 1) * cfg.block_q)
                 keys = slice(kt * cfg.block_kv, (kt + 1) * cfg.block_kv)
                 for name, tile, scaling, codes, scale in (
-                        ("p", p, bw.P_SQUARE_RCEIL, dbg.p_codes, dbg.p_scale),
-                        ("ds", ds, sc.DS_SQUARE_RCEIL, dbg.ds_codes, dbg.ds_scale)):
+                    ("p", p, bw.P_SQUARE_RCEIL, dbg.p_codes, dbg.p_scale),
+                    ("ds", ds, sc.DS_SQUARE_RCEIL, dbg.ds_codes, dbg.ds_scale),
+                ):
                     x = tile[bi, kh, kt].T  # (queries, keys) as the emulator sees P and dS
                     want = np.asarray(sc.fake_quantize(x, scaling), np.float32)
                     kc = np.asarray(codes)[bi, kh, kt].T.astype(np.float32)
@@ -86,8 +96,15 @@ def _check_debug_bitwise(dbg, ref, cfg):
                     qa = sc.quantize_operand(x, scaling)
                     e = np.asarray(qa.scales).astype(np.int64) - 127  # (T/32, S/32) blocks
                     es = np.exp2(np.repeat(np.repeat(e, 32, 0), 32, 1)).astype(np.float32)
-                    nz = np.repeat(np.repeat(np.abs(x).reshape(x.shape[0] // 32, 32, -1, 32)
-                                             .max(axis=(1, 3)) > 0, 32, 0), 32, 1)
+                    nz = np.repeat(
+                        np.repeat(
+                            np.abs(x).reshape(x.shape[0] // 32, 32, -1, 32).max(axis=(1, 3)) > 0,
+                            32,
+                            0,
+                        ),
+                        32,
+                        1,
+                    )
                     np.testing.assert_array_equal(ks[nz], es[nz], err_msg=name)
                     n_checked += 1
                 rp = ref["p"][bi, h, rows, keys]
@@ -106,9 +123,9 @@ def test_interpret_debug_tiles_bitwise_and_gradients(causal):
     res, d_out, scale = _residuals(rng, b, t, hq, hkv, d, causal=causal, spread=2.0)
     cfg = bw.BackwardConfig(causal=causal, debug_step=1)
     dq, dk, dv, dbg = harness.interpret(
-        lambda: bw.attention_fp8_backward(res, d_out, softmax_scale=scale, config=cfg))
-    ref = bw.reference_backward(_np_res(res), np.asarray(d_out), softmax_scale=scale,
-                                causal=causal)
+        lambda: bw.attention_fp8_backward(res, d_out, softmax_scale=scale, config=cfg)
+    )
+    ref = bw.reference_backward(_np_res(res), np.asarray(d_out), softmax_scale=scale, causal=causal)
     _check_debug_bitwise(dbg, ref, cfg)
     # dS codes of every kind occur: zeros, subnormals and the top binade
     codes = np.abs(np.asarray(dbg.ds_codes).astype(np.float32))
@@ -128,10 +145,17 @@ def test_interpret_two_warpgroups_bitwise_equal_to_one():
     causal steps for one of the tiles) give the very bits of one-warpgroup CTAs."""
     rng = np.random.default_rng(3)
     res, d_out, scale = _residuals(rng, 1, 128, 1, 1, 64, causal=True, spread=2.0)
-    outs = [harness.interpret(lambda n=n: bw.attention_fp8_backward(
-        res, d_out, softmax_scale=scale, config=bw.BackwardConfig(
-            causal=True, dkv_warpgroups=n, dq_warpgroups=n)))
-            for n in (1, 2)]
+    outs = [
+        harness.interpret(
+            lambda n=n: bw.attention_fp8_backward(
+                res,
+                d_out,
+                softmax_scale=scale,
+                config=bw.BackwardConfig(causal=True, dkv_warpgroups=n, dq_warpgroups=n),
+            )
+        )
+        for n in (1, 2)
+    ]
     for a, b in zip(*outs):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -148,13 +172,20 @@ def test_interpret_vjp_grad_causal_padded_gqa_close_to_float64():
     def loss(q, k, v):
         return jnp.sum(vj.fp8_attention(q, k, v, causal=True).astype(jnp.float32) * do)
 
-    g = harness.interpret(lambda: jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(
-        jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)))
+    g = harness.interpret(
+        lambda: jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(
+            jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+        )
+    )
     sw = lambda x: np.swapaxes(x, 1, 2)  # noqa: E731
-    r = attention_grad_reference(sw(q), sw(np.repeat(k, 2, 2)), sw(np.repeat(v, 2, 2)), sw(do),
-                                 causal=True)
-    want = (sw(r.dq), sw(r.dk).reshape(b, t, hkv, 2, d).sum(3),
-            sw(r.dv).reshape(b, t, hkv, 2, d).sum(3))
+    r = attention_grad_reference(
+        sw(q), sw(np.repeat(k, 2, 2)), sw(np.repeat(v, 2, 2)), sw(do), causal=True
+    )
+    want = (
+        sw(r.dq),
+        sw(r.dk).reshape(b, t, hkv, 2, d).sum(3),
+        sw(r.dv).reshape(b, t, hkv, 2, d).sum(3),
+    )
     for got, ref in zip(g, want):
         got = np.asarray(got)
         assert got.shape == ref.shape and np.isfinite(got).all()
@@ -165,16 +196,27 @@ def test_interpret_vjp_grad_causal_padded_gqa_close_to_float64():
 def _avals(b, t, hq, hkv, d):
     f8, S = jnp.float8_e4m3fn, jax.ShapeDtypeStruct
     nb = t // 32
-    return [S((b, t, hq, d), f8), S((b, t, hkv, d), f8), S((b, hkv, d, t), f8),
-            S((b, hq, nb), jnp.int32), S((b, hkv, nb), jnp.int32), S((b, hkv, nb), jnp.int32),
-            S((b, t, hq, d), jnp.bfloat16), S((b, hq, t), jnp.float32),
-            S((b, t, hq, d), jnp.float32)]
+    return [
+        S((b, t, hq, d), f8),
+        S((b, t, hkv, d), f8),
+        S((b, hkv, d, t), f8),
+        S((b, hq, nb), jnp.int32),
+        S((b, hkv, nb), jnp.int32),
+        S((b, hkv, nb), jnp.int32),
+        S((b, t, hq, d), jnp.bfloat16),
+        S((b, hq, t), jnp.float32),
+        S((b, t, hq, d), jnp.float32),
+    ]
 
 
-@pytest.mark.parametrize("cfg", bw.SHIPPED_BACKWARD_CONFIGS,
-                         ids=lambda c: f"q{c.block_q}-kv{c.dq_block_kv}-{c.causal}-{c.debug_step}")
-@pytest.mark.parametrize("shape", [(2, 4096, 16, 16, 128), (1, 1024, 8, 2, 64)],
-                         ids=["D128", "D64-GQA4"])
+@pytest.mark.parametrize(
+    "cfg",
+    bw.SHIPPED_BACKWARD_CONFIGS,
+    ids=lambda c: f"q{c.block_q}-kv{c.dq_block_kv}-{c.causal}-{c.debug_step}",
+)
+@pytest.mark.parametrize(
+    "shape", [(2, 4096, 16, 16, 128), (1, 1024, 8, 2, 64)], ids=["D128", "D64-GQA4"]
+)
 def test_cross_lowers_for_sm90a(cfg, shape):
     def fn(*a):
         res = bw.BackwardResiduals(am.FP8Operands(*a[:6]), a[6], a[7])
@@ -203,13 +245,17 @@ def test_vjp_cross_lowers_for_sm90a():
     S = jax.ShapeDtypeStruct
 
     def fn(q, k, v):
-        return jax.grad(lambda q, k, v: jnp.sum(vj.fp8_attention(q, k, v, causal=True)
-                                                .astype(jnp.float32)),
-                        argnums=(0, 1, 2))(q, k, v)
+        return jax.grad(
+            lambda q, k, v: jnp.sum(vj.fp8_attention(q, k, v, causal=True).astype(jnp.float32)),
+            argnums=(0, 1, 2),
+        )(q, k, v)
 
-    text = harness.cross_lower(fn, S((1, 1000, 8, 128), jnp.bfloat16),
-                               S((1, 1000, 2, 128), jnp.bfloat16),
-                               S((1, 1000, 2, 128), jnp.bfloat16))
+    text = harness.cross_lower(
+        fn,
+        S((1, 1000, 8, 128), jnp.bfloat16),
+        S((1, 1000, 2, 128), jnp.bfloat16),
+        S((1, 1000, 2, 128), jnp.bfloat16),
+    )
     assert text.count("mosaic_gpu") >= 3
 
 
@@ -256,23 +302,27 @@ def test_input_validation():
     with pytest.raises(ValueError, match="res.lse"):
         bw.attention_fp8_backward(res._replace(lse=res.lse.astype(jnp.bfloat16)), d_out)
     with pytest.raises(TypeError, match="q_codes"):
-        bw.attention_fp8_backward(res._replace(ops=res.ops._replace(
-            q_codes=res.ops.q_codes.astype(jnp.bfloat16))), d_out)
+        bw.attention_fp8_backward(
+            res._replace(ops=res.ops._replace(q_codes=res.ops.q_codes.astype(jnp.bfloat16))), d_out
+        )
     with pytest.raises(ValueError, match="res.out"):
         bw.attention_fp8_backward(res._replace(out=res.out[:, :, :1]), d_out)
     with pytest.raises(ValueError, match="k_exp"):
-        bw.attention_fp8_backward(res._replace(ops=res.ops._replace(
-            k_exp=res.ops.k_exp[:, :, :2])), d_out)
+        bw.attention_fp8_backward(
+            res._replace(ops=res.ops._replace(k_exp=res.ops.k_exp[:, :, :2])), d_out
+        )
     with pytest.raises(ValueError, match="softmax_scale"):
         bw.attention_fp8_backward(res, d_out, softmax_scale=-1.0)
     with pytest.raises(ValueError, match="debug_step"):
         bw.attention_fp8_backward(res, d_out, config=bw.BackwardConfig(debug_step=4))
     with pytest.raises(ValueError, match="multiple"):
-        bw.attention_fp8_backward(res, d_out, config=bw.BackwardConfig(block_q=128,
-                                                                       dq_block_kv=96))
+        bw.attention_fp8_backward(res, d_out, config=bw.BackwardConfig(block_q=128, dq_block_kv=96))
     with pytest.raises(ValueError, match="tc_accumulate"):
-        harness.interpret(lambda: bw.attention_fp8_backward(
-            res, d_out, config=bw.BackwardConfig(tc_accumulate=True)))
+        harness.interpret(
+            lambda: bw.attention_fp8_backward(
+                res, d_out, config=bw.BackwardConfig(tc_accumulate=True)
+            )
+        )
     with pytest.raises(TypeError, match="tc_accumulate"):
         bw.BackwardConfig(tc_accumulate=1)
     q = jnp.zeros((1, 100, 2, 64), jnp.float32)
@@ -281,8 +331,9 @@ def test_input_validation():
     with pytest.raises(ValueError, match="head_dim"):
         vj.fp8_attention(q[..., :32], q[:, :, :1, :32], q[:, :, :1, :32], causal=True)
     with pytest.raises(ValueError, match="debug"):
-        vj.fp8_attention(q, q[:, :, :1], q[:, :, :1], causal=True,
-                         backward=bw.BackwardConfig(debug_step=0))
+        vj.fp8_attention(
+            q, q[:, :, :1], q[:, :, :1], causal=True, backward=bw.BackwardConfig(debug_step=0)
+        )
     with pytest.raises(TypeError, match="dtype"):
         vj.fp8_attention(q.astype(jnp.int32), q[:, :, :1], q[:, :, :1], causal=True)
 
@@ -310,8 +361,9 @@ def _model_products(res, d_out):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("causal,d,hq,hkv,t", [(False, 128, 2, 1, 256), (True, 128, 2, 2, 256),
-                                               (True, 64, 4, 1, 192)])
+@pytest.mark.parametrize(
+    "causal,d,hq,hkv,t", [(False, 128, 2, 1, 256), (True, 128, 2, 2, 256), (True, 64, 4, 1, 192)]
+)
 def test_gpu_debug_bitwise_and_gradient_bound(causal, d, hq, hkv, t):
     """On the H200: the debug tiles bitwise (as in interpret mode); the gradients against the
     oracle evaluated on S and dP from the wgmma model, within the model's accumulation bound
@@ -324,8 +376,9 @@ def test_gpu_debug_bitwise_and_gradient_bound(causal, d, hq, hkv, t):
     cfg = bw.BackwardConfig(causal=causal, debug_step=0)  # every key tile has a step 0
     dq, dk, dv, dbg = bw.attention_fp8_backward(res, d_out, softmax_scale=scale, config=cfg)
     s, dp = _model_products(res, d_out)
-    ref = bw.reference_backward(_np_res(res), np.asarray(d_out), softmax_scale=scale,
-                                causal=causal, scores=s, dp=dp)
+    ref = bw.reference_backward(
+        _np_res(res), np.asarray(d_out), softmax_scale=scale, causal=causal, scores=s, dp=dp
+    )
     fails = []
     for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
         g = np.asarray(g, np.float64)
@@ -336,9 +389,11 @@ def test_gpu_debug_bitwise_and_gradient_bound(causal, d, hq, hkv, t):
         # of Σ|terms|; the float32 additions of the chunks add n·2^-24
         bound = (2.0**-7 + 2 * t * 2.0**-24) * ref["abs_" + name]
         frac = np.mean(err <= bound)
-        print(f"{name}: within the model bound {frac:.5f}, max err/Σ|t| "
-              f"{np.max(err / np.maximum(ref['abs_' + name], 1e-30)):.3g}, rel-L2 "
-              f"{np.linalg.norm(err) / np.linalg.norm(ref[name]):.3g}")
+        print(
+            f"{name}: within the model bound {frac:.5f}, max err/Σ|t| "
+            f"{np.max(err / np.maximum(ref['abs_' + name], 1e-30)):.3g}, rel-L2 "
+            f"{np.linalg.norm(err) / np.linalg.norm(ref[name]):.3g}"
+        )
         if frac < 0.99:  # the rest: rows where ex2.approx flipped a code
             fails.append((name, "within bound", frac))
         if np.linalg.norm(err) / np.linalg.norm(ref[name]) >= 1e-2:
@@ -359,10 +414,12 @@ def test_gpu_tc_accumulate_matches_fresh_accumulators(causal):
         pytest.skip("needs a GPU")
     rng = np.random.default_rng(7 + causal)
     res, d_out, scale = _residuals(rng, 1, 512, 4, 2, 128, causal=causal, spread=2.0)
-    a = bw.attention_fp8_backward(res, d_out, softmax_scale=scale,
-                                  config=bw.BackwardConfig(causal=causal))
-    b = bw.attention_fp8_backward(res, d_out, softmax_scale=scale,
-                                  config=bw.BackwardConfig(causal=causal, tc_accumulate=True))
+    a = bw.attention_fp8_backward(
+        res, d_out, softmax_scale=scale, config=bw.BackwardConfig(causal=causal)
+    )
+    b = bw.attention_fp8_backward(
+        res, d_out, softmax_scale=scale, config=bw.BackwardConfig(causal=causal, tc_accumulate=True)
+    )
     for name, x, y in zip(("dq", "dk", "dv"), a, b):
         x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
         assert np.isfinite(y).all()
@@ -379,8 +436,15 @@ def test_gpu_two_warpgroups_bitwise_equal_to_one():
         pytest.skip("needs a GPU")
     rng = np.random.default_rng(8)
     res, d_out, scale = _residuals(rng, 1, 512, 4, 2, 128, causal=True, spread=2.0)
-    outs = [bw.attention_fp8_backward(res, d_out, softmax_scale=scale, config=bw.BackwardConfig(
-        causal=True, dkv_warpgroups=n, dq_warpgroups=n)) for n in (1, 2)]
+    outs = [
+        bw.attention_fp8_backward(
+            res,
+            d_out,
+            softmax_scale=scale,
+            config=bw.BackwardConfig(causal=True, dkv_warpgroups=n, dq_warpgroups=n),
+        )
+        for n in (1, 2)
+    ]
     for a, b in zip(*outs):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -397,10 +461,21 @@ def test_gpu_two_layer_model_grads_match_emulator(t=256):
 
     rng = np.random.default_rng(2)
     b, h, d, width = 1, 2, 64, 128
-    params = {f"w{i}{n}": jnp.asarray(rng.standard_normal((width, h * d)).astype(np.float32)
-                                      / math.sqrt(width)) for i in range(2) for n in "qkv"}
-    params.update({f"o{i}": jnp.asarray(rng.standard_normal((h * d, width)).astype(np.float32)
-                                        / math.sqrt(h * d)) for i in range(2)})
+    params = {
+        f"w{i}{n}": jnp.asarray(
+            rng.standard_normal((width, h * d)).astype(np.float32) / math.sqrt(width)
+        )
+        for i in range(2)
+        for n in "qkv"
+    }
+    params.update(
+        {
+            f"o{i}": jnp.asarray(
+                rng.standard_normal((h * d, width)).astype(np.float32) / math.sqrt(h * d)
+            )
+            for i in range(2)
+        }
+    )
     x = jnp.asarray(rng.standard_normal((b, t, width)).astype(np.float32))
     recipe = vj.emulator_recipe(am.FP8AttentionConfig())
 
@@ -409,7 +484,7 @@ def test_gpu_two_layer_model_grads_match_emulator(t=256):
         for i in range(2):
             q, k, v = ((y @ p[f"w{i}{n}"]).reshape(b, t, h, d) for n in "qkv")
             y = y + attn(q, k, v).reshape(b, t, h * d) @ p[f"o{i}"]
-        return jnp.mean(y ** 2)
+        return jnp.mean(y**2)
 
     def ours(q, k, v):
         return vj.fp8_attention(q, k, v, causal=True).astype(jnp.float32)

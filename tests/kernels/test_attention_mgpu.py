@@ -76,8 +76,10 @@ def test_exact_converter_random_matches_numpy_and_jit():
 _EXACT_JIT = jax.jit(am.exact_e4m3_exp2)
 
 
-@given(st.lists(st.floats(-300.0, 0.0, width=32), min_size=64, max_size=64),
-       st.lists(st.integers(-20, 300), min_size=64, max_size=64))
+@given(
+    st.lists(st.floats(-300.0, 0.0, width=32), min_size=64, max_size=64),
+    st.lists(st.integers(-20, 300), min_size=64, max_size=64),
+)
 def test_exact_converter_property(ts, gs):
     t = np.array(ts, np.float32)
     g = np.minimum(np.array(gs, np.float32), 8 - np.ceil(t)).astype(np.float32)
@@ -99,10 +101,13 @@ def _integer_operands(rng, b, t, hq, hkv, d, qk_range=3):
     vt = (rng.standard_normal((b, hkv, d, t)) * 60).astype(np.float32).astype(F8)
     nb = t // am.TOKEN_BLOCK
     return am.FP8Operands(
-        jnp.asarray(qc), jnp.asarray(kc), jnp.asarray(vt),
+        jnp.asarray(qc),
+        jnp.asarray(kc),
+        jnp.asarray(vt),
         jnp.asarray(rng.integers(-4, -1, (b, hq, nb)), jnp.int32),
         jnp.asarray(rng.integers(-3, 0, (b, hkv, nb)), jnp.int32),
-        jnp.asarray(rng.integers(-3, 4, (b, hkv, nb)), jnp.int32))
+        jnp.asarray(rng.integers(-3, 4, (b, hkv, nb)), jnp.int32),
+    )
 
 
 def _np(ops):
@@ -122,10 +127,13 @@ def _check_against_oracle(ops, out, cfg, scale, *, bitwise_codes: bool, min_matc
         np.testing.assert_array_equal(codes[reached], rp[reached])
     else:
         assert match >= min_match, match
-    np.testing.assert_array_equal(np.asarray(dbg.m)[reached], ref["m"][j][reached].astype(np.float32))
+    np.testing.assert_array_equal(
+        np.asarray(dbg.m)[reached], ref["m"][j][reached].astype(np.float32)
+    )
     if bitwise_codes:
-        np.testing.assert_array_equal(np.asarray(dbg.f)[reached],
-                                      ref["f"][j][reached].astype(np.float32))
+        np.testing.assert_array_equal(
+            np.asarray(dbg.f)[reached], ref["f"][j][reached].astype(np.float32)
+        )
     # Sums: float32 accumulation of <= S terms in another order; bound n·u relative.
     n = ops.k_codes.shape[1]
     lrel = np.abs(np.asarray(dbg.l)[reached] - ref["l"][j][reached]) / ref["l"][j][reached]
@@ -133,29 +141,44 @@ def _check_against_oracle(ops, out, cfg, scale, *, bitwise_codes: bool, min_matc
     assert lrel.max() <= 2 * n * U32 + code_err, lrel.max()
     o = np.asarray(o, np.float64)
     scale_o = np.abs(ref["o"]).max()
-    assert np.abs(o - ref["o"]).max() <= (4 * n * U32 + code_err) * scale_o * 4, \
+    assert np.abs(o - ref["o"]).max() <= (4 * n * U32 + code_err) * scale_o * 4, (
         np.abs(o - ref["o"]).max() / scale_o
+    )
     assert np.abs(np.asarray(lse) - ref["lse"]).max() <= 1e-4 + code_err
 
 
 # --- interpret mode (CPU) ------------------------------------------------------------------------
-@pytest.mark.parametrize("causal,scale_blocks,block_sums",
-                         [(False, True, False), (True, True, False), (False, False, False),
-                          (False, True, True), (True, True, True)],
-                         ids=["blocks", "blocks-causal", "columns", "mma-sums",
-                              "mma-sums-causal"])
+@pytest.mark.parametrize(
+    "causal,scale_blocks,block_sums",
+    [
+        (False, True, False),
+        (True, True, False),
+        (False, False, False),
+        (False, True, True),
+        (True, True, True),
+    ],
+    ids=["blocks", "blocks-causal", "columns", "mma-sums", "mma-sums-causal"],
+)
 def test_interpret_exact_debug_bitwise(causal, scale_blocks, block_sums):
     """Non-causal: every tile takes the per-block-scalar path (or the per-key column path);
     causal: an unmasked tile then the masked diagonal tile (debug step 1 for the second
     warpgroup); block_sums: the normalizer from the tensor core's block sums."""
     rng = np.random.default_rng(1 + causal)
     ops = _integer_operands(rng, 1, 128, 2, 1, 64)
-    cfg = am.FP8AttentionConfig(block_q=64, block_kv=64, causal=causal,
-                                conversion=am.PConversion.EXACT, debug_step=1,
-                                out_type=am.OutType.FLOAT32, scale_blocks=scale_blocks,
-                                block_sums=block_sums)
+    cfg = am.FP8AttentionConfig(
+        block_q=64,
+        block_kv=64,
+        causal=causal,
+        conversion=am.PConversion.EXACT,
+        debug_step=1,
+        out_type=am.OutType.FLOAT32,
+        scale_blocks=scale_blocks,
+        block_sums=block_sums,
+    )
     scale = 6.0  # spreads t over tens of log2 units: normal, subnormal and zero codes occur
-    out = harness.interpret(lambda: am.attention_fp8_quantized(ops, softmax_scale=scale, config=cfg))
+    out = harness.interpret(
+        lambda: am.attention_fp8_quantized(ops, softmax_scale=scale, config=cfg)
+    )
     _check_against_oracle(ops, out, cfg, scale, bitwise_codes=True)
     codes = np.asarray(out[2].p_codes).astype(np.float32)
     assert (codes == 0).any() and (codes == 256).any() and ((codes > 0) & (codes < 2**-6)).any()
@@ -169,12 +192,19 @@ def test_interpret_far_below_max_tiles_stay_finite():
     qc = np.asarray(ops.q_codes).astype(np.float32)
     qc[:] = 3.0  # every score = 3·Σ_d k_d: key 0..63 large, keys 64.. tiny after scaling
     kc = np.asarray(ops.k_codes).astype(np.float32)
-    kc[:, 64:] = -kc[:, 64:] ** 2 - 1.0  # second key tile: strongly negative scores
+    kc[:, 64:] = -(kc[:, 64:] ** 2) - 1.0  # second key tile: strongly negative scores
     ops = ops._replace(q_codes=jnp.asarray(qc.astype(F8)), k_codes=jnp.asarray(kc.astype(F8)))
-    cfg = am.FP8AttentionConfig(block_q=64, block_kv=64, conversion=am.PConversion.EXACT,
-                                debug_step=1, out_type=am.OutType.FLOAT32)
+    cfg = am.FP8AttentionConfig(
+        block_q=64,
+        block_kv=64,
+        conversion=am.PConversion.EXACT,
+        debug_step=1,
+        out_type=am.OutType.FLOAT32,
+    )
     scale = 4.0
-    out = harness.interpret(lambda: am.attention_fp8_quantized(ops, softmax_scale=scale, config=cfg))
+    out = harness.interpret(
+        lambda: am.attention_fp8_quantized(ops, softmax_scale=scale, config=cfg)
+    )
     assert np.isfinite(np.asarray(out[0])).all() and np.isfinite(np.asarray(out[1])).all()
     assert (np.asarray(out[2].f) < -60).all()  # the second tile's unit 2^F is tiny
     _check_against_oracle(ops, out, cfg, scale, bitwise_codes=True)
@@ -183,10 +213,17 @@ def test_interpret_far_below_max_tiles_stay_finite():
 def test_interpret_hardware_exp2_and_mismatched_d128():
     rng = np.random.default_rng(3)
     ops = _integer_operands(rng, 1, 128, 1, 1, 128, qk_range=2)
-    cfg = am.FP8AttentionConfig(block_q=64, block_kv=128, normalization=Normalization.MISMATCHED,
-                                debug_step=0, out_type=am.OutType.FLOAT32)
+    cfg = am.FP8AttentionConfig(
+        block_q=64,
+        block_kv=128,
+        normalization=Normalization.MISMATCHED,
+        debug_step=0,
+        out_type=am.OutType.FLOAT32,
+    )
     scale = 0.25
-    out = harness.interpret(lambda: am.attention_fp8_quantized(ops, softmax_scale=scale, config=cfg))
+    out = harness.interpret(
+        lambda: am.attention_fp8_quantized(ops, softmax_scale=scale, config=cfg)
+    )
     # XLA:CPU's exp2 is not correctly rounded; a code can differ only where 2^t sits within a
     # few float32 ulps of an E4M3 rounding boundary.
     _check_against_oracle(ops, out, cfg, scale, bitwise_codes=False, min_match=0.999)
@@ -201,8 +238,9 @@ def test_interpret_float_inputs_close_to_float64_attention():
     k = rng.standard_normal((b, t, hkv, d)).astype(np.float32)
     v = rng.standard_normal((b, t, hkv, d)).astype(np.float32)
     cfg = am.FP8AttentionConfig(block_q=64, block_kv=64, causal=True, out_type=am.OutType.FLOAT32)
-    o, lse = harness.interpret(lambda: am.attention_fp8(jnp.asarray(q), jnp.asarray(k),
-                                                        jnp.asarray(v), config=cfg))
+    o, lse = harness.interpret(
+        lambda: am.attention_fp8(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), config=cfg)
+    )
     s = np.einsum("bthd,bshd->bhts", q.astype(np.float64), np.repeat(k, 2, axis=2)) / math.sqrt(d)
     s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
@@ -239,23 +277,30 @@ def test_interpret_all_zero_qkv_is_zero_not_nan():
 
 def _dequantize(ops):
     """Float64 Q, K, V (B, N, H, D) of token-block operands (code·2^e; zero blocks are 0)."""
+
     def deq(codes, e, axis):
         x = np.asarray(codes).astype(np.float64)
         scale = np.exp2(np.repeat(np.asarray(e, np.float64), am.TOKEN_BLOCK, axis=-1))
-        scale = scale[..., :x.shape[axis]]
+        scale = scale[..., : x.shape[axis]]
         return x * (np.swapaxes(scale, 1, 2)[..., None] if axis == 1 else scale[:, :, None, :])
+
     vt = deq(ops.vt_codes, ops.v_exp, 3)
-    return deq(ops.q_codes, ops.q_exp, 1), deq(ops.k_codes, ops.k_exp, 1), np.swapaxes(
-        np.swapaxes(vt, 2, 3), 1, 2)
+    return (
+        deq(ops.q_codes, ops.q_exp, 1),
+        deq(ops.k_codes, ops.k_exp, 1),
+        np.swapaxes(np.swapaxes(vt, 2, 3), 1, 2),
+    )
 
 
 # Interpret mode on this project's 2-core CI host: a run with a debug dump of the masked tail tile
 # in a grid of several CTAs occasionally deadlocks inside the interpreter (observed 2 of 4 runs;
 # never on the H200), so the tail tile's debug dump is checked with one head and the
 # multi-head GQA case without a debug dump.
-@pytest.mark.parametrize("hq,debug_step,block_sums", [(3, None, True), (1, 2, True),
-                                                      (1, 2, False)],
-                         ids=["gqa3-mma-sums", "tail-debug-mma-sums", "tail-debug-simt-sums"])
+@pytest.mark.parametrize(
+    "hq,debug_step,block_sums",
+    [(3, None, True), (1, 2, True), (1, 2, False)],
+    ids=["gqa3-mma-sums", "tail-debug-mma-sums", "tail-debug-simt-sums"],
+)
 def test_interpret_zero_blocks_and_tail_lengths(hq, debug_step, block_sums):
     """T = 100 queries and S = 150 keys (non-causal, masked tail tile, partial token blocks),
     zero V/K/Q token blocks: bitwise P codes, F and m of the tail tile against the oracle, O
@@ -272,20 +317,27 @@ def test_interpret_zero_blocks_and_tail_lengths(hq, debug_step, block_sums):
     vt[..., 32:64], ve[..., 1] = 0.0, -127  # a zero V block
     kc[:, 64:96], ke[..., 2] = 0.0, -127  # a zero K block (scores 0)
     qc[:, 0:32, hq - 1], qe[:, hq - 1, 0] = 0.0, -127  # a zero Q block (uniform rows)
-    ops = am.FP8Operands(*(jnp.asarray(x.astype(F8)) for x in (qc, kc, vt)),
-                         *(jnp.asarray(x, jnp.int32) for x in (qe, ke, ve)))
-    cfg = am.FP8AttentionConfig(block_kv=64, conversion=am.PConversion.EXACT,
-                                debug_step=debug_step, out_type=am.OutType.FLOAT32,
-                                block_sums=block_sums)
+    ops = am.FP8Operands(
+        *(jnp.asarray(x.astype(F8)) for x in (qc, kc, vt)),
+        *(jnp.asarray(x, jnp.int32) for x in (qe, ke, ve)),
+    )
+    cfg = am.FP8AttentionConfig(
+        block_kv=64,
+        conversion=am.PConversion.EXACT,
+        debug_step=debug_step,
+        out_type=am.OutType.FLOAT32,
+        block_sums=block_sums,
+    )
     scale = 1 / 8
-    out = harness.interpret(lambda: am.attention_fp8_quantized(ops, softmax_scale=scale,
-                                                               config=cfg))
+    out = harness.interpret(
+        lambda: am.attention_fp8_quantized(ops, softmax_scale=scale, config=cfg)
+    )
     assert out[0].shape == (b, t, hq, d) and out[1].shape == (b, hq, t)
     if debug_step is not None:
         assert out[2].p_codes.shape == (b, hq, t, 64)
         _check_against_oracle(ops, out, cfg, scale, bitwise_codes=True)
         codes = np.asarray(out[2].p_codes).astype(np.float32)
-        np.testing.assert_array_equal(codes[..., 150 - 128:], 0.0)  # keys >= S are masked
+        np.testing.assert_array_equal(codes[..., 150 - 128 :], 0.0)  # keys >= S are masked
     else:
         ref = am.reference_forward(_np(ops), softmax_scale=scale, config=cfg)
         rel = np.abs(np.asarray(out[0]) - ref["o"]).max() / np.abs(ref["o"]).max()
@@ -305,8 +357,9 @@ def test_interpret_causal_tail_and_nan_policy():
     q, k, v = (rng.standard_normal((b, t, h, d)).astype(np.float32) for _ in range(3))
     v[0, 40, 0, 3] = np.nan
     cfg = am.FP8AttentionConfig(block_kv=64, causal=True, out_type=am.OutType.FLOAT32)
-    o, lse = harness.interpret(lambda: am.attention_fp8(jnp.asarray(q), jnp.asarray(k),
-                                                        jnp.asarray(v), config=cfg))
+    o, lse = harness.interpret(
+        lambda: am.attention_fp8(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), config=cfg)
+    )
     o, lse = np.asarray(o), np.asarray(lse)
     assert np.isnan(o[0, 32:]).all() and np.isnan(lse[0, 0, 32:]).all()
     assert np.isfinite(o[0, :32]).all() and np.isfinite(lse[0, 0, :32]).all()
@@ -319,20 +372,33 @@ def test_interpret_causal_tail_and_nan_policy():
 def _avals(b, t, hq, hkv, d):
     f8, S = jnp.float8_e4m3fn, jax.ShapeDtypeStruct
     nb = -(-t // am.TOKEN_BLOCK)
-    return am.FP8Operands(S((b, t, hq, d), f8), S((b, t, hkv, d), f8), S((b, hkv, d, t), f8),
-                          S((b, hq, nb), jnp.int32), S((b, hkv, nb), jnp.int32),
-                          S((b, hkv, nb), jnp.int32))
+    return am.FP8Operands(
+        S((b, t, hq, d), f8),
+        S((b, t, hkv, d), f8),
+        S((b, hkv, d, t), f8),
+        S((b, hq, nb), jnp.int32),
+        S((b, hkv, nb), jnp.int32),
+        S((b, hkv, nb), jnp.int32),
+    )
 
 
-@pytest.mark.parametrize("cfg", am.SHIPPED_CONFIGS, ids=lambda c: f"q{c.block_q}-{c.block_kv}-"
-                         f"{c.causal}-{c.conversion.name}-{c.normalization.name}-{c.debug_step}-"
-                         f"{'blocks' if c.scale_blocks else 'columns'}"
-                         f"{'-mma-sums' if c.block_sums else ''}")
-@pytest.mark.parametrize("shape", [(2, 4096, 16, 16, 128), (1, 1000, 8, 2, 64)],
-                         ids=["D128", "D64-GQA4-T1000"])
+@pytest.mark.parametrize(
+    "cfg",
+    am.SHIPPED_CONFIGS,
+    ids=lambda c: (
+        f"q{c.block_q}-{c.block_kv}-"
+        f"{c.causal}-{c.conversion.name}-{c.normalization.name}-{c.debug_step}-"
+        f"{'blocks' if c.scale_blocks else 'columns'}"
+        f"{'-mma-sums' if c.block_sums else ''}"
+    ),
+)
+@pytest.mark.parametrize(
+    "shape", [(2, 4096, 16, 16, 128), (1, 1000, 8, 2, 64)], ids=["D128", "D64-GQA4-T1000"]
+)
 def test_cross_lowers_for_sm90a(cfg, shape):
     text = harness.cross_lower(
-        lambda *a: am.attention_fp8_quantized(am.FP8Operands(*a), config=cfg), *_avals(*shape))
+        lambda *a: am.attention_fp8_quantized(am.FP8Operands(*a), config=cfg), *_avals(*shape)
+    )
     assert "mosaic_gpu" in text
 
 
@@ -355,17 +421,20 @@ def test_input_validation():
     rng = np.random.default_rng(0)
     ops = _integer_operands(rng, 1, 128, 2, 1, 64)
     with pytest.raises(ValueError, match="head_dim"):
-        am.quantize_operands(jnp.zeros((1, 128, 1, 96)), jnp.zeros((1, 128, 1, 96)),
-                             jnp.zeros((1, 128, 1, 96)))
+        am.quantize_operands(
+            jnp.zeros((1, 128, 1, 96)), jnp.zeros((1, 128, 1, 96)), jnp.zeros((1, 128, 1, 96))
+        )
     with pytest.raises(ValueError, match="multiple of kv heads"):
-        am.quantize_operands(jnp.zeros((1, 128, 3, 64)), jnp.zeros((1, 128, 2, 64)),
-                             jnp.zeros((1, 128, 2, 64)))
+        am.quantize_operands(
+            jnp.zeros((1, 128, 3, 64)), jnp.zeros((1, 128, 2, 64)), jnp.zeros((1, 128, 2, 64))
+        )
     with pytest.raises(ValueError, match="debug_step"):
         am.attention_fp8_quantized(ops, config=am.FP8AttentionConfig(block_kv=64, debug_step=2))
     with pytest.raises(ValueError, match="causal"):
-        am.attention_fp8_quantized(ops._replace(q_codes=ops.q_codes[:, :64],
-                                                q_exp=ops.q_exp[..., :2]),
-                                   config=am.FP8AttentionConfig(causal=True))
+        am.attention_fp8_quantized(
+            ops._replace(q_codes=ops.q_codes[:, :64], q_exp=ops.q_exp[..., :2]),
+            config=am.FP8AttentionConfig(causal=True),
+        )
     with pytest.raises(ValueError, match="softmax_scale"):
         am.attention_fp8_quantized(ops, softmax_scale=-1.0)
     with pytest.raises(TypeError, match="float8_e4m3fn"):
@@ -382,19 +451,26 @@ def test_gpu_exact_debug_bitwise(causal):
     ops = _integer_operands(rng, 2, 512, 4, 2, 128)
     scale = 2.0  # t spans tens of log2 units: zero, subnormal and normal codes
     for step in (0, 3):
-        cfg = am.FP8AttentionConfig(causal=causal, conversion=am.PConversion.EXACT,
-                                    debug_step=step, out_type=am.OutType.FLOAT32)
+        cfg = am.FP8AttentionConfig(
+            causal=causal,
+            conversion=am.PConversion.EXACT,
+            debug_step=step,
+            out_type=am.OutType.FLOAT32,
+        )
         out = am.attention_fp8_quantized(ops, softmax_scale=scale, config=cfg)
         # The FP8 tensor core's accumulation is not correctly rounded (fp4sim.kernels.wgmma_probe):
         # sums of products, but not codes, are compared with its measured error (<= 1e-3 rel).
         ref = am.reference_forward(_np(ops), softmax_scale=scale, config=cfg)
         reached = ~np.isnan(ref["f"][step])
-        np.testing.assert_array_equal(np.asarray(out[2].p_codes).astype(np.float32)[reached],
-                                      ref["p_codes"][step][reached])
-        np.testing.assert_array_equal(np.asarray(out[2].f)[reached],
-                                      ref["f"][step][reached].astype(np.float32))
-        np.testing.assert_array_equal(np.asarray(out[2].m)[reached],
-                                      ref["m"][step][reached].astype(np.float32))
+        np.testing.assert_array_equal(
+            np.asarray(out[2].p_codes).astype(np.float32)[reached], ref["p_codes"][step][reached]
+        )
+        np.testing.assert_array_equal(
+            np.asarray(out[2].f)[reached], ref["f"][step][reached].astype(np.float32)
+        )
+        np.testing.assert_array_equal(
+            np.asarray(out[2].m)[reached], ref["m"][step][reached].astype(np.float32)
+        )
         o = np.asarray(out[0], np.float64)
         assert np.abs(o - ref["o"]).max() <= 2e-3 * np.abs(ref["o"]).max()
 
@@ -417,8 +493,10 @@ def test_gpu_hardware_exp2_code_match():
 def test_gpu_float_inputs_error(causal):
     rng = np.random.default_rng(31)
     b, t, hq, hkv, d = 1, 1024, 4, 2, 128
-    q, k, v = (rng.standard_normal(s).astype(np.float32)
-               for s in ((b, t, hq, d), (b, t, hkv, d), (b, t, hkv, d)))
+    q, k, v = (
+        rng.standard_normal(s).astype(np.float32)
+        for s in ((b, t, hq, d), (b, t, hkv, d), (b, t, hkv, d))
+    )
     cfg = am.FP8AttentionConfig(causal=causal, out_type=am.OutType.FLOAT32)
     o, _ = am.attention_fp8(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), config=cfg)
     kk, vv = np.repeat(k, 2, axis=2).astype(np.float64), np.repeat(v, 2, axis=2).astype(np.float64)

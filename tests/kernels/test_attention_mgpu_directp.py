@@ -36,16 +36,25 @@ def _e2m1_grid_data(rng, shape):
 
 def _inputs(seed, b, t, hq, hkv, d):
     rng = np.random.default_rng(seed)
-    return (_e2m1_grid_data(rng, (b, t, hq, d)), _e2m1_grid_data(rng, (b, t, hkv, d)),
-            rng.standard_normal((b, t, hkv, d)).astype(np.float32))
+    return (
+        _e2m1_grid_data(rng, (b, t, hq, d)),
+        _e2m1_grid_data(rng, (b, t, hkv, d)),
+        rng.standard_normal((b, t, hkv, d)).astype(np.float32),
+    )
 
 
 def _emulate(q, k, v, cfg, scale):
     g = q.shape[2] // k.shape[2]
     rep = lambda x: np.repeat(x, g, axis=2).transpose(0, 2, 1, 3)  # noqa: E731
-    return fw.attention_forward(q.transpose(0, 2, 1, 3), rep(k), rep(v), cfg.recipe,
-                                causal=cfg.causal, softmax_scale=scale,
-                                return_intermediates=True)
+    return fw.attention_forward(
+        q.transpose(0, 2, 1, 3),
+        rep(k),
+        rep(v),
+        cfg.recipe,
+        causal=cfg.causal,
+        softmax_scale=scale,
+        return_intermediates=True,
+    )
 
 
 def _check(out, res, cfg, *, o_rtol):
@@ -58,10 +67,10 @@ def _check(out, res, cfg, *, o_rtol):
     steps = -(-(r0 + cfg.block_q) // bkv) if cfg.causal else np.full(t_len, 10**9)
     reached = np.broadcast_to(steps > j, np.asarray(dbg.m).shape)  # rows that reach tile j
     kk = np.asarray(dbg.k).transpose(0, 1, 3, 2)
-    ck = it.p_k[..., j * nb:(j + 1) * nb]
+    ck = it.p_k[..., j * nb : (j + 1) * nb]
     np.testing.assert_array_equal(kk[reached], ck[reached])
     np.testing.assert_array_equal(np.asarray(dbg.m)[reached], it.anchors[..., j][reached])
-    codes = decode(it.p_codes[..., j * bkv:(j + 1) * bkv], E2M1)
+    codes = decode(it.p_codes[..., j * bkv : (j + 1) * bkv], E2M1)
     kel = np.repeat(ck, 32, axis=-1)
     exact = (kel >= -23) & reached[..., None]  # float16 holds α_B·q exactly down to 2^-24
     got = np.asarray(dbg.p).astype(np.float64) * np.exp2(-kel.astype(np.float64))
@@ -73,17 +82,22 @@ def _check(out, res, cfg, *, o_rtol):
     assert np.abs(np.asarray(lse) - lse_ref).max() <= 1e-4 * max(1.0, np.abs(lse_ref).max())
 
 
-@pytest.mark.parametrize("recipe,causal", [(rc.HW_FP4_DIRECT_P, False),
-                                           (rc.HW_FP4_DIRECT_P_MITCHELL, True)],
-                         ids=["affine", "mitchell-causal"])
+@pytest.mark.parametrize(
+    "recipe,causal",
+    [(rc.HW_FP4_DIRECT_P, False), (rc.HW_FP4_DIRECT_P_MITCHELL, True)],
+    ids=["affine", "mitchell-causal"],
+)
 def test_interpret_matches_emulator_bitwise(recipe, causal):
     q, k, v = _inputs(1 + causal, 1, 128, 1, 1, 64)
-    cfg = dp.DirectPConfig(recipe=recipe.replace(block_kv=64), causal=causal, debug_step=1,
-                           out_type=dp.OutType.FLOAT32)
+    cfg = dp.DirectPConfig(
+        recipe=recipe.replace(block_kv=64), causal=causal, debug_step=1, out_type=dp.OutType.FLOAT32
+    )
     scale = 0.08
-    out = harness.interpret(lambda: dp.attention_directp(jnp.asarray(q), jnp.asarray(k),
-                                                         jnp.asarray(v), softmax_scale=scale,
-                                                         config=cfg))
+    out = harness.interpret(
+        lambda: dp.attention_directp(
+            jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), softmax_scale=scale, config=cfg
+        )
+    )
     # f32 sums of <= 128 products in another order, and the rescale's exp2: a few ulps each.
     _check(out, _emulate(q, k, v, cfg, scale), cfg, o_rtol=8 * 128 * U32)
 
@@ -91,28 +105,36 @@ def test_interpret_matches_emulator_bitwise(recipe, causal):
 def test_interpret_tail_length_matches_emulator():
     """T = S = 100 (a masked tail tile, padded query rows, a partial V token block)."""
     q, k, v = _inputs(5, 1, 100, 1, 1, 64)
-    cfg = dp.DirectPConfig(recipe=rc.HW_FP4_DIRECT_P.replace(block_kv=64),
-                           debug_step=1, out_type=dp.OutType.FLOAT32)
+    cfg = dp.DirectPConfig(
+        recipe=rc.HW_FP4_DIRECT_P.replace(block_kv=64), debug_step=1, out_type=dp.OutType.FLOAT32
+    )
     scale = 0.03  # flatter weights: more non-zero codes in the tail tile
-    out = harness.interpret(lambda: dp.attention_directp(jnp.asarray(q), jnp.asarray(k),
-                                                         jnp.asarray(v), softmax_scale=scale,
-                                                         config=cfg))
+    out = harness.interpret(
+        lambda: dp.attention_directp(
+            jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), softmax_scale=scale, config=cfg
+        )
+    )
     assert out[0].shape == (1, 100, 1, 64) and out[2].m.shape == (1, 1, 100)
     _check(out, _emulate(q, k, v, cfg, scale), cfg, o_rtol=8 * 128 * U32)
 
 
-@pytest.mark.parametrize("cfg", dp.SHIPPED_CONFIGS,
-                         ids=lambda c: f"{type(c.recipe.converter).__name__}-{c.causal}-"
-                                       f"{c.debug_step}")
-@pytest.mark.parametrize("shape", [(2, 4096, 16, 16, 128), (1, 1024, 8, 2, 64)],
-                         ids=["D128", "D64-GQA4"])
+@pytest.mark.parametrize(
+    "cfg",
+    dp.SHIPPED_CONFIGS,
+    ids=lambda c: f"{type(c.recipe.converter).__name__}-{c.causal}-{c.debug_step}",
+)
+@pytest.mark.parametrize(
+    "shape", [(2, 4096, 16, 16, 128), (1, 1024, 8, 2, 64)], ids=["D128", "D64-GQA4"]
+)
 def test_cross_lowers_for_sm90a(cfg, shape):
     b, t, hq, hkv, d = shape
     f16, S = jnp.float16, jax.ShapeDtypeStruct
-    avals = dp.DirectPOperands(S((b, t, hq, d), f16), S((b, t, hkv, d), f16),
-                               S((b, hkv, d, t), f16))
+    avals = dp.DirectPOperands(
+        S((b, t, hq, d), f16), S((b, t, hkv, d), f16), S((b, hkv, d, t), f16)
+    )
     text = harness.cross_lower(
-        lambda *a: dp.attention_directp_prepared(dp.DirectPOperands(*a), config=cfg), *avals)
+        lambda *a: dp.attention_directp_prepared(dp.DirectPOperands(*a), config=cfg), *avals
+    )
     assert "mosaic_gpu" in text
 
 
@@ -120,8 +142,9 @@ def test_config_validation():
     with pytest.raises(ValueError, match="converter"):
         dp.DirectPConfig(recipe=rc.HAO_LOG_MXFP8)
     with pytest.raises(ValueError, match="normalization"):
-        dp.DirectPConfig(recipe=rc.HW_FP4_DIRECT_P.replace(
-            normalization=rc.Normalization.MISMATCHED))
+        dp.DirectPConfig(
+            recipe=rc.HW_FP4_DIRECT_P.replace(normalization=rc.Normalization.MISMATCHED)
+        )
     with pytest.raises(TypeError, match="recipe"):
         dp.DirectPConfig(recipe="hw_fp4_direct_p")
     with pytest.raises(ValueError, match="block_q"):
@@ -140,8 +163,9 @@ def test_gpu_matches_emulator_bitwise(causal):
     q, k, v = _inputs(11 + causal, 1, 512, 2, 1, 128)
     cfg = dp.DirectPConfig(causal=causal, debug_step=2)  # float16 O (2^-11 relative rounding)
     scale = 0.05
-    out = dp.attention_directp(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
-                               softmax_scale=scale, config=cfg)
+    out = dp.attention_directp(
+        jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), softmax_scale=scale, config=cfg
+    )
     # On the H200 f16 wgmma sums are correctly rounded in >= 98 % of outputs (fp4sim.kernels.wgmma_probe).
     _check(out, _emulate(q, k, v, cfg, scale), cfg, o_rtol=2.0**-10)
 
@@ -152,8 +176,9 @@ def test_gpu_float_inputs_error_matches_emulator():
     q, k, v = (rng.standard_normal((1, 1024, 2, 128)).astype(np.float32) for _ in range(3))
     cfg = dp.DirectPConfig()
     o, _ = dp.attention_directp(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), config=cfg)
-    res = fw.attention_forward(q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3),
-                               v.transpose(0, 2, 1, 3), cfg.recipe)
+    res = fw.attention_forward(
+        q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), cfg.recipe
+    )
     ro = res.out.transpose(0, 2, 1, 3)
     # Scores are no longer exact; a P code may flip where a score sits on a boundary, so compare
     # the two outputs' distance with the emulator's own error scale (rel-L2 of FP4 P and V).

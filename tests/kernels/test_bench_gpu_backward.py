@@ -14,8 +14,14 @@ from fp4sim.benchmarks import gpu_backward as gb
 
 
 def test_section_runs_in_interpret_mode(tmp_path):
-    res = gb.measure(shapes=((1, 128, 1, 64, True),), reps=1, iters=1, interpret=True, quick=True,
-                     out_dir=str(tmp_path))
+    res = gb.measure(
+        shapes=((1, 128, 1, 64, True),),
+        reps=1,
+        iters=1,
+        interpret=True,
+        quick=True,
+        out_dir=str(tmp_path),
+    )
     assert res["ok"], res
     m = res["shapes"][0]["methods"]
     for name in ("fp4sim_fp8_bwd",):
@@ -28,8 +34,13 @@ def test_section_runs_in_interpret_mode(tmp_path):
 
 
 def test_method_filter():
-    res = gb.measure(shapes=((1, 128, 1, 64, False),), reps=1, iters=1, interpret=True,
-                     methods=["fp4sim_fp8_bwd_2wg"])
+    res = gb.measure(
+        shapes=((1, 128, 1, 64, False),),
+        reps=1,
+        iters=1,
+        interpret=True,
+        methods=["fp4sim_fp8_bwd_2wg"],
+    )
     assert list(res["shapes"][0]["methods"]) == ["fp4sim_fp8_bwd_2wg"], res
     assert res["shapes"][0]["methods"]["fp4sim_fp8_bwd_2wg"]["rel_l2_dq"] < 0.12
 

@@ -19,8 +19,12 @@ def _ctx() -> GpuContext:
     def timer(fn, *args, **_):
         return 1e-3
 
-    return GpuContext(ceilings={"copy": {"bytes_per_s": 1e12, "device_bytes_per_s": 1e12}},
-                      time_call=timer, device_time=timer, deadline=time.monotonic() + 1e6)
+    return GpuContext(
+        ceilings={"copy": {"bytes_per_s": 1e12, "device_bytes_per_s": 1e12}},
+        time_call=timer,
+        device_time=timer,
+        deadline=time.monotonic() + 1e6,
+    )
 
 
 @pytest.mark.slow

@@ -30,27 +30,38 @@ from fp4sim.kernels.blackwell_matmul_mgpu import (
 from fp4sim.kernels.harness import Arch, device_arch
 
 SHAPE = (256, 256, 512)
-KIND = {BlackwellFormat.MXFP8: "kind::mxf8f6f4.block_scale",
-        # Mosaic GPU issues E2M1 with UE8M0 per 32 as mxf4nvf4 with scale_vec::2X: the same
-        # arithmetic as kind::mxf4 (one model in MMA-Sim and in fp4sim.formats.mma)
-        BlackwellFormat.MXFP4: "kind::mxf4nvf4.block_scale.scale_vec::2X",
-        BlackwellFormat.NVFP4: "kind::mxf4nvf4.block_scale.scale_vec::4X"}
-needs_ptxas = pytest.mark.skipif(ptx_check.find_ptxas() is None,
-                                 reason="needs ptxas (pip install nvidia-cuda-nvcc: the dev extra)")
+KIND = {
+    BlackwellFormat.MXFP8: "kind::mxf8f6f4.block_scale",
+    # Mosaic GPU issues E2M1 with UE8M0 per 32 as mxf4nvf4 with scale_vec::2X: the same
+    # arithmetic as kind::mxf4 (one model in MMA-Sim and in fp4sim.formats.mma)
+    BlackwellFormat.MXFP4: "kind::mxf4nvf4.block_scale.scale_vec::2X",
+    BlackwellFormat.NVFP4: "kind::mxf4nvf4.block_scale.scale_vec::4X",
+}
+needs_ptxas = pytest.mark.skipif(
+    ptx_check.find_ptxas() is None,
+    reason="needs ptxas (pip install nvidia-cuda-nvcc: the dev extra)",
+)
 
 
 def test_shipped_configs_listed():
     names = [(c.fmt.name, c.tile_n) for c in shipped_configs()]
-    assert names == [("MXFP8", 128), ("MXFP8", 256), ("MXFP4", 128), ("MXFP4", 256),
-                     ("NVFP4", 128), ("NVFP4", 256)]
+    assert names == [
+        ("MXFP8", 128),
+        ("MXFP8", 256),
+        ("MXFP4", 128),
+        ("MXFP4", 256),
+        ("NVFP4", 128),
+        ("NVFP4", 256),
+    ]
 
 
 @needs_ptxas
 @pytest.mark.parametrize("cfg", shipped_configs(), ids=lambda c: f"{c.fmt.name}-n{c.tile_n}")
 def test_cross_lowers_and_assembles_for_sm100a(cfg):
     m, n, k = SHAPE
-    snippets = ptx_check.kernel_snippets(build_kernel(cfg, m, n, k), *avals(cfg, m, n, k),
-                                         arch=Arch.SM100A)
+    snippets = ptx_check.kernel_snippets(
+        build_kernel(cfg, m, n, k), *avals(cfg, m, n, k), arch=Arch.SM100A
+    )
     mma = [s.asm for s in snippets if s.mnemonic == "tcgen05.mma"]
     assert mma and all(KIND[cfg.fmt] in a for a in mma), mma[:1]
     for needed in ("tcgen05.cp", "tcgen05.ld", "tcgen05.alloc", "tcgen05.dealloc"):

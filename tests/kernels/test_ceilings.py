@@ -16,8 +16,9 @@ def _copy():
     return jax.jit(lambda v: v ^ jnp.uint32(1)), jnp.arange(1 << 12, dtype=jnp.uint32)
 
 
-@pytest.mark.parametrize("kw", [dict(iters=0), dict(repeats=0), dict(warmup=-1),
-                                dict(iters=True), dict(iters=2.0)])
+@pytest.mark.parametrize(
+    "kw", [dict(iters=0), dict(repeats=0), dict(warmup=-1), dict(iters=True), dict(iters=2.0)]
+)
 def test_time_call_rejects_bad_counts(kw):
     f, x = _copy()
     with pytest.raises(ValueError, match=next(iter(kw))):

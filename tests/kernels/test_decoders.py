@@ -50,14 +50,15 @@ def test_e4m3_nan_keeps_sign_and_every_finite_code_is_exact():
     out = np.asarray(D.e4m3_to_f16(C8))
     assert np.isnan(out[0x7F]) and np.isnan(out[0xFF])
     assert not np.signbit(out[0x7F]) and np.signbit(out[0xFF])
-    assert out[0x01] == np.float16(2.0 ** -9) and out[0x7E] == 448 and out[0x80] == 0
+    assert out[0x01] == np.float16(2.0**-9) and out[0x7E] == 448 and out[0x80] == 0
     assert np.signbit(out[0x80])
 
 
 def test_e8m0_to_f32_every_code():
     out = np.asarray(D.e8m0_to_f32(C8))
-    np.testing.assert_array_equal(out[1:255], C8[1:255].view(ml_dtypes.float8_e8m0fnu)
-                                  .astype(np.float32))
+    np.testing.assert_array_equal(
+        out[1:255], C8[1:255].view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+    )
     assert out.view(np.uint32)[0] == 0x00400000  # 2^-127 as bits (ml_dtypes: NaN)
     assert np.isnan(out[255])
     jit_out = np.asarray(jax.jit(D.e8m0_to_f32)(jnp.asarray(C8)))
@@ -101,8 +102,13 @@ def _decode_kernel():
 
 def test_decoders_inside_a_kernel_in_interpret_mode():
     outs = interpret(_decode_kernel(), jnp.asarray(C8), detect_races=False)
-    want = (D.e4m3_to_f16(C8), D.e5m2_to_f16(C8), D.e2m1_to_f16(C8 & 0xF), D.e8m0_to_f32(C8),
-            D.ue4m3_to_f32(C8))
+    want = (
+        D.e4m3_to_f16(C8),
+        D.e5m2_to_f16(C8),
+        D.e2m1_to_f16(C8 & 0xF),
+        D.e8m0_to_f32(C8),
+        D.ue4m3_to_f32(C8),
+    )
     for got, w in zip(outs, want):
         got, w = np.asarray(got), np.asarray(w)
         np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), w.view(f"u{w.itemsize}"))
@@ -118,8 +124,13 @@ def test_decoders_cross_lower(arch):
 def test_decoders_on_the_gpu_match_numpy():
     assert gpu_available()
     outs = jax.block_until_ready(_decode_kernel()(jnp.asarray(C8)))
-    want = (D.e4m3_to_f16(C8), D.e5m2_to_f16(C8), D.e2m1_to_f16(C8 & 0xF), D.e8m0_to_f32(C8),
-            D.ue4m3_to_f32(C8))
+    want = (
+        D.e4m3_to_f16(C8),
+        D.e5m2_to_f16(C8),
+        D.e2m1_to_f16(C8 & 0xF),
+        D.e8m0_to_f32(C8),
+        D.ue4m3_to_f32(C8),
+    )
     for got, w in zip(outs, want):
         got, w = np.asarray(got), np.asarray(w)
         np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), w.view(f"u{w.itemsize}"))

@@ -54,9 +54,13 @@ def _racy_kernel():
         plgpu.copy_smem_to_gmem(s_ref, o_ref.at[pl.ds(0, 128)])
         plgpu.wait_smem_to_gmem(0)
 
-    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), jnp.int32),
-                        scratch_types=[plgpu.SMEM((128,), jnp.int32)], num_threads=2,
-                        thread_name="wg")
+    return plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((128,), jnp.int32),
+        scratch_types=[plgpu.SMEM((128,), jnp.int32)],
+        num_threads=2,
+        thread_name="wg",
+    )
 
 
 def test_race_detector_reports_a_race():
@@ -107,11 +111,16 @@ def test_cross_lower_catches_what_interpret_mode_lets_through():
         plgpu.wait_smem_to_gmem(0)
 
     f8 = jnp.float8_e4m3fn
-    k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 64), jnp.float32),
-                     scratch_types=[plgpu.SMEM((64, 64), f8, transforms=harness.smem_transforms(f8, 64)),
-                                    plgpu.SMEM((64, 64), f8, transforms=harness.smem_transforms(f8, 64)),
-                                    plgpu.SMEM((64, 64), jnp.float32),
-                                    plgpu.Barrier(num_barriers=2)])
+    k = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((64, 64), jnp.float32),
+        scratch_types=[
+            plgpu.SMEM((64, 64), f8, transforms=harness.smem_transforms(f8, 64)),
+            plgpu.SMEM((64, 64), f8, transforms=harness.smem_transforms(f8, 64)),
+            plgpu.SMEM((64, 64), jnp.float32),
+            plgpu.Barrier(num_barriers=2),
+        ],
+    )
     a = jnp.asarray(np.eye(64, dtype=np.float32)).astype(f8)
     b = jnp.asarray(np.arange(64 * 64, dtype=np.float32).reshape(64, 64) % 7).astype(f8)
     out = interpret(k, a, b)

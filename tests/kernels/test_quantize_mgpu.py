@@ -47,7 +47,7 @@ def amax_values() -> np.ndarray:
     near = []
     for m in (6.0, 448.0, 57344.0):
         for e in range(-160, 128):
-            t = np.float32(m * 2.0 ** e) if -149 <= e + 3 and m * 2.0 ** e < 3e38 else np.float32(0)
+            t = np.float32(m * 2.0**e) if -149 <= e + 3 and m * 2.0**e < 3e38 else np.float32(0)
             tb = np.array([t], np.float32).view(np.uint32)[0]
             near.extend(int(tb) + d for d in range(-3, 4))
     near = np.array([v for v in near if 0 <= v < 0x7F800000], np.uint32).view(np.float32)
@@ -70,8 +70,11 @@ def _bits(x):
 
 # --- layer 1: the kernel arithmetic against the emulator, exhaustively ----------------------
 @pytest.mark.parametrize("fmt", [B.MXFP8_E4M3, B.MXFP8_E5M2, B.MXFP4], ids=lambda f: f.name)
-@pytest.mark.parametrize("rule", [B.ScaleRule.RCEIL, B.ScaleRule.FLOOR, B.ScaleRule.CEIL,
-                                  B.ScaleRule.EVEN], ids=lambda r: r.name)
+@pytest.mark.parametrize(
+    "rule",
+    [B.ScaleRule.RCEIL, B.ScaleRule.FLOOR, B.ScaleRule.CEIL, B.ScaleRule.EVEN],
+    ids=lambda r: r.name,
+)
 def test_mx_scale_code_matches_emulator(fmt, rule):
     a = amax_values()
     f = fmt.replace(rule=rule, block_size=1)  # one element per block: the scale of amax = |x|
@@ -104,7 +107,9 @@ def test_fp8_element_codes_every_bf16_pattern_and_scale(elem):
 
 def test_fp8_element_codes_float32_subnormals_and_ties():
     rng = np.random.default_rng(2)
-    sub = rng.integers(0, 1 << 23, 20000, dtype=np.uint32) | (rng.integers(0, 2, 20000, dtype=np.uint32) << 31)
+    sub = rng.integers(0, 1 << 23, 20000, dtype=np.uint32) | (
+        rng.integers(0, 2, 20000, dtype=np.uint32) << 31
+    )
     ties = []  # midpoints between adjacent E4M3 values, and their float32 neighbours
     vals = np.sort(codec.decode(codec.finite_codes(E4M3), E4M3))
     mids = ((vals[1:].astype(np.float64) + vals[:-1]) / 2).astype(np.float32)
@@ -141,7 +146,7 @@ def test_float_path_mxfp4_codes_every_bf16_pattern_numpy():
     b = _bits(x)
     for k in (-127, -100, -3, 0, 1, 5, 100, 127):
         want = codec.encode(B.ldexp_f32(x, np.int32(-k)), E2M1, pol)
-        s = np.float32(2.0 ** -k) if k < 127 else np.float32(2.0 ** -127)
+        s = np.float32(2.0**-k) if k < 127 else np.float32(2.0**-127)
         with np.errstate(all="ignore"):
             got = Q._fp4_codes_float((b[0::2], b[1::2]), s)
         np.testing.assert_array_equal(got & 0xF, want[0::2], err_msg=f"k={k}")
@@ -156,8 +161,16 @@ def test_float_path_e2m1_magnitude_by_magic_add_every_bf16_pattern_numpy():
     x = x[~np.isnan(x)]
     pol = Policy(nan=NanPolicy.ZERO)
     rng = np.random.default_rng(11)
-    factors = [1.0, 2.0 ** -3, 3.0e-3, 1.0 / 2688, 7.1e5, 2.0 ** 100, 2.0 ** -100,
-               np.finfo(np.float32).max]
+    factors = [
+        1.0,
+        2.0**-3,
+        3.0e-3,
+        1.0 / 2688,
+        7.1e5,
+        2.0**100,
+        2.0**-100,
+        np.finfo(np.float32).max,
+    ]
     factors += list(rng.uniform(0.5, 2.0, 6) * 2.0 ** rng.integers(-60, 60, 6))
     with np.errstate(all="ignore"):
         for s in factors:
@@ -170,7 +183,7 @@ def test_float_path_e2m1_magnitude_by_magic_add_every_bf16_pattern_numpy():
 def test_float_path_e2m1_magnitude_float32_ties_and_neighbours_numpy():
     vals = codec.decode(np.arange(8, dtype=np.uint8), E2M1).astype(np.float32)
     mids = ((vals[1:].astype(np.float64) + vals[:-1]) / 2).astype(np.float32)
-    pts = np.concatenate([vals, mids, np.float32([6.5, 7.0, 8.0, 1e30, np.inf, 2.0 ** -149, 0.0])])
+    pts = np.concatenate([vals, mids, np.float32([6.5, 7.0, 8.0, 1e30, np.inf, 2.0**-149, 0.0])])
     b = pts.view(np.uint32).astype(np.int64)
     near = np.concatenate([b + d for d in range(-4, 5)])
     near = near[(near >= 0) & (near < 0x7F800001)].astype(np.uint32).view(np.float32)
@@ -184,17 +197,20 @@ def test_float_path_fp8_within_range_on_cpu():
     cvt.rn.satfinite does, which the @gpu tests check)."""
     x = all_bf16_as_f32()
     for fmt, elem in ((B.MXFP8_E4M3, E4M3), (B.MXFP8_E5M2, E5M2)):
-        sel = np.isnan(x) | ((np.abs(x) <= elem.max) & ((np.abs(x) >= 2.0 ** -126) | (x == 0)))
+        sel = np.isnan(x) | ((np.abs(x) <= elem.max) & ((np.abs(x) >= 2.0**-126) | (x == 0)))
         xs = x[sel]
-        got = np.asarray(_j(lambda b, fmt=fmt: Q._fp8_codes_float(b, np.float32(1.0), fmt))(
-            jnp.asarray(_bits(xs))))
+        got = np.asarray(
+            _j(lambda b, fmt=fmt: Q._fp8_codes_float(b, np.float32(1.0), fmt))(
+                jnp.asarray(_bits(xs))
+            )
+        )
         np.testing.assert_array_equal(got, codec.encode(xs, elem))
 
 
 NV_CONST = B.NVFP4.replace(global_scale=B.GlobalScale.CONSTANT)
 
 
-@pytest.mark.parametrize("g", [1.0, 2.0 ** -7, 3.0e-3, 2.0 ** -117, 7.1e5, 1.0 / 2688])
+@pytest.mark.parametrize("g", [1.0, 2.0**-7, 3.0e-3, 2.0**-117, 7.1e5, 1.0 / 2688])
 def test_nvfp4_block_and_element_arithmetic(g):
     """Blocks of 16 drawn from every bfloat16 pattern, with a constant decode factor g."""
     x = all_bf16_as_f32().reshape(-1, 16)
@@ -223,11 +239,15 @@ def test_nvfp4_block_and_element_arithmetic(g):
         return s_code, nan, enc
 
     a = np.abs(x)
-    ok = np.all((a >= 2.0 ** -126) | (a == 0) | ~np.isfinite(a), axis=1)
+    ok = np.all((a >= 2.0**-126) | (a == 0) | ~np.isfinite(a), axis=1)
     s_f, nan, enc = (np.asarray(v) for v in _j(f_float)(jnp.asarray(_bits(x))))
     b = _bits(x).reshape(-1, 8, 2)  # (even, odd) elements of each byte
     with np.errstate(all="ignore"):  # the element step on NumPy: IEEE, as on the GPU
-        y = Q._fp4_codes_float((b[..., 0], b[..., 1]), enc[:, None], block_keep=np.where(nan, np.uint32(0), np.uint32(1))[:, None])
+        y = Q._fp4_codes_float(
+            (b[..., 0], b[..., 1]),
+            enc[:, None],
+            block_keep=np.where(nan, np.uint32(0), np.uint32(1))[:, None],
+        )
     unpacked = np.stack([y & 0xF, y >> 4], axis=-1).reshape(-1, 16)
     np.testing.assert_array_equal(np.asarray(s_f)[ok], want.scales[ok, 0])
     np.testing.assert_array_equal(unpacked[ok], want.codes[ok])
@@ -238,12 +258,14 @@ def test_nvfp4_block_and_element_arithmetic(g):
 def special_tensor(shape, dtype, *, finite=False, seed=0):
     """Rows of Gaussians at exponents from subnormal to huge, plus special blocks."""
     rng = np.random.default_rng(seed)
-    x = (rng.standard_normal(shape) * np.exp2(rng.integers(-40, 40, (shape[0], 1)))).astype(np.float32)
+    x = (rng.standard_normal(shape) * np.exp2(rng.integers(-40, 40, (shape[0], 1)))).astype(
+        np.float32
+    )
     x[2, :] = 0.0
     x[3, :] = -0.0
-    x[4, :] = (rng.standard_normal(shape[1]) * 2.0 ** -135).astype(np.float32)  # subnormal
-    x[5, ::7] = np.float32(2.0 ** -149)
-    x[6, :] = np.float32(448.0 * 2.0 ** -20) * np.sign(rng.standard_normal(shape[1]))
+    x[4, :] = (rng.standard_normal(shape[1]) * 2.0**-135).astype(np.float32)  # subnormal
+    x[5, ::7] = np.float32(2.0**-149)
+    x[6, :] = np.float32(448.0 * 2.0**-20) * np.sign(rng.standard_normal(shape[1]))
     if not finite:
         x[0, :5] = [np.nan, 1.0, -2.0, 3.0, 4.0]
         x[1, 3] = np.inf
@@ -263,16 +285,32 @@ def _check(got: B.QuantizedArray, want: B.QuantizedArray) -> None:
         np.testing.assert_array_equal(_bits(got.global_scale), _bits(want.global_scale))
 
 
-_TILING = ("block_rows", "token_blocks", "element_path", "variant", "tiles_per_cta",
-           "tma_row_bytes", "lanes", "transfer", "stages", "vector_words", "rows_per_thread")
+_TILING = (
+    "block_rows",
+    "token_blocks",
+    "element_path",
+    "variant",
+    "tiles_per_cta",
+    "tma_row_bytes",
+    "lanes",
+    "transfer",
+    "stages",
+    "vector_words",
+    "rows_per_thread",
+)
 
 
 def _run(x, fmt, **kw):
     """gpu_quantize in interpret mode; tiling keywords go into its QuantKernelConfig."""
     tiling = {k: kw.pop(k) for k in _TILING if k in kw}
     x = jnp.asarray(x)
-    cfg = Q.QuantKernelConfig.for_array(x, fmt, geometry=kw.get("geometry", B.Geometry.BLOCK),
-                                        **tiling) if tiling else None
+    cfg = (
+        Q.QuantKernelConfig.for_array(
+            x, fmt, geometry=kw.get("geometry", B.Geometry.BLOCK), **tiling
+        )
+        if tiling
+        else None
+    )
     return interpret(lambda v: Q.gpu_quantize(v, fmt, config=cfg, **kw), x, detect_races=True)
 
 
@@ -292,8 +330,10 @@ def test_nvfp4_kernel_interpret_matches_emulator(dtype):
     x = special_tensor((64, 128), dtype, finite=True)
     _check(_run(x, B.NVFP4), emu_quantize(x, B.NVFP4, pack=True))
     xs = special_tensor((64, 128), dtype, seed=1)  # NaN/Inf blocks under a constant factor
-    g = np.float32(2.0 ** -5)
-    _check(_run(xs, NV_CONST, global_scale=g), emu_quantize(xs, NV_CONST, global_scale=g, pack=True))
+    g = np.float32(2.0**-5)
+    _check(
+        _run(xs, NV_CONST, global_scale=g), emu_quantize(xs, NV_CONST, global_scale=g, pack=True)
+    )
     _check(_run(xs, B.NVFP4_SINGLE), emu_quantize(xs, B.NVFP4_SINGLE, pack=True))
     # a NaN anywhere makes the per-tensor factor NaN: every scale NaN, every code +0
     _check(_run(xs, B.NVFP4), emu_quantize(xs, B.NVFP4, pack=True))
@@ -304,23 +344,33 @@ def test_kernel_several_ctas_unpacked_and_encode_factor():
     _check(_run(x, B.MXFP4, pack=False, block_rows=64), emu_quantize(x, B.MXFP4))
     s = np.float32(1000.0)
     xf = special_tensor((128, 64), BF16, finite=True, seed=4)
-    _check(_run(xf, NV_CONST, global_encode_scale=s, block_rows=64),
-           emu_quantize(xf, NV_CONST, global_encode_scale=s, pack=True))
+    _check(
+        _run(xf, NV_CONST, global_encode_scale=s, block_rows=64),
+        emu_quantize(xf, NV_CONST, global_encode_scale=s, pack=True),
+    )
 
 
 @pytest.mark.parametrize("tiles", [2, 3])
 def test_double_buffered_ctas_race_free_and_exact(tiles):
     """CTAs looping over several tiles through the 2-slot TMA ring (race detector on)."""
     x = special_tensor((192, 64), BF16, seed=8)  # 384 MX blocks: 6 tiles of 64
-    _check(_run(x, B.MXFP8_E4M3, block_rows=64, tiles_per_cta=tiles),
-           emu_quantize(x, B.MXFP8_E4M3))
-    _check(_run(x, B.NVFP4_SINGLE, block_rows=64, tiles_per_cta=tiles),
-           emu_quantize(x, B.NVFP4_SINGLE, pack=True))
+    _check(_run(x, B.MXFP8_E4M3, block_rows=64, tiles_per_cta=tiles), emu_quantize(x, B.MXFP8_E4M3))
+    _check(
+        _run(x, B.NVFP4_SINGLE, block_rows=64, tiles_per_cta=tiles),
+        emu_quantize(x, B.NVFP4_SINGLE, pack=True),
+    )
 
 
-@pytest.mark.parametrize("transfer,lanes,stages,tiles", [
-    (Q.Transfer.TMA, 1, 3, 6), (Q.Transfer.TMA, 4, 2, 3), (Q.Transfer.DIRECT, 1, 2, 3),
-    (Q.Transfer.DIRECT, 2, 2, 2), (Q.Transfer.DIRECT, 4, 2, 1)])
+@pytest.mark.parametrize(
+    "transfer,lanes,stages,tiles",
+    [
+        (Q.Transfer.TMA, 1, 3, 6),
+        (Q.Transfer.TMA, 4, 2, 3),
+        (Q.Transfer.DIRECT, 1, 2, 3),
+        (Q.Transfer.DIRECT, 2, 2, 2),
+        (Q.Transfer.DIRECT, 4, 2, 1),
+    ],
+)
 def test_transfers_lanes_and_ring_depths_race_free_and_exact(transfer, lanes, stages, tiles):
     """Every data path (TMA ring of 2-3 slots around a CTA loop, direct GMEM loads), each with
     1, 2 or 4 threads per scale block (race detector on)."""
@@ -334,7 +384,7 @@ def test_transfers_lanes_and_ring_depths_race_free_and_exact(transfer, lanes, st
 @pytest.mark.parametrize("dtype", [BF16, np.dtype(np.float32)], ids=str)
 def test_token_block_kernel_interpret_matches_emulator(fmt, dtype):
     x = special_tensor((128, 64), dtype, seed=5)
-    x[32:64] *= np.float32(2.0 ** -100)
+    x[32:64] *= np.float32(2.0**-100)
     want = emu_quantize(x, fmt, axis=-2, geometry=B.Geometry.TOKEN_BLOCK, pack=fmt.elem is E2M1)
     _check(_run(x, fmt, axis=-2, geometry=B.Geometry.TOKEN_BLOCK), want)
 
@@ -346,7 +396,7 @@ def test_token_block_kernel_interpret_matches_emulator(fmt, dtype):
     lead=st.sampled_from([(2, 32), (64,), (4, 4, 8)]),
     cols=st.sampled_from([32, 64, 256]),
     spread=st.integers(0, 140),
-    seed=st.integers(0, 2 ** 16),
+    seed=st.integers(0, 2**16),
 )
 def test_kernel_property_random_shapes_and_ranges(fmt, dtype, lead, cols, spread, seed):
     rng = np.random.default_rng(seed)
@@ -372,23 +422,44 @@ def test_swizzled_scales_use_the_emulator_layout():
 
 
 # --- layer 3: cross-lowering ----------------------------------------------------------------
-@pytest.mark.parametrize("cfg", Q.shipped_configs() + tuple(
-    Q.QuantKernelConfig(fmt=f, element_path=Q.ElementPath.INTEGER, transfer=tr, lanes=ln,
-                        tiles_per_cta=t, stages=st, tma_row_bytes=rb)
-    for f in (B.MXFP8_E4M3, B.MXFP4, B.NVFP4)
-    for tr, ln, t, st, rb in ((Q.Transfer.TMA, 1, 1, 2, 16), (Q.Transfer.TMA, 4, 8, 3, 512),
-                              (Q.Transfer.DIRECT, 2, 4, 2, 512))),
-    ids=lambda c: (f"{c.fmt.name}-{c.in_dtype}-{c.geometry.name}-{c.element_path}-"
-                   f"{c.transfer.name}-L{c.lanes}-t{c.tiles_per_cta}-s{c.stages}-"
-                   f"{c.tma_row_bytes}"))
+@pytest.mark.parametrize(
+    "cfg",
+    Q.shipped_configs()
+    + tuple(
+        Q.QuantKernelConfig(
+            fmt=f,
+            element_path=Q.ElementPath.INTEGER,
+            transfer=tr,
+            lanes=ln,
+            tiles_per_cta=t,
+            stages=st,
+            tma_row_bytes=rb,
+        )
+        for f in (B.MXFP8_E4M3, B.MXFP4, B.NVFP4)
+        for tr, ln, t, st, rb in (
+            (Q.Transfer.TMA, 1, 1, 2, 16),
+            (Q.Transfer.TMA, 4, 8, 3, 512),
+            (Q.Transfer.DIRECT, 2, 4, 2, 512),
+        )
+    ),
+    ids=lambda c: (
+        f"{c.fmt.name}-{c.in_dtype}-{c.geometry.name}-{c.element_path}-"
+        f"{c.transfer.name}-L{c.lanes}-t{c.tiles_per_cta}-s{c.stages}-"
+        f"{c.tma_row_bytes}"
+    ),
+)
 def test_every_shipped_config_cross_lowers_for_sm90a(cfg):
     rows = 1024
     if cfg.geometry is B.Geometry.BLOCK:
         words = jax.ShapeDtypeStruct((rows, cfg.words_per_block), jnp.uint32)
     else:
         words = jax.ShapeDtypeStruct((rows, 32, cfg.words_per_block), jnp.uint32)
-    text = cross_lower(Q.build_kernel(cfg, rows), words,
-                       jax.ShapeDtypeStruct((Q.NUM_PARAMS,), jnp.uint32), arch=Arch.SM90A)
+    text = cross_lower(
+        Q.build_kernel(cfg, rows),
+        words,
+        jax.ShapeDtypeStruct((Q.NUM_PARAMS,), jnp.uint32),
+        arch=Arch.SM90A,
+    )
     assert "mosaic_gpu" in text
 
 
@@ -436,8 +507,7 @@ def test_bad_configurations_raise_naming_the_argument():
     with pytest.raises(ValueError, match="rows_per_thread=2 needs lanes=1"):
         Q.QuantKernelConfig(fmt=B.NVFP4, rows_per_thread=2, lanes=2)
     with pytest.raises(ValueError, match="vector_words"):
-        Q.gpu_quantize(x, B.MXFP4, config=Q.QuantKernelConfig.for_array(x, B.MXFP4,
-                                                                         vector_words=2))
+        Q.gpu_quantize(x, B.MXFP4, config=Q.QuantKernelConfig.for_array(x, B.MXFP4, vector_words=2))
     with pytest.raises(ValueError, match="config has .*'fmt': MXFP8_E4M3"):
         Q.gpu_quantize(x, B.MXFP4, config=Q.QuantKernelConfig.for_array(x, B.MXFP8))
     with pytest.raises(ValueError, match="config has .*in_dtype"):
@@ -451,10 +521,17 @@ def test_default_tiling_is_the_measured_best_and_explicit_fields_win():
     # 32-byte vectors in 256-row tiles; NVFP4 two blocks per thread as 32-byte vectors, four
     # tiles per CTA
     bf8 = Q.QuantKernelConfig(fmt=B.MXFP8_E4M3)
-    assert (bf8.transfer, bf8.lanes, bf8.block_rows, bf8.tiles_per_cta, bf8.vector_words,
-            bf8.rows_per_thread) == (Q.Transfer.DIRECT, 1, 256, 1, 8, 1)
-    assert Q.QuantKernelConfig(fmt=B.MXFP8_E5M2) == \
-        Q.QuantKernelConfig(fmt=B.MXFP8_E5M2, lanes=1, vector_words=8, block_rows=256)
+    assert (
+        bf8.transfer,
+        bf8.lanes,
+        bf8.block_rows,
+        bf8.tiles_per_cta,
+        bf8.vector_words,
+        bf8.rows_per_thread,
+    ) == (Q.Transfer.DIRECT, 1, 256, 1, 8, 1)
+    assert Q.QuantKernelConfig(fmt=B.MXFP8_E5M2) == Q.QuantKernelConfig(
+        fmt=B.MXFP8_E5M2, lanes=1, vector_words=8, block_rows=256
+    )
     # float16 / float32 input and explicit lanes keep the previous FP8 tiling
     f16 = Q.QuantKernelConfig(fmt=B.MXFP8_E4M3, in_dtype=np.float16)
     assert (f16.lanes, f16.block_rows, f16.vector_words) == (4, 128, 4)
@@ -463,16 +540,26 @@ def test_default_tiling_is_the_measured_best_and_explicit_fields_win():
     four = Q.QuantKernelConfig(fmt=B.MXFP8_E4M3, lanes=4)
     assert (four.block_rows, four.vector_words) == (128, 4)
     nv = Q.QuantKernelConfig(fmt=B.NVFP4)
-    assert (nv.transfer, nv.lanes, nv.block_rows, nv.tiles_per_cta) == \
-        (Q.Transfer.DIRECT, 1, 256, 4)
+    assert (nv.transfer, nv.lanes, nv.block_rows, nv.tiles_per_cta) == (
+        Q.Transfer.DIRECT,
+        1,
+        256,
+        4,
+    )
     assert (nv.vector_words, nv.rows_per_thread) == (8, 2)
     # MXFP4, other input dtypes, shared blocks and the TMA ring keep one block in 16-byte vectors
-    for cfg in (Q.QuantKernelConfig(fmt=B.MXFP4), Q.QuantKernelConfig(fmt=B.NVFP4, lanes=2),
-                Q.QuantKernelConfig(fmt=B.NVFP4, in_dtype=np.float32),
-                Q.QuantKernelConfig(fmt=B.NVFP4, in_dtype=np.float16),
-                Q.QuantKernelConfig(fmt=B.NVFP4, transfer=Q.Transfer.TMA)):
-        assert (cfg.vector_words, cfg.rows_per_thread, cfg.tiles_per_cta) == \
-            (4, 1, 2 if cfg.transfer is Q.Transfer.TMA else 1), cfg
+    for cfg in (
+        Q.QuantKernelConfig(fmt=B.MXFP4),
+        Q.QuantKernelConfig(fmt=B.NVFP4, lanes=2),
+        Q.QuantKernelConfig(fmt=B.NVFP4, in_dtype=np.float32),
+        Q.QuantKernelConfig(fmt=B.NVFP4, in_dtype=np.float16),
+        Q.QuantKernelConfig(fmt=B.NVFP4, transfer=Q.Transfer.TMA),
+    ):
+        assert (cfg.vector_words, cfg.rows_per_thread, cfg.tiles_per_cta) == (
+            4,
+            1,
+            2 if cfg.transfer is Q.Transfer.TMA else 1,
+        ), cfg
     assert Q.QuantKernelConfig(fmt=B.NVFP4, rows_per_thread=1).vector_words == 8
     assert Q.QuantKernelConfig(fmt=B.NVFP4, tiles_per_cta=1).tiles_per_cta == 1
     tma = Q.QuantKernelConfig(fmt=B.NVFP4, transfer=Q.Transfer.TMA, lanes=2)
@@ -480,23 +567,34 @@ def test_default_tiling_is_the_measured_best_and_explicit_fields_win():
     assert hash(nv) == hash(Q.QuantKernelConfig(fmt=B.NVFP4, tiles_per_cta=4))
 
 
-@pytest.mark.parametrize("num_rows,want", [(64, (64, 1, 2, 1)), (128, (128, 1, 1, 1)),
-                                           (256, (256, 1, 1, 2)), (1 << 20, (256, 4, 1, 2)),
-                                           (768, (256, 3, 1, 2))])
+@pytest.mark.parametrize(
+    "num_rows,want",
+    [
+        (64, (64, 1, 2, 1)),
+        (128, (128, 1, 1, 1)),
+        (256, (256, 1, 1, 2)),
+        (1 << 20, (256, 4, 1, 2)),
+        (768, (256, 3, 1, 2)),
+    ],
+)
 def test_rows_per_thread_falls_back_on_small_tiles(num_rows, want):
     """(rows per tile, tiles per CTA, lanes, rows per thread): a tile smaller than 128 rows per
     thread-row falls back to one row per thread, then to blocks shared by two lanes."""
     assert Q._block_geometry(Q.QuantKernelConfig(fmt=B.NVFP4), num_rows) == want
 
 
-@pytest.mark.parametrize("fmt,dtype,tiling", [
-    (B.NVFP4, BF16, dict(vector_words=8, rows_per_thread=4, block_rows=1024)),
-    (NV_CONST, np.dtype(np.float32), dict(vector_words=8, rows_per_thread=2)),
-    (B.MXFP4, BF16, dict(vector_words=8, rows_per_thread=2))],
-    ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize(
+    "fmt,dtype,tiling",
+    [
+        (B.NVFP4, BF16, dict(vector_words=8, rows_per_thread=4, block_rows=1024)),
+        (NV_CONST, np.dtype(np.float32), dict(vector_words=8, rows_per_thread=2)),
+        (B.MXFP4, BF16, dict(vector_words=8, rows_per_thread=2)),
+    ],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
 def test_wide_vector_tilings_interpret_match_emulator(fmt, dtype, tiling):
     x = special_tensor((128, 256), dtype, finite=fmt is B.NVFP4, seed=9)
-    kw = {"global_scale": np.float32(2.0 ** -3)} if fmt is NV_CONST else {}
+    kw = {"global_scale": np.float32(2.0**-3)} if fmt is NV_CONST else {}
     _check(_run(x, fmt, **kw, **tiling), emu_quantize(x, fmt, pack=True, **kw))
 
 
@@ -515,7 +613,7 @@ def _mosaic_ops(stablehlo_text):
                 out.append(ord(blob[i + 1]))
                 i += 2
             else:
-                out.append(int(blob[i + 1:i + 3], 16))
+                out.append(int(blob[i + 1 : i + 3], 16))
                 i += 3
         else:
             out += blob[i].encode()
@@ -526,11 +624,15 @@ def _mosaic_ops(stablehlo_text):
         return str(ir.Module.parse(bytes(out)))
 
 
-@pytest.mark.parametrize("tiling,loads,stores", [
-    (dict(vector_words=4, rows_per_thread=1), "vector<4xi32>", "vector<4xi8>"),
-    ({}, "vector<8xi32>", "vector<8xi8>"),  # the NVFP4 bf16 default
-    (dict(vector_words=8, rows_per_thread=4, block_rows=1024), "vector<8xi32>", "vector<8xi8>")],
-    ids=["16B", "default", "r4"])
+@pytest.mark.parametrize(
+    "tiling,loads,stores",
+    [
+        (dict(vector_words=4, rows_per_thread=1), "vector<4xi32>", "vector<4xi8>"),
+        ({}, "vector<8xi32>", "vector<8xi8>"),  # the NVFP4 bf16 default
+        (dict(vector_words=8, rows_per_thread=4, block_rows=1024), "vector<8xi32>", "vector<8xi8>"),
+    ],
+    ids=["16B", "default", "r4"],
+)
 def test_nvfp4_tilings_cross_lower_to_the_intended_vector_accesses(tiling, loads, stores):
     """Cross-lowered for sm_90a, every global load of the NVFP4 kernel moves ``loads`` and
     every packed-code store ``stores`` (one byte per scale)."""
@@ -538,9 +640,13 @@ def test_nvfp4_tilings_cross_lower_to_the_intended_vector_accesses(tiling, loads
 
     cfg = Q.QuantKernelConfig(fmt=NV_CONST, **tiling)
     rows = 4096
-    text = _mosaic_ops(cross_lower(Q.build_kernel(cfg, rows),
-                                   jax.ShapeDtypeStruct((rows, cfg.words_per_block), jnp.uint32),
-                                   jax.ShapeDtypeStruct((Q.NUM_PARAMS,), jnp.uint32)))
+    text = _mosaic_ops(
+        cross_lower(
+            Q.build_kernel(cfg, rows),
+            jax.ShapeDtypeStruct((rows, cfg.words_per_block), jnp.uint32),
+            jax.ShapeDtypeStruct((Q.NUM_PARAMS,), jnp.uint32),
+        )
+    )
     vec_loads = set(re.findall(r"llvm\.load.*-> (vector<\w+>)", text))
     vec_stores = set(re.findall(r"llvm\.store\"\(\S+ \S+\) .*: \((vector<\w+>)", text))
     assert vec_loads == {loads}
@@ -552,8 +658,9 @@ def _gpu_case(fmt, x, element_path=None, tiling=None, **kw):
     from fp4sim.formats import blocks
 
     cfg = Q.QuantKernelConfig.for_array(x, fmt, element_path=element_path, **(tiling or {}))
-    q = jax.block_until_ready(jax.jit(functools.partial(Q.gpu_quantize, fmt=fmt, config=cfg,
-                                                        **kw))(x))
+    q = jax.block_until_ready(
+        jax.jit(functools.partial(Q.gpu_quantize, fmt=fmt, config=cfg, **kw))(x)
+    )
     emu = jax.jit(functools.partial(blocks.quantize, fmt=fmt, pack=q.packed, **kw))
     _check(q, jax.block_until_ready(emu(x)))
 
@@ -572,11 +679,14 @@ def test_gpu_8192_bf16_with_special_blocks(fmt):
 def test_gpu_8192_integer_path_and_ring(fmt):
     from fp4sim.benchmarks.gpu_quant import test_tensor
 
-    kw = {"global_scale": jnp.float32(2.0 ** -7)} if fmt is NV_CONST else {}
+    kw = {"global_scale": jnp.float32(2.0**-7)} if fmt is NV_CONST else {}
     _gpu_case(fmt, test_tensor(8192, BF16), element_path=Q.ElementPath.INTEGER, **kw)
-    _gpu_case(fmt, test_tensor(8192, BF16), **kw,
-              tiling=dict(transfer=Q.Transfer.TMA, lanes=1, block_rows=256, tiles_per_cta=4,
-                          stages=3))
+    _gpu_case(
+        fmt,
+        test_tensor(8192, BF16),
+        **kw,
+        tiling=dict(transfer=Q.Transfer.TMA, lanes=1, block_rows=256, tiles_per_cta=4, stages=3),
+    )
 
 
 @pytest.mark.gpu
@@ -584,15 +694,18 @@ def test_gpu_8192_nvfp4():
     from fp4sim.benchmarks.gpu_quant import test_tensor
 
     _gpu_case(B.NVFP4, test_tensor(8192, BF16, finite=True))
-    _gpu_case(NV_CONST, test_tensor(8192, BF16), global_scale=jnp.float32(2.0 ** -7))
-    for tiling in (dict(vector_words=4, rows_per_thread=1),  # the previous default
-                   dict(vector_words=8, rows_per_thread=4, block_rows=1024)):
-        _gpu_case(NV_CONST, test_tensor(8192, BF16), global_scale=jnp.float32(2.0 ** -7),
-                  tiling=tiling)
+    _gpu_case(NV_CONST, test_tensor(8192, BF16), global_scale=jnp.float32(2.0**-7))
+    for tiling in (
+        dict(vector_words=4, rows_per_thread=1),  # the previous default
+        dict(vector_words=8, rows_per_thread=4, block_rows=1024),
+    ):
+        _gpu_case(
+            NV_CONST, test_tensor(8192, BF16), global_scale=jnp.float32(2.0**-7), tiling=tiling
+        )
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("g", [3.0e-3, 7.1e5, 1.0 / 2688, 2.0 ** -117, 1.0])
+@pytest.mark.parametrize("g", [3.0e-3, 7.1e5, 1.0 / 2688, 2.0**-117, 1.0])
 def test_gpu_nvfp4_encode_factor_exact_for_any_decode_factor(g):
     """The per-block 1/fl(s·g) comes from the exactly divided table R[j]·2^-e: arbitrary
     significands of g, every UE4M3 scale (blocks spanning 2^±40), NaN/Inf/zero blocks."""

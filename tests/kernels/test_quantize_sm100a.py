@@ -16,15 +16,19 @@ from fp4sim.kernels.harness import Arch
 from fp4sim.kernels.quantize_mgpu import gpu_quantize
 
 
-@pytest.mark.skipif(ptx_check.find_ptxas() is None,
-                    reason="needs ptxas (pip install nvidia-cuda-nvcc: the dev extra)")
-@pytest.mark.parametrize("fmt", [blocks.MXFP8_E4M3, blocks.MXFP8_E5M2, blocks.MXFP4, blocks.NVFP4],
-                         ids=lambda f: f.name)
+@pytest.mark.skipif(
+    ptx_check.find_ptxas() is None,
+    reason="needs ptxas (pip install nvidia-cuda-nvcc: the dev extra)",
+)
+@pytest.mark.parametrize(
+    "fmt", [blocks.MXFP8_E4M3, blocks.MXFP8_E5M2, blocks.MXFP4, blocks.NVFP4], ids=lambda f: f.name
+)
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=lambda d: d.__name__)
 def test_quantize_kernels_lower_and_assemble_for_sm100a(fmt, dtype):
     fn = functools.partial(gpu_quantize, fmt=fmt)
-    snippets = ptx_check.kernel_snippets(fn, jax.ShapeDtypeStruct((512, 512), dtype),
-                                         arch=Arch.SM100A)
+    snippets = ptx_check.kernel_snippets(
+        fn, jax.ShapeDtypeStruct((512, 512), dtype), arch=Arch.SM100A
+    )
     assert snippets
     res = ptx_check.assemble(snippets, Arch.SM100A)
     assert res.ok, res.log

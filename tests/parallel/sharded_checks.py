@@ -38,8 +38,10 @@ def main() -> None:
     q, k, v = (rng.standard_normal((2, 4, 128, 64)).astype(np.float32) for _ in range(3))
     q[0, 1, 3] = 0.0  # a zero row and a zero key block: the edge cases of the scale rules
     k[1, 2, :32] = 0.0
-    meshes = {"2x2x2": attention_mesh(batch=2, heads=2, query=2),
-              "1x1x8": attention_mesh(batch=1, heads=1, query=8)}
+    meshes = {
+        "2x2x2": attention_mesh(batch=2, heads=2, query=2),
+        "1x1x8": attention_mesh(batch=1, heads=1, query=8),
+    }
 
     fwd = {}
     for name in ("hw_fp4_direct_p", "flamia_nvfp4", "cudnn_fp8_fixed"):
@@ -48,14 +50,21 @@ def main() -> None:
         for causal, mname in ((True, "2x2x2"), (False, "1x1x8")):
             mesh = meshes[mname]
             ref = fp4sim.attention_forward(q, k, v, rec, causal=causal)  # NumPy
-            one = jax.jit(lambda a, b, c, rec=rec, causal=causal: fp4sim.attention_forward(
-                a, b, c, rec, causal=causal)[:2])(q, k, v)
-            r = sharded_attention_forward(*shard_attention_inputs(mesh, q, k, v), rec,
-                                          mesh=mesh, causal=causal)
+            one = jax.jit(
+                lambda a, b, c, rec=rec, causal=causal: fp4sim.attention_forward(
+                    a, b, c, rec, causal=causal
+                )[:2]
+            )(q, k, v)
+            r = sharded_attention_forward(
+                *shard_attention_inputs(mesh, q, k, v), rec, mesh=mesh, causal=causal
+            )
             fwd[f"{name}/causal={causal}/{mname}"] = {
-                "out_vs_one": same(r.out, one[0]), "lse_vs_one": same(r.lse, one[1]),
-                "out_vs_numpy": same(r.out, ref.out), "lse_vs_numpy": same(r.lse, ref.lse),
-                "out_sharded": len(r.out.sharding.device_set) == 8}
+                "out_vs_one": same(r.out, one[0]),
+                "lse_vs_one": same(r.lse, one[1]),
+                "out_vs_numpy": same(r.out, ref.out),
+                "lse_vs_numpy": same(r.lse, ref.lse),
+                "out_sharded": len(r.out.sharding.device_set) == 8,
+            }
     out["forward"] = fwd
 
     grads = {}
@@ -67,19 +76,37 @@ def main() -> None:
         def loss(a, b, c, f):
             return (f(a, b, c) * do).sum()
 
-        plain = jax.jit(jax.value_and_grad(
-            lambda a, b, c, rec=rec: loss(a, b, c, lambda x, y, z: fp4sim.emulated_attention(
-                x, y, z, rec, causal=True)), argnums=(0, 1, 2)))
-        shard = jax.jit(jax.value_and_grad(
-            lambda a, b, c, rec=rec: loss(a, b, c, lambda x, y, z: sharded_emulated_attention(
-                x, y, z, rec, mesh=mesh, causal=True)), argnums=(0, 1, 2)))
+        plain = jax.jit(
+            jax.value_and_grad(
+                lambda a, b, c, rec=rec: loss(
+                    a, b, c, lambda x, y, z: fp4sim.emulated_attention(x, y, z, rec, causal=True)
+                ),
+                argnums=(0, 1, 2),
+            )
+        )
+        shard = jax.jit(
+            jax.value_and_grad(
+                lambda a, b, c, rec=rec: loss(
+                    a,
+                    b,
+                    c,
+                    lambda x, y, z: sharded_emulated_attention(
+                        x, y, z, rec, mesh=mesh, causal=True
+                    ),
+                ),
+                argnums=(0, 1, 2),
+            )
+        )
         o1 = jax.jit(lambda a, b, c, rec=rec: fp4sim.emulated_attention(a, b, c, rec))(q, k, v)
-        o2 = jax.jit(lambda a, b, c, rec=rec: sharded_emulated_attention(
-            a, b, c, rec, mesh=mesh))(*shard_attention_inputs(mesh, q, k, v))
+        o2 = jax.jit(lambda a, b, c, rec=rec: sharded_emulated_attention(a, b, c, rec, mesh=mesh))(
+            *shard_attention_inputs(mesh, q, k, v)
+        )
         (_, g1), (_, g2) = plain(q, k, v), shard(*shard_attention_inputs(mesh, q, k, v))
-        grads[name] = {"out": same(o1, o2), **{f"d{n}": same(a, b)
-                                                for n, a, b in zip("qkv", g1, g2)},
-                       "dq_sharded": len(g2[0].sharding.device_set) == 8}
+        grads[name] = {
+            "out": same(o1, o2),
+            **{f"d{n}": same(a, b) for n, a, b in zip("qkv", g1, g2)},
+            "dq_sharded": len(g2[0].sharding.device_set) == 8,
+        }
     out["training"] = grads
 
     # a sweep: every case on some device, merged in case order, equal to the sequential run
@@ -94,16 +121,20 @@ def main() -> None:
 
     seq = map_cases(case, range(16))
     par = map_cases(case, range(16), devices=jax.local_devices())
-    out["sweep"] = {"equal": all(same(a[1], b[1]) for a, b in zip(seq, par)),
-                    "devices_used": len({d for d, _ in par}),
-                    "sequential_devices": len({d for d, _ in seq})}
+    out["sweep"] = {
+        "equal": all(same(a[1], b[1]) for a, b in zip(seq, par)),
+        "devices_used": len({d for d, _ in par}),
+        "sequential_devices": len({d for d, _ in seq}),
+    }
 
     # the report's route-error sweep (two presets, two jobs): 8 devices against NumPy
     from fp4sim.report import experiments
     from fp4sim.report.sizes import QUICK
 
-    jobs = [("len", 128, 64, QUICK, ("hw_fp4_direct_p", "flamia_nvfp4")),
-            ("tile", 128, 128, QUICK, ("hw_fp4_direct_p", "flamia_nvfp4"))]
+    jobs = [
+        ("len", 128, 64, QUICK, ("hw_fp4_direct_p", "flamia_nvfp4")),
+        ("tile", 128, 128, QUICK, ("hw_fp4_direct_p", "flamia_nvfp4")),
+    ]
     experiments.use_devices([])
     numpy_rows = map_cases(experiments._route_error_case, jobs)
     experiments.use_devices(jax.local_devices())
@@ -133,6 +164,7 @@ def main() -> None:
     def update(p, o, g):
         u, o = tx.update(g, o, p)
         return optax.apply_updates(p, u), o
+
     out["data_parallel"] = {}
     for rname in ("jnp_float32", "direct_p_fp8_training"):
         attn = attention_fn(study_recipe(rname))
@@ -160,22 +192,30 @@ def main() -> None:
         g1 = [(np.asarray(a), np.asarray(b)) for a, b in zip(leaves(g_dp[0]), leaves(g_acc[0]))]
         out["data_parallel"][rname] = {
             "losses_equal": h_dp == h_acc,
-            "grads_equal": all(same(a, b) for ga, gb in zip(g_dp, g_acc)
-                               for a, b in zip(leaves(ga), leaves(gb))),
+            "grads_equal": all(
+                same(a, b) for ga, gb in zip(g_dp, g_acc) for a, b in zip(leaves(ga), leaves(gb))
+            ),
             "params_equal": all(same(a, b) for a, b in zip(leaves(p_dp), leaves(p_acc))),
             "loss_finite": bool(np.all(np.isfinite(h_dp))),
             # first step's gradients (same parameters): largest difference relative to the
             # leaf's largest magnitude
-            "first_grad_max_rel": max(float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
-                                      for a, b in g1)}
+            "first_grad_max_rel": max(
+                float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30)) for a, b in g1
+            ),
+        }
 
     errors = {}
     for label, fn in (
-            ("heads_not_divisible", lambda: shard_attention_inputs(
-                meshes["2x2x2"], q[:, :3], k[:, :3], v[:, :3])),
-            ("query_not_divisible", lambda: shard_attention_inputs(
-                meshes["1x1x8"], q[:, :, :100], k, v)),
-            ("product_mismatch", lambda: attention_mesh(batch=3, heads=2))):
+        (
+            "heads_not_divisible",
+            lambda: shard_attention_inputs(meshes["2x2x2"], q[:, :3], k[:, :3], v[:, :3]),
+        ),
+        (
+            "query_not_divisible",
+            lambda: shard_attention_inputs(meshes["1x1x8"], q[:, :, :100], k, v),
+        ),
+        ("product_mismatch", lambda: attention_mesh(batch=3, heads=2)),
+    ):
         try:
             fn()
             errors[label] = "no error"

@@ -29,12 +29,19 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="module")
 def checks() -> dict:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parents[1]), env.get("PYTHONPATH"))
-                                        if p)
-    r = subprocess.run([sys.executable, str(HERE / "sharded_checks.py")], env=env,
-                       capture_output=True, text=True, timeout=900)
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu"
+    )
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(HERE.parents[1]), env.get("PYTHONPATH")) if p
+    )
+    r = subprocess.run(
+        [sys.executable, str(HERE / "sharded_checks.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(r.stdout)
 
@@ -71,8 +78,12 @@ def test_data_parallel_steps_equal_one_device_accumulation(checks, recipe):
     Adam steps on 8 devices with the ordered shard sum give the bits of one device accumulating
     8 micro-batches (losses, every step's gradients, the final parameters)."""
     assert checks["data_parallel"][recipe] == {
-        "losses_equal": True, "grads_equal": True, "params_equal": True, "loss_finite": True,
-        "first_grad_max_rel": 0.0}
+        "losses_equal": True,
+        "grads_equal": True,
+        "params_equal": True,
+        "loss_finite": True,
+        "first_grad_max_rel": 0.0,
+    }
 
 
 def test_bad_placements_are_named(checks):
@@ -83,6 +94,7 @@ def test_bad_placements_are_named(checks):
 
 
 # --- in-process (one device) -------------------------------------------------------------------
+
 
 def test_map_cases_sequential_keeps_order_and_counts_progress():
     seen = []

@@ -23,30 +23,42 @@ from fp4sim.train import data as D  # noqa: E402
 from fp4sim.train import recipes as R  # noqa: E402
 from fp4sim.train import report as REP  # noqa: E402
 
-TINY = C.StudyConfig(model=C.ModelConfig(layers=1, width=64, heads=2, context=64), batch=2,
-                     seeds=(0, 1), steps=4, chunk=2, eval_batches=1,
-                     optim=C.OptimConfig(warmup_steps=2))
+TINY = C.StudyConfig(
+    model=C.ModelConfig(layers=1, width=64, heads=2, context=64),
+    batch=2,
+    seeds=(0, 1),
+    steps=4,
+    chunk=2,
+    eval_batches=1,
+    optim=C.OptimConfig(warmup_steps=2),
+)
 
 
 # --- configs, recipes, data ---------------------------------------------------------------
-@pytest.mark.parametrize("kw, needle", [
-    ({"width": 96, "heads": 2}, "multiple of 32"),
-    ({"width": 64, "heads": 3}, "multiple of heads"),
-    ({"context": 40}, "context=40"),
-    ({"layers": 0}, "layers=0"),
-])
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        ({"width": 96, "heads": 2}, "multiple of 32"),
+        ({"width": 64, "heads": 3}, "multiple of heads"),
+        ({"context": 40}, "context=40"),
+        ({"layers": 0}, "layers=0"),
+    ],
+)
 def test_model_config_rejects_bad_shapes(kw, needle):
     with pytest.raises(ValueError, match=needle):
         C.ModelConfig(**kw)
 
 
-@pytest.mark.parametrize("kw, needle", [
-    ({"steps": 5, "chunk": 2}, "multiple of chunk"),
-    ({"seeds": (1, 1)}, "repeat"),
-    ({"seeds": ()}, "non-empty"),
-    ({"time_budget_s": -1.0}, "time_budget_s"),
-    ({"leak_target": 0}, "leak_target"),
-])
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        ({"steps": 5, "chunk": 2}, "multiple of chunk"),
+        ({"seeds": (1, 1)}, "repeat"),
+        ({"seeds": ()}, "non-empty"),
+        ({"time_budget_s": -1.0}, "time_budget_s"),
+        ({"leak_target": 0}, "leak_target"),
+    ],
+)
 def test_study_config_rejects_bad_values(kw, needle):
     with pytest.raises(ValueError, match=needle):
         TINY.replace(**kw)
@@ -63,8 +75,7 @@ def test_recipes_registry():
             assert r.training.name == r.name
     from fp4sim.attention.causal import LeakClass, leak_class
 
-    assert leak_class(R.study_recipe("flamia_mxfp8_v_floor_unsafe").training.v) is \
-        LeakClass.LARGE
+    assert leak_class(R.study_recipe("flamia_mxfp8_v_floor_unsafe").training.v) is LeakClass.LARGE
     assert leak_class(R.study_recipe("flamia_mxfp8_training").training.v) is LeakClass.SUBNORMAL
     from fp4sim.attention.backward import BackwardAccumulation as BA
 
@@ -128,8 +139,10 @@ def _leak_batch():
     _, val = D.split_tokens()
     x, y = D.validation_windows(val, TINY.batch, TINY.model.context)
     n = len(TINY.seeds)
-    return (jnp.broadcast_to(jnp.asarray(x), (n,) + x.shape),
-            jnp.broadcast_to(jnp.asarray(y), (n,) + y.shape))
+    return (
+        jnp.broadcast_to(jnp.asarray(x), (n,) + x.shape),
+        jnp.broadcast_to(jnp.asarray(y), (n,) + y.shape),
+    )
 
 
 def test_leak_check_passes_causal_attention(f32_chunk):
@@ -204,8 +217,9 @@ def test_probe_leaves_the_state_unchanged(f32_chunk):
     chunk, state0 = f32_chunk
     x, y = _leak_batch()
     w = jnp.ones(x.shape[1:], jnp.float32)
-    new, out = chunk.compiled(state0, _tokens(), jnp.asarray(1, jnp.int32), jnp.asarray(True),
-                              x, y, w)
+    new, out = chunk.compiled(
+        state0, _tokens(), jnp.asarray(1, jnp.int32), jnp.asarray(True), x, y, w
+    )
     same = jax.tree_util.tree_map(lambda a, b: bool(jnp.array_equal(a, b)), new, state0)
     assert all(jax.tree_util.tree_leaves(same))
     assert np.all(np.isfinite(np.asarray(out["loss"][0])))
@@ -230,11 +244,26 @@ def test_divergence_step():
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("train")
-    cmd = [sys.executable, "-m", "fp4sim", "train", "--size", "smoke", "--no-progress",
-           "--out", str(out)] + [a for n in R.SMOKE_STUDY for a in ("--recipe", n)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fp4sim",
+        "train",
+        "--size",
+        "smoke",
+        "--no-progress",
+        "--out",
+        str(out),
+    ] + [a for n in R.SMOKE_STUDY for a in ("--recipe", n)]
     env = dict(os.environ, FP4SIM_GIT_REVISION="0123abc")
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env,
-                         cwd=Path(__file__).resolve().parents[2])
+    res = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return out, json.loads((out / "train_study.json").read_text()), res.stdout
 
@@ -260,8 +289,10 @@ def test_smoke_run_record(smoke):
         assert all(r["leak_final"]["future_changed"])
         assert np.all(np.isfinite(r["val_loss_own"]))
     emu = rec["recipes"]["direct_p_fp8_training"]
-    assert emu["determinism"]["bitwise_equal"] is True and "determinism" not in \
-        rec["recipes"]["jnp_float32"]
+    assert (
+        emu["determinism"]["bitwise_equal"] is True
+        and "determinism" not in rec["recipes"]["jnp_float32"]
+    )
     assert rec["determinism"]["recipe"] == "direct_p_fp8_training"
     assert emu["accumulation"].startswith("backward BACKEND")
     comp = rec["timing"]["compile"]
@@ -280,10 +311,22 @@ def test_smoke_run_record(smoke):
 
 def test_figure_and_table_regenerate_from_the_record(smoke, tmp_path):
     out, rec, _ = smoke
-    res = subprocess.run([sys.executable, "-m", "fp4sim", "train", "--replot",
-                          str(out / "train_study.json"), "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parents[2])
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fp4sim",
+            "train",
+            "--replot",
+            str(out / "train_study.json"),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "train_table.md").read_text() == (out / "train_table.md").read_text()
     assert (tmp_path / "train_loss.png").stat().st_size > 10_000
@@ -311,7 +354,7 @@ def test_train_is_an_application_layer():
     root = Path(__file__).resolve().parents[2] / "fp4sim"
     train = re.compile(r"fp4sim\.train\b")  # the package, not e.g. fp4sim.training_forward
     for sub in ("attention", "formats", "kernels", "_xp.py"):
-        for p in ([root / sub] if sub.endswith(".py") else sorted((root / sub).rglob("*.py"))):
+        for p in [root / sub] if sub.endswith(".py") else sorted((root / sub).rglob("*.py")):
             assert not train.search(p.read_text()), p
     for p in sorted((root / "train").rglob("*.py")):
         assert "fp4sim.kernels" not in p.read_text(), p
@@ -324,8 +367,16 @@ def test_a_budget_too_small_still_trains_every_recipe_the_same_steps(tmp_path):
 
     cfg = TINY.replace(time_budget_s=0.001, steps=6)
     lines: list[str] = []
-    rec = run_study(cfg, ["jnp_bfloat16"], tmp_path, progress=False, figure=False, cache=False,
-                    compile_share=0, say=lines.append)  # 0: wait for every compilation
+    rec = run_study(
+        cfg,
+        ["jnp_bfloat16"],
+        tmp_path,
+        progress=False,
+        figure=False,
+        cache=False,
+        compile_share=0,
+        say=lines.append,
+    )  # 0: wait for every compilation
     steps = {n: r["steps"] for n, r in rec["recipes"].items()}
     assert steps == {"jnp_float32": TINY.chunk, "jnp_bfloat16": TINY.chunk}
     assert rec["budget"]["limited_by_budget"] and rec["budget"]["over_budget"]
@@ -344,8 +395,9 @@ def test_git_revision_comes_from_the_environment_first(monkeypatch):
     assert git_revision()["git_revision"] == "feedbeef"
     monkeypatch.delenv("FP4SIM_GIT_REVISION")
     rev = git_revision()
-    assert rev["git_revision"] == "unknown" or (rev["git_revision_source"] == "git"
-                                                and len(rev["git_revision"]) == 40)
+    assert rev["git_revision"] == "unknown" or (
+        rev["git_revision_source"] == "git" and len(rev["git_revision"]) == 40
+    )
 
 
 def test_loss_scale_is_exact_for_float32(cpu):
@@ -368,15 +420,28 @@ def _synthetic_record(gap: float) -> dict:
     rng = np.random.default_rng(0)
     base = [list(3.0 - np.linspace(0, 1, 60) + 0.01 * rng.standard_normal(60)) for _ in range(3)]
     worse = [list(np.asarray(b) + gap + 0.001 * rng.standard_normal(60)) for b in base]
-    rec = {"timing": {}, "recipe_order": ["jnp_float32", "direct_p_fp8_training"],
-           "config": {"model": {"layers": 1, "width": 64, "heads": 2, "context": 64},
-                      "batch": 2, "seeds": [0, 1, 2], "steps": 60, "smooth": 5,
-                      "divergence_margin": 1.0, "optim": {"loss_scale": 4096.0}},
-           "recipes": {}}
+    rec = {
+        "timing": {},
+        "recipe_order": ["jnp_float32", "direct_p_fp8_training"],
+        "config": {
+            "model": {"layers": 1, "width": 64, "heads": 2, "context": 64},
+            "batch": 2,
+            "seeds": [0, 1, 2],
+            "steps": 60,
+            "smooth": 5,
+            "divergence_margin": 1.0,
+            "optim": {"loss_scale": 4096.0},
+        },
+        "recipes": {},
+    }
     for n, curves in (("jnp_float32", base), ("direct_p_fp8_training", worse)):
-        rec["recipes"][n] = {"loss": curves, "grad_norm": [[1.0] * 60] * 3, "steps": 60,
-                             "val_loss_own": [c[-1] for c in curves],
-                             "val_loss_float32": [c[-1] for c in curves]}
+        rec["recipes"][n] = {
+            "loss": curves,
+            "grad_norm": [[1.0] * 60] * 3,
+            "steps": 60,
+            "val_loss_own": [c[-1] for c in curves],
+            "val_loss_float32": [c[-1] for c in curves],
+        }
     return rec
 
 
@@ -400,8 +465,7 @@ def test_an_exported_chunk_gives_the_same_bits_as_the_direct_compile(cpu, f32_ch
     tokens = _tokens()
     chunk, state0 = f32_chunk
     like = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state0)
-    blob = loop.Trainer(recipe=R.study_recipe("jnp_float32"), cfg=TINY).export("cpu",
-                                                                                len(tokens))
+    blob = loop.Trainer(recipe=R.study_recipe("jnp_float32"), cfg=TINY).export("cpu", len(tokens))
     exported = loop.compile_exported(blob, TINY, cpu, like, len(tokens))
     _, a, ga = chunk.train(state0, tokens, 2)
     _, b, gb = exported.train(state0, tokens, 2)
