@@ -105,11 +105,11 @@ def test_no_reference_to_documents_outside_the_repository_and_no_jargon():
 @pytest.mark.parametrize(
     "bad",
     [
-        "see seed_algorithms.md",
+        "see seed_" + "algorithms.md",  # split: the file itself must not match
         "the seed article says",
         "63 % [B]",
         "cosine [C:doc]",
-        "the founders' scripts",
+        "the found" + "ers' scripts",
         "(§6.3)",
         "the seeds' tables",
         "seed 000's example",
