@@ -6,7 +6,9 @@ The compile targets sm_100a (the architecture query is patched, as in
 ``fp4sim.kernels.harness.cross_lower``); loading the result on a Hopper GPU fails after the PTX
 has been written, which is all this needs. Usage (from the repository root):
 
-    MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_TO=$OUT/ptx python scripts/blackwell_full_ptx.py $OUT/ptx
+    MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_TO=$OUT/ptx python scripts/blackwell_full_ptx.py $OUT/ptx [N]
+
+(N: the first N configurations only.)
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from fp4sim.kernels.blackwell_matmul_mgpu import avals, build_kernel, shipped_co
 
 def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "ptx")
+    count = int(sys.argv[2]) if len(sys.argv) > 2 else len(shipped_configs())
     out.mkdir(parents=True, exist_ok=True)
     old = mgpu_utils._infer_arch
     mgpu_utils._infer_arch = lambda: (10, 0)
     try:
-        for cfg in shipped_configs():
+        for cfg in shipped_configs()[:count]:
             m, n, k = 256, 256, 512
             structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals(cfg, m, n, k)]
             fn = build_kernel(cfg, m, n, k)

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Blackwell helper (issue 20) on the H200. Total wall time <= 4 minutes:
-#   1. python -m fp4sim validate --out $OUT/validate.json  (the Hopper kernels vs the emulator) (timeout 150 s)
-#   2. the Blackwell matmul compiled for sm_100a by Mosaic's own pipeline, PTX dumped and
-#      assembled with ptxas -arch=sm_100a (scripts/blackwell_full_ptx.py)                        (timeout  40 s)
-#   3. pytest tests/formats/test_mma.py tests/kernels/test_blackwell_matmul.py (jit on the GPU
-#      backend = MMA-Sim's bits; sm_100a cross-lowering + ptxas)                                   (timeout  50 s)
+# Blackwell helper (issue 20) on the H200. Total wall time <= 95 s (the lead's limit: 100 s):
+#   1. python -m fp4sim validate --time-budget-s 50 --out $OUT/validate.json: the Hopper kernels
+#      against the emulator (wgmma probe first); the JSON is rewritten after every check  (timeout 75 s)
+#   2. the Blackwell matmul (first 2 configurations) compiled for sm_100a by Mosaic's own
+#      pipeline, PTX dumped and assembled with ptxas -arch=sm_100a (scripts/blackwell_full_ptx.py) (timeout 18 s)
 # Each part is under `timeout`; a failure is logged and the next part still runs.
 # Run from the repository root; everything goes under $OUT (default ./blackwell-out).
 set -u
@@ -18,19 +17,14 @@ log "start; python $PY; git $(git rev-parse --short HEAD 2>/dev/null)"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 
 log "validate"
-timeout 150 "$PY" -m fp4sim validate --out "$OUT/validate.json" > "$OUT/validate.txt" 2>&1
+timeout 75 "$PY" -m fp4sim validate --time-budget-s 50 --out "$OUT/validate.json" \
+  > "$OUT/validate.txt" 2>&1
 log "validate rc=$?"
 tail -25 "$OUT/validate.txt" | tee -a "$OUT/steps.log"
 
 log "full-kernel PTX for sm_100a"
 MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_TO="$OUT/ptx" \
-  timeout 40 "$PY" scripts/blackwell_full_ptx.py "$OUT/ptx" > "$OUT/full_ptx.txt" 2>&1
+  timeout 18 "$PY" scripts/blackwell_full_ptx.py "$OUT/ptx" 2 > "$OUT/full_ptx.txt" 2>&1
 log "full ptx rc=$?"
-grep -E '^(OK|FAIL)|PTX files' "$OUT/full_ptx.txt" | tee -a "$OUT/steps.log"
-
-log "pytest"
-timeout 50 "$PY" -m pytest -q -x tests/formats/test_mma.py tests/kernels/test_blackwell_matmul.py \
-  > "$OUT/pytest.txt" 2>&1
-log "pytest rc=$?"
-tail -5 "$OUT/pytest.txt" | tee -a "$OUT/steps.log"
+grep -E '^(OK|FAIL)|PTX files|compile' "$OUT/full_ptx.txt" | tee -a "$OUT/steps.log"
 log "done"

@@ -12,6 +12,7 @@
 #   $OUT/env.txt                 GPU, driver, versions
 # Sets nothing about git: the caller passes FP4SIM_GIT_REVISION (the copy has no .git).
 # Knobs (environment): STUDY_BUDGET_S, STUDY_ARGS (extra arguments, e.g. "--batch 4"),
+# STUDY_ACCUMULATION (backend | sequential; default: sequential where the GPU kernels exist),
 # STUDY_XLA_FLAGS (appended to XLA_FLAGS; the study adds --xla_gpu_deterministic_ops=true).
 set -u
 : "${OUT:?OUT must name the output folder}"
@@ -28,10 +29,21 @@ BUDGET=${STUDY_BUDGET_S:-250}
 for n in ('jax', 'jaxlib', 'optax', 'numpy')))" 2>&1
 } > "$OUT/env.txt"
 cat "$OUT/env.txt"
+# The emulated backward's accumulation: the bit-exact ordered sums where the emulator has its GPU
+# kernels (fp4sim.attention.ordered_gpu, issue 19), else the backend's dot (the ordered sums as
+# jnp loops are ~200x plain attention on the GPU). STUDY_ACCUMULATION overrides.
+if PYTHONPATH="$PWD" "$PY" -c "import importlib.util, sys; \
+sys.exit(importlib.util.find_spec('fp4sim.attention.ordered_gpu') is None)" 2>/dev/null; then
+  ACC=${STUDY_ACCUMULATION:-sequential}
+else
+  ACC=${STUDY_ACCUMULATION:-backend}
+fi
+echo "accumulation: $ACC" | tee -a "$OUT/env.txt"
 if [ -n "${STUDY_XLA_FLAGS:-}" ]; then export XLA_FLAGS="${XLA_FLAGS:-} $STUDY_XLA_FLAGS"; fi
 # shellcheck disable=SC2086
 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=5 $((BUDGET + 30)) \
   "$PY" -m fp4sim train --study --device gpu --time-budget-s "$BUDGET" --no-progress \
+  --accumulation "$ACC" \
   --out "$OUT/study" ${STUDY_ARGS:-} > "$OUT/study_log.txt" 2>&1
 rc=$?
 echo "study exit status: $rc" | tee -a "$OUT/study_log.txt"

@@ -25,15 +25,6 @@ LAYERS = (("fp4sim._xp", "fp4sim._checks"), ("fp4sim.formats",), ("fp4sim.attent
 """The library layers, lowest first (each a tuple of module or package names); every other
 module is the application layer."""
 
-# Private names that the kernels engineer (issue 17) still takes across the two Pallas attention
-# modules (their internals are theirs to change). Each entry must still occur: remove it when the
-# crossing is gone, and add nothing here.
-PENDING_KERNEL_CROSSINGS = {
-    ("fp4sim.kernels.attention_directp_mgpu", "fp4sim.kernels.attention_mgpu",
-     "_check_qkv_shapes"),
-}
-
-
 def layer(name: str) -> int:
     """0 (the base) .. 3 (kernels), 4 for the applications; the root package ``fp4sim`` is the
     façade of formats and attention (layer 2)."""
@@ -57,13 +48,10 @@ def test_no_import_against_the_layer_order(mods):
 
 
 def test_no_private_name_crosses_modules(mods):
-    found = mg.private_crossings(mods)
-    bad = [f"{c.importer}:{c.line} takes {c.source}.{c.name} ({c.how})" for c in found
-           if (c.importer, c.source, c.name) not in PENDING_KERNEL_CROSSINGS]
+    bad = [f"{c.importer}:{c.line} takes {c.source}.{c.name} ({c.how})"
+           for c in mg.private_crossings(mods)]
     assert not bad, "private names across modules (make them public or move them):\n" + \
         "\n".join(bad)
-    stale = PENDING_KERNEL_CROSSINGS - {(c.importer, c.source, c.name) for c in found}
-    assert not stale, f"these crossings are gone: remove them from the list: {sorted(stale)}"
 
 
 def test_no_import_cycle(mods):

@@ -18,7 +18,7 @@ import fp4sim
 
 RNG = np.random.default_rng(3)
 QKV = [RNG.standard_normal((1, 64, 64)).astype(np.float32) for _ in range(3)]
-PRESETS = ["flamia_nvfp4", "cudnn_fp8_fixed", "exact_f32"]
+PRESETS = ["flamia_nvfp4", "cudnn_fp8_fixed", "exact_f32", "hw_fp4_direct_p"]
 
 
 @pytest.mark.parametrize("name", PRESETS)

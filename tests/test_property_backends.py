@@ -16,7 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.experimental import checkify
 
@@ -98,7 +98,7 @@ def _jit_encode(fmt, policy):
     return _checkified(lambda x, rb: fp4sim.encode(x, fmt, policy, random_bits=rb))
 
 
-@settings(max_examples=50, **SETTINGS)
+@settings(max_examples=40, **SETTINGS)
 @given(data=st.data(), fmt=st.sampled_from(fp4sim.ALL_FORMATS),
        shape=st.sampled_from([(0,), (1,), (64,), (3, 32)]), seed=st.integers(0, 2**16),
        n_special=st.integers(0, 12), scale_exp=st.integers(-140, 120))
@@ -145,7 +145,7 @@ def _jit_quantize(fmt, geometry, axis, kw):
     return _checkified(f)
 
 
-@settings(max_examples=40, **SETTINGS)
+@settings(max_examples=32, **SETTINGS)
 @given(fmt=block_formats(),
        geo=st.sampled_from([(fp4sim.Geometry.BLOCK, -1), (fp4sim.Geometry.BLOCK, -1),
                             (fp4sim.Geometry.PER_ROW, -1), (fp4sim.Geometry.SQUARE, -1),
@@ -188,9 +188,6 @@ def test_attention_forward(name, seed, where, n_special, zero_rows, scale_exp):
     recipe = fp4sim.PRESETS[name]
     qkv = [_values((32, 64), seed + i, n_special if i == where else 0,
                    zero_rows if i == where else 0, scale_exp) for i in range(3)]
-    if where == 2 and n_special and name.startswith("hw_fp4_direct_p"):
-        # NaN/Inf in V under Direct-P is issue 15 item 2 (the forward's own NaN-in-V fix)
-        assume(False)
     with np.errstate(all="ignore"):
         want = _outcome(lambda *a: tuple(fp4sim.attention_forward(*a, recipe))[:2], *qkv)
     got = _outcome(_jit_forward(recipe), *map(jnp.asarray, qkv))

@@ -74,3 +74,38 @@ def test_quantize_check_runs_in_interpret_mode():
     ok, detail, n = harness.interpret(checks.quantize_check("MXFP8_E4M3", "float32", False, n=64))
     assert ok, detail
     assert n == 64 * 64 + 64 * 2
+
+
+def test_gpu_path_table_json_and_budget(monkeypatch, capsys, tmp_path):
+    """The GPU path with a pretend Hopper and stand-in checks: table, JSON, exit status, the
+    time budget, the checks of other architectures listed as such."""
+    fake = (checks.KernelCheck(name="a", kernel="ka", contract="bitwise", min_arch=(9, 0),
+                               majors=None, run=lambda: (True, "0 differ", 5)),
+            checks.KernelCheck(name="b", kernel="kb", contract="bound", min_arch=(9, 0),
+                               majors=(9,), run=lambda: (False, "too far", 5)),
+            checks.KernelCheck(name="c", kernel="kc", contract="bitwise", min_arch=(10, 0),
+                               majors=(10,), run=lambda: (True, "", 1)))
+    monkeypatch.setattr(checks, "CHECKS", fake)
+    monkeypatch.setattr(harness, "device_arch", lambda: (9, 0))
+    out = tmp_path / "v.json"
+    code, text, _ = _run(["validate", "--out", str(out)], capsys)
+    assert code == 1 and "1 passed, 1 failed, 0 errors" in text and "(not for sm_90)" in text
+    info = json.loads(out.read_text())
+    assert info["arch"] == "sm_90" and info["verdict"] == "fail"
+    assert [r["verdict"] for r in info["results"]] == ["PASS", "FAIL"]
+    assert info["not_for_this_arch"] == ["c"]
+    code, text, _ = _run(["validate", "--only", "a", "--out", str(out)], capsys)
+    assert code == 0 and json.loads(out.read_text())["verdict"] == "pass"
+    code, text, _ = _run(["validate", "--time-budget-s", "0", "--out", str(out)], capsys)
+    info = json.loads(out.read_text())
+    assert info["results"] == [] and info["not_run_time_budget"] == ["a", "b"]
+    assert "not run: time budget" in text
+
+
+@pytest.mark.slow
+def test_directp_check_runs_in_interpret_mode():
+    """validate's Direct-P check, at a small size, in GPU interpret mode (about 30 s)."""
+    ok, detail, n = harness.interpret(checks.attention_directp_check(128, 1, 64),
+                                      detect_races=False)
+    assert ok, detail
+    assert n == 128 * 64

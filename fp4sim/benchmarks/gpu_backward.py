@@ -51,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backward-shape", type=int, nargs=5, action="append", default=None,
                         metavar=("B", "S", "H", "D", "CAUSAL"),
                         help="backward: measure this shape instead (repeatable)")
+    parser.add_argument("--backward-methods", nargs="+", default=None, metavar="NAME",
+                        help="backward: measure only these methods (e.g. fp4sim_fp8_bwd "
+                             "cudnn_bf16_bwd fp4sim_fp8_bwd_2wg); all by default")
 
 
 def _timeit(fn: Callable[[], Any], reps: int, iters: int) -> float:
@@ -152,16 +155,19 @@ def run_section(args: argparse.Namespace, context: Any = None) -> dict[str, Any]
     if getattr(args, "backward_shape", None):
         shapes = tuple((b, s, h, d, bool(c)) for b, s, h, d, c in args.backward_shape)
     return measure(quick=args.backward_quick, reps=args.backward_reps,
-                   iters=args.backward_iters, deadline=deadline, shapes=shapes)
+                   iters=args.backward_iters, deadline=deadline, shapes=shapes,
+                   methods=getattr(args, "backward_methods", None))
 
 
 def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
             deadline: float | None = None, out_dir: str | None = None,
-            shapes: tuple | None = None, interpret: bool = False) -> dict[str, Any]:
+            shapes: tuple | None = None, interpret: bool = False,
+            methods: list[str] | None = None) -> dict[str, Any]:
     """Measure every method on every shape; return (and write) the JSON-able results, with the
     ``rows`` of :mod:`fp4sim.benchmarks.gpu`'s summary table. Stops starting new shapes after
     ``deadline`` (``time.monotonic()``). ``interpret``: run only fp4sim's kernels, in Pallas
-    interpret mode on the CPU (the section's own test at tiny shapes; the times mean nothing)."""
+    interpret mode on the CPU (the section's own test at tiny shapes; the times mean nothing).
+    ``methods``: only these method names (all by default)."""
     import jax
 
     if not interpret and not any(d.platform == "gpu" for d in jax.devices()):
@@ -188,7 +194,8 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
             results.setdefault("skipped_shapes", []).append([b, s, h, d, causal])
             continue
         entry, shape_ok = _one_shape(b, s, h, d, causal, reps=reps, iters=iters,
-                                     interpret=interpret, ablations=i_shape == 0 and not quick)
+                                     interpret=interpret, methods=methods,
+                                     ablations=(i_shape == 0 and not quick) or bool(methods))
         ok = ok and shape_ok
         results["shapes"].append(entry)
         if interpret:
@@ -210,9 +217,14 @@ def measure(*, quick: bool = False, reps: int = 5, iters: int = 10,
     return results
 
 
+class _Skipped(Exception):
+    """A method left out by ``methods``."""
+
+
 def _one_shape(b: int, s: int, h: int, d: int, causal: bool, *, reps: int, iters: int,
-               interpret: bool, ablations: bool = False) -> tuple[dict[str, Any], bool]:
-    """Every method at one shape: ``(entry, ok)``."""
+               interpret: bool, ablations: bool = False, methods: list[str] | None = None
+               ) -> tuple[dict[str, Any], bool]:
+    """Every method (or those named in ``methods``) at one shape: ``(entry, ok)``."""
     import jax
     import jax.numpy as jnp
 
@@ -233,6 +245,9 @@ def _one_shape(b: int, s: int, h: int, d: int, causal: bool, *, reps: int, iters
                              "methods": {}}
     print(f"== B{b} S{s} H{h} D{d} causal={causal} (float64 reference "
           f"{entry['reference_s']:.1f} s)", flush=True)
+
+    def want(name: str) -> bool:
+        return methods is None or name in methods
 
     def record(name: str, fn: Callable[[], Any], post: Callable[[Any], Any] | None = None,
                **extra: Any) -> None:
@@ -269,6 +284,8 @@ def _one_shape(b: int, s: int, h: int, d: int, causal: bool, *, reps: int, iters
         variants += [("ablate_dkv_only", base.replace(ablation=ab.DKV_ONLY)),
                      ("ablate_plain_cast", base.replace(ablation=ab.PLAIN_CAST))]
     for name, bcfg in variants:
+        if not want(name):
+            continue
         try:
             ops = jax.jit(am.quantize_operands)(q, k, v)
             fcfg = am.FP8AttentionConfig(causal=causal)
@@ -287,24 +304,32 @@ def _one_shape(b: int, s: int, h: int, d: int, causal: bool, *, reps: int, iters
         return entry, ok
     # cuDNN bf16
     try:
+        if not want("cudnn_bf16_bwd"):
+            raise _Skipped
         qb, kb, vb, dob = (x.astype(jnp.bfloat16) for x in (q, k, v, do))
         _, vjp = jax.vjp(lambda a, b_, c_: jax.nn.dot_product_attention(
             a, b_, c_, scale=scale, is_causal=causal, implementation="cudnn"), qb, kb, vb)
         vjp = jax.jit(vjp)
         record("cudnn_bf16_bwd", lambda: vjp(dob))
+    except _Skipped:
+        pass
     except Exception as e:
         ok = False
         entry["methods"]["cudnn_bf16_bwd"] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
     # cuDNN fp8
     try:
+        if not want("cudnn_fp8_bwd"):
+            raise _Skipped
         fn8, post8 = _cudnn_fp8_vjp(q, k, v, do, scale, causal)
         record("cudnn_fp8_bwd", fn8, post=post8)
+    except _Skipped:
+        pass
     except Exception as e:
         ok = False
         entry["methods"]["cudnn_fp8_bwd"] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
         print(f"  cudnn_fp8_bwd FAILED {type(e).__name__}: {str(e)[:400]}", flush=True)
     # JAX Pallas attention_mgpu (f16, q pre-scaled; no causal backward in jax 0.11.2)
-    if not causal:
+    if not causal and want("jax_attention_mgpu_f16_bwd"):
         try:
             from jax.experimental.pallas.ops.gpu import attention_mgpu as jam
 
@@ -355,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.backward_shape:
         shapes = tuple((b, s, h, d, bool(c)) for b, s, h, d, c in args.backward_shape)
     res = measure(quick=args.backward_quick, reps=args.backward_reps,
-                  iters=args.backward_iters, out_dir=args.out, shapes=shapes)
+                  iters=args.backward_iters, out_dir=args.out, shapes=shapes,
+                  methods=args.backward_methods)
     return 0 if res.get("ok", False) else 1
 
 

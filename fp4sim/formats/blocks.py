@@ -781,20 +781,24 @@ def quantize_with_block_amax(x: Array, fmt: BlockFormat, *, axis: int = -1,
     bits = bitcast(x, np.uint32)
     factors = _global_factors(xp, bits, fmt, shape, ext, axis, geometry, scale_shape,
                               global_scale, global_encode_scale)
-    rows = _np_chunk_rows(xp, shape, ext)
-    if rows is None:
+    chunks = _np_chunks(xp, shape, ext)
+    if chunks is None:
         q, block_amax = _quantize_blocks(xp, x, bits, fmt, shape, ext, axis, geometry, factors,
                                          random_bits)
-    else:  # NumPy, a large input: blocks of rows bound the temporaries (blocks are independent)
+    else:  # NumPy, a large input: slabs of whole blocks bound the temporaries (independent)
+        d, rows = chunks
         parts = []
-        for r0 in range(0, shape[0], rows):
-            sl = slice(r0, min(shape[0], r0 + rows))
+        for r0 in range(0, shape[d], rows):
+            sl = (slice(None),) * d + (slice(r0, min(shape[d], r0 + rows)),)
             sub = tuple(x[sl].shape)
-            f = None if factors is None else tuple(_rows_of(a, sl, len(shape), ext[0])
-                                                   for a in factors)
+            f = None if factors is None else tuple(_rows_of(a, sl, len(shape), ext) for a in
+                                                   factors)
             parts.append(_quantize_blocks(xp, x[sl], bits[sl], fmt, sub, ext, axis, geometry, f,
                                           None if random_bits is None else random_bits[sl]))
-        cat = lambda arrs: None if arrs[0] is None else np.concatenate(arrs)  # noqa: E731
+
+        def cat(arrs: list) -> Any:
+            return None if arrs[0] is None else np.concatenate(arrs, axis=d)
+
         q = QuantizedArray(cat([p[0].codes for p in parts]), cat([p[0].scales for p in parts]),
                            None if factors is None else np.asarray(factors[0], np.float32),
                            fmt, geometry, axis, False)
@@ -807,24 +811,38 @@ def quantize_with_block_amax(x: Array, fmt: BlockFormat, *, axis: int = -1,
 _NP_CHUNK = 1 << 20  # elements per NumPy pass of quantize/encode/decode (temporaries ~16x this)
 
 
-def _np_chunk_rows(xp: Any, shape: tuple[int, ...], ext: tuple[int, ...]) -> int | None:
-    """Rows (a multiple of the block extent along axis 0) per NumPy pass, or None (one pass:
-    jax, a small input, or blocks spanning the whole first axis)."""
+def _np_chunks(xp: Any, shape: tuple[int, ...], ext: tuple[int, ...]) -> tuple[int, int] | None:
+    """(axis d, length along d: a multiple of the block extent there) of the NumPy passes, the
+    first axis along which slabs of whole blocks hold at most about ``_NP_CHUNK`` elements; None
+    for one pass (jax, a small input, or no such axis)."""
     n = math.prod(shape)
-    if xp is not np or n <= _NP_CHUNK or shape[0] <= ext[0]:
+    if xp is not np or n <= _NP_CHUNK:
         return None
-    per_row = n // shape[0]
-    rows = max(1, _NP_CHUNK // (per_row * ext[0])) * ext[0]
-    return rows if rows < shape[0] else None
+    best = None  # (slab elements, axis, length): the thinnest slabs if none is small enough
+    for d, (size, e) in enumerate(zip(shape, ext)):
+        if size <= e:
+            continue
+        unit = (n // size) * e  # elements of one slab one block thick along d
+        rows = max(1, _NP_CHUNK // unit) * e
+        if rows < size:
+            if unit <= _NP_CHUNK:
+                return d, rows
+            if best is None or unit < best[0]:
+                best = (unit, d, rows)
+    return None if best is None else best[1:]
 
 
-def _rows_of(a: Any, sl: slice, nd: int, e0: int) -> Any:
-    """The part of a factor (broadcastable to the scales' shape) for the rows ``sl``."""
+def _rows_of(a: Any, sl: tuple, nd: int, ext: tuple[int, ...]) -> Any:
+    """The part of a factor (broadcastable to the scales' shape) for the slab ``sl`` (slices
+    along the first ``len(sl)`` axes, whole blocks)."""
     a = np.asarray(a)
     if a.ndim == 0:
         return a
     a = np.reshape(a, (1,) * (nd - a.ndim) + a.shape)
-    return a if a.shape[0] == 1 else a[sl.start // e0:-(-sl.stop // e0)]
+    d, s = len(sl) - 1, sl[-1]
+    if a.shape[d] == 1:
+        return a
+    return a[(slice(None),) * d + (slice(s.start // ext[d], -(-s.stop // ext[d])),)]
 
 
 def _positive_finite(xp: Any, v: Any) -> Any:
@@ -1108,18 +1126,19 @@ def dequantize(q: QuantizedArray) -> Array:
     xp = namespace(q.codes)
     shape = q.shape
     ext = block_extents(shape, fmt, q.geometry, q.axis)
-    rows = _np_chunk_rows(xp, shape, ext)
-    if rows is not None and not (q.packed and len(shape) == 1):
-        # NumPy, a large input: blocks of rows bound the temporaries
+    chunks = _np_chunks(xp, shape, ext)
+    if chunks is not None and not (q.packed and chunks[0] == len(shape) - 1):
+        # NumPy, a large input: slabs of whole blocks bound the temporaries
+        d, rows = chunks
         out = np.empty(shape, np.float32)
-        for r0 in range(0, shape[0], rows):
-            sl = slice(r0, min(shape[0], r0 + rows))
-            ssl = slice(sl.start // ext[0], -(-sl.stop // ext[0]))
+        for r0 in range(0, shape[d], rows):
+            sl = (slice(None),) * d + (slice(r0, min(shape[d], r0 + rows)),)
+            ssl = (slice(None),) * d + (slice(r0 // ext[d], -(-sl[d].stop // ext[d])),)
             sub = object.__new__(QuantizedArray)
             for name, value in (("codes", q.codes[sl]),
                                 ("scales", None if q.scales is None else q.scales[ssl]),
                                 ("global_scale", None if q.global_scale is None else
-                                 _rows_of(q.global_scale, sl, len(shape), ext[0])),
+                                 _rows_of(q.global_scale, sl, len(shape), ext)),
                                 ("format", fmt), ("geometry", q.geometry), ("axis", q.axis),
                                 ("packed", q.packed)):
                 object.__setattr__(sub, name, value)

@@ -17,8 +17,10 @@ kind                            K    frac bits   group  block scale      element
 
 The arithmetic is the fused multi-term addition of MMA-Sim (Xie et al., "MMA-Sim: Bit-Accurate
 Reference Model of Tensor Cores and Matrix Cores", arXiv:2511.10909; github.com/microsoft/MMA-Sim),
-whose parameters for these kinds agree with the hardware reports of DeepGEMM issues 37 and 176
-(Hopper FP8 keeps about 13 fraction bits). Per instruction:
+whose Hopper FP8 width agrees with the hardware report in github.com/deepseek-ai/DeepGEMM
+issue 37 (the highest 14 bits of each aligned product: 13 fraction bits) and with the H200
+measurement behind :data:`fp4sim.formats.matmul.HOPPER_FP8_MODEL`; the Blackwell widths are
+MMA-Sim's (no Blackwell GPU has checked them here). Per instruction:
 
 1. *Terms.* ``group = 1``: every product ``a·b`` is a term; its alignment exponent is
    ``e(a) + e(b) + e(sa) + e(sb)``, where ``e(x) = max(floor(log2|x|), emin)`` of ``x``'s format

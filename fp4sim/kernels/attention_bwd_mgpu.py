@@ -275,13 +275,28 @@ def _square_quantize(x: Any, rows: Any, cols: Any, *, with_scales: bool = False,
         in_i = _in_chunk(rows, i)
         e = _rceil_exponent(jnp.where(in_i, grp, 0.0).max(axis=0))  # (C,): block exponents
         inv_i = lax.broadcast_in_dim(_pow2(-e), (n_r, n_c), [1])
-        s_i = lax.broadcast_in_dim(_pow2(e), (n_r, n_c), [1])
         inv = inv_i if inv is None else jnp.where(in_i, inv_i, inv)
-        scale = s_i if scale is None else jnp.where(in_i, s_i, scale)
+        if with_scales:
+            s_i = lax.broadcast_in_dim(_pow2(e), (n_r, n_c), [1])
+            scale = s_i if scale is None else jnp.where(in_i, s_i, scale)
+    del grp, a
     codes = (x * inv).astype(jnp.float8_e4m3fn)
-    row_scales = tuple(jnp.where(_in_chunk(cols, j), scale, 0.0).max(axis=1)
-                       for j in range(n_c // CHUNK))
-    return SquareQuantized(codes, row_scales, scale if with_scales else None)
+    # the row scales from the inverse scales (one tile fewer live): 2^e = 1/2^-e exactly,
+    # and 0 where 2^-e is out of range (e = -127: an all-zero block, 2^127 kept as inf-safe 0)
+    row_scales = tuple(_block_scale_from_inverse(jnp.where(_in_chunk(cols, j), inv, 0.0)
+                                                 .max(axis=1)) for j in range(n_c // CHUNK))
+    return SquareQuantized(codes, row_scales, scale)
+
+
+def _block_scale_from_inverse(inv: Any) -> Any:
+    """``2^e`` from ``2^-e`` (float32 powers of two from :func:`_pow2`): exact by exponent
+    arithmetic; ``2^-e = 2^127`` (e = −127, the zero code) gives 0 as :func:`_pow2` does."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    bits = lax.bitcast_convert_type(inv, jnp.int32)
+    out = lax.bitcast_convert_type((254 << 23) - bits, jnp.float32)
+    return jnp.where(bits >= (254 << 23), 0.0, out)
 
 
 def _recip_pow2(s: Any) -> Any:
@@ -623,11 +638,11 @@ def _build_dkv(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwa
             plgpu.barrier_wait(kv_bar.at[3 * w + i])
         kscale = plgpu.load(kc_smem.at[0], layout=row_l)
         vscale = plgpu.load(kc_smem.at[1], layout=row_l)
-        rows = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=wg)
-        cols = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 1, layout=wg)
-
         def step_fn(step, carry):
             dk_acc, dv_acc = carry
+            # index tiles made per step (cheap, from the lane ids): not live across the loop
+            rows = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 0, layout=wg)
+            cols = plgpu.broadcasted_iota(jnp.int32, (bkv, bq), 1, layout=wg)
             slot = lax.rem(step, jnp.int32(slots))
             head, qi = locate(step)
             for bar in bars:
@@ -849,10 +864,10 @@ def _build_dq(q_shape: tuple, k_shape: tuple, softmax_scale: float, cfg: Backwar
         cq = plgpu.load(r_smem.at[0], layout=row_l)
         lse = plgpu.load(r_smem.at[1], layout=row_l)
         dlt = plgpu.load(r_smem.at[2], layout=row_l)
-        rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=wg)
-        cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=wg)
-
         def step_fn(step, dq_acc):
+            # index tiles made per step (cheap, from the lane ids): not live across the loop
+            rows = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 0, layout=wg)
+            cols = plgpu.broadcasted_iota(jnp.int32, (bq, bkv), 1, layout=wg)
             slot = lax.rem(step, jnp.int32(slots))
             for bar in bars:
                 plgpu.barrier_wait(bar.at[slot])

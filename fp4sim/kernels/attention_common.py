@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 __all__ = ["StepContext", "StepResult", "TileMath", "build_forward", "pow2_f32", "ceil_f32",
-           "floor_f32"]
+           "floor_f32", "check_qkv_shapes"]
 
 
 class StepContext(NamedTuple):
@@ -97,6 +97,26 @@ def floor_f32(x: Any) -> Any:
 
     r = lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)
     return r - jnp.where(r > x, 1.0, 0.0).astype(x.dtype)
+
+
+def check_qkv_shapes(qs: tuple, ks: tuple, vs: tuple) -> None:
+    """The attention kernels' layout check: Q (B, T, Hq, D), K and V (B, S, Hkv, D) with
+    Hq a multiple of Hkv (GQA), D 64 or 128, at least one token; ``ValueError`` naming the
+    shapes otherwise."""
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
+        raise ValueError(f"q, k, v must be 4-D (B, T, H, D); got shapes {qs}, {ks}, {vs}")
+    if tuple(ks) != tuple(vs):
+        raise ValueError(f"k shape {ks} and v shape {vs} must match")
+    b, t, hq, d = qs
+    if ks[0] != b or ks[3] != d:
+        raise ValueError(f"k shape {ks} must share batch and head_dim with q shape {qs}")
+    if hq % ks[2]:
+        raise ValueError(f"q heads {hq} must be a multiple of kv heads {ks[2]} (GQA)")
+    if d not in (64, 128):
+        raise ValueError(f"head_dim={d} is not supported; allowed: 64, 128")
+    for name, n in (("q tokens", t), ("kv tokens", ks[1])):
+        if n < 1:
+            raise ValueError(f"{name}={n} must be at least 1")
 
 
 def _when(cond: Any, fn: Callable[[], None]) -> None:

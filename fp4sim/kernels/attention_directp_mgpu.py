@@ -174,8 +174,8 @@ def prepare_operands(q: Any, k: Any, v: Any, recipe: AttentionRecipe = HW_FP4_DI
     import jax.numpy as jnp
 
     from fp4sim.attention.forward import quantize_qk, quantize_v
+    from fp4sim.kernels.attention_common import check_qkv_shapes as _check_qkv_shapes
     from fp4sim.kernels.attention_common import pow2_f32 as _pow2_f32
-    from fp4sim.kernels.attention_mgpu import _check_qkv_shapes
 
     _check_qkv_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
     bhtd = lambda x: jnp.swapaxes(jnp.asarray(x, jnp.float32), 1, 2)  # noqa: E731
@@ -210,7 +210,7 @@ def attention_directp_prepared(ops: DirectPOperands, *, softmax_scale: float | N
     """Run the Direct-P kernel on prepared operands (see :func:`attention_directp`)."""
     import jax.numpy as jnp
 
-    from fp4sim.kernels.attention_mgpu import _check_qkv_shapes
+    from fp4sim.kernels.attention_common import check_qkv_shapes as _check_qkv_shapes
 
     if not isinstance(config, DirectPConfig):
         raise TypeError(f"config={config!r} must be a DirectPConfig")

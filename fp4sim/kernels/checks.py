@@ -235,15 +235,15 @@ def _blackwell_check(fmt_name: str) -> Callable:
 
 _HOPPER, _BLACKWELL = (9, 0), (10, 0)
 CHECKS: tuple[KernelCheck, ...] = (
+    KernelCheck(name="wgmma_probe.fp8", kernel="wgmma_probe.fp8_wgmma",
+                contract="bitwise vs HOPPER_FP8_MODEL", min_arch=_HOPPER, majors=(9,),
+                run=_wgmma_check),
     *(KernelCheck(name=f"quantize.{f.lower()}.{d}", kernel="quantize_mgpu.gpu_quantize",
                   contract="bitwise (codes, scales, global factor)", min_arch=_HOPPER,
                   majors=None, run=quantize_check(f, d, fin))
       for f, d, fin in (("MXFP8_E4M3", "bfloat16", False), ("MXFP8_E5M2", "bfloat16", False),
                         ("MXFP4", "bfloat16", False), ("NVFP4", "bfloat16", True),
                         ("MXFP8_E4M3", "float32", False), ("NVFP4", "float16", True))),
-    KernelCheck(name="wgmma_probe.fp8", kernel="wgmma_probe.fp8_wgmma",
-                contract="bitwise vs HOPPER_FP8_MODEL", min_arch=_HOPPER, majors=(9,),
-                run=_wgmma_check),
     KernelCheck(name="attention_fp8.exact_debug", kernel="attention_mgpu.attention_fp8_quantized",
                 contract="P codes/row sums/maxima bitwise; O within 2e-3 of max|O|",
                 min_arch=_HOPPER, majors=(9,), run=attention_fp8_check()),
@@ -266,13 +266,17 @@ def supported(arch: tuple[int, int]) -> list[KernelCheck]:
 
 
 def run_checks(arch: tuple[int, int], names: list[str] | None = None,
-               progress: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
+               progress: Callable[[CheckResult], None] | None = None,
+               time_budget_s: float | None = None) -> list[CheckResult]:
     """Run the checks ``arch`` supports (those named, if given); one :class:`CheckResult`
-    each, in registry order."""
+    each, in registry order; none is started after ``time_budget_s`` seconds."""
     out = []
+    start = time.perf_counter()
     for c in supported(arch):
         if names and c.name not in names:
             continue
+        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+            break
         t0 = time.perf_counter()
         try:
             ok, detail, n = c.run()

@@ -12,8 +12,15 @@ Two kinds of parallel work, each in its own module:
 * :mod:`fp4sim.parallel.sweep`: many independent cases (the report's route errors, the training
   study's runs) mapped over the local devices, one worker per device, and over the processes of a
   ``jax.distributed`` job, merged in case order into one result.
+* :mod:`fp4sim.parallel.data`: data-parallel training gradients whose shard sum runs in a fixed
+  order, so that N devices give the bits of one device accumulating N micro-batches.
 """
 
+from fp4sim.parallel.data import (
+    accumulated_value_and_grad,
+    data_parallel_value_and_grad,
+    ordered_sum,
+)
 from fp4sim.parallel.mesh import (
     AXES,
     attention_mesh,
@@ -27,6 +34,9 @@ from fp4sim.parallel.sweep import DeviceSpec, map_cases, parse_devices, resolve_
 __all__ = [
     "AXES",
     "DeviceSpec",
+    "accumulated_value_and_grad",
+    "data_parallel_value_and_grad",
+    "ordered_sum",
     "attention_mesh",
     "attention_shardings",
     "map_cases",

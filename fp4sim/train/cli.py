@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compilation threads (default and at most: the CPU count)")
     parser.add_argument("--compile-share", type=float, default=None,
                         help="share of the time budget the compilations may take before the "
-                             "unfinished ones are skipped (default 0.6; 0: wait for all)")
+                             "unfinished ones are skipped (default 0.7; 0: wait for all)")
     parser.add_argument("--no-trace-processes", action="store_true",
                         help="trace the emulated recipes in this process, one at a time "
                              "(default: in parallel worker processes, compiled here)")

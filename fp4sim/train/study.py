@@ -79,7 +79,7 @@ SCHEMA = "fp4sim.train.study/2"
 CACHE_NAME = "jax_cache"
 REFERENCE = "jnp_float32"
 """The recipe every study trains: the timing reference and the float32 evaluation mode."""
-COMPILE_SHARE = 0.6
+COMPILE_SHARE = 0.7
 """Under a time budget, compilations must finish within this share of it (from the start):
 a recipe still compiling then is skipped, so that the others keep time to train (the
 ``jnp_float32`` reference is always waited for)."""
@@ -250,10 +250,14 @@ def _cache_entries(cache_dir: Path | None) -> int | None:
 
 
 def _worker_init() -> None:
-    """A tracing worker process: it lowers for the study's device (Pallas kernels of the
-    emulator need the device to lower) but computes nothing there, so jax must not
-    preallocate the device's memory."""
+    """A tracing worker process lowers for the study's device but computes nothing there.
+    Plain jax lowers for ``cuda`` without a device, so the worker keeps jax on its CPU (no
+    GPU context per worker); the emulator's Pallas GPU kernels (the module
+    ``fp4sim.attention.ordered_gpu``, where present) need the device to lower, so then the
+    worker sees it, without preallocating its memory."""
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    if importlib.util.find_spec("fp4sim.attention.ordered_gpu") is None:
+        os.environ["JAX_PLATFORMS"] = "cpu"
 
 
 def _export_job(name: str, cfg: StudyConfig, platform: str, n_tokens: int

@@ -128,3 +128,26 @@ def test_numpy_passes_in_bounded_chunks_give_the_same_bits(fmt, _, kw, monkeypat
                                   np.asarray(codec.decode(jnp.asarray(codes), fmt.elem)))
     np.testing.assert_array_equal(codec.encode(x, fp4sim.E4M3),
                                   np.asarray(codec.encode(jnp.asarray(x), fp4sim.E4M3)))
+
+
+@pytest.mark.parametrize("shape", [(1, 4096), (2, 1, 2048), (4096,)])
+@pytest.mark.parametrize("fmt, kw", [(fp4sim.MXFP8, {}), (fp4sim.NVFP4, {}),
+                                     (fp4sim.MXFP4, dict(pack=True)),
+                                     (fp4sim.NVFP4.replace(global_scale=fp4sim.GlobalScale.PER_ROW),
+                                      {})])
+def test_bounded_passes_along_a_later_axis(shape, fmt, kw, monkeypatch):
+    """A short first axis: the passes run along the first axis that can be split."""
+    x = (RNG.standard_normal(shape) * 3).astype(np.float32)
+    x.reshape(-1)[:64] = 0  # a zero block
+    x.reshape(-1)[100] = np.nan
+    want = jax.jit(lambda a: fp4sim.quantize(a, fmt, **kw))(jnp.asarray(x))
+    seen = []
+    real = blocks._np_chunks
+    monkeypatch.setattr(blocks, "_NP_CHUNK", 512)
+    monkeypatch.setattr(blocks, "_np_chunks", lambda *a: seen.append(real(*a)) or seen[-1])
+    got = fp4sim.quantize(x, fmt, **kw)
+    assert seen[0] is not None and seen[0][0] == len(shape) - 1  # split along the last axis
+    np.testing.assert_array_equal(got.codes, np.asarray(want.codes))
+    np.testing.assert_array_equal(got.scales, np.asarray(want.scales))
+    np.testing.assert_array_equal(fp4sim.dequantize(got).view(np.uint32),
+                                  np.asarray(jax.jit(fp4sim.dequantize)(want)).view(np.uint32))

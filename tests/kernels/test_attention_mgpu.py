@@ -249,13 +249,20 @@ def _dequantize(ops):
         np.swapaxes(vt, 2, 3), 1, 2)
 
 
-@pytest.mark.parametrize("block_sums", [False, True], ids=["simt-sums", "mma-sums"])
-def test_interpret_zero_blocks_and_tail_lengths(block_sums):
+# Interpret mode on this project's 2-core CI host: a run with a debug dump of the masked tail tile
+# in a grid of several CTAs occasionally deadlocks inside the interpreter (observed 2 of 4 runs;
+# never on the H200), so the tail tile's debug dump is checked with one head and the
+# multi-head GQA case without a debug dump.
+@pytest.mark.parametrize("hq,debug_step,block_sums", [(3, None, True), (1, 2, True),
+                                                      (1, 2, False)],
+                         ids=["gqa3-mma-sums", "tail-debug-mma-sums", "tail-debug-simt-sums"])
+def test_interpret_zero_blocks_and_tail_lengths(hq, debug_step, block_sums):
     """T = 100 queries and S = 150 keys (non-causal, masked tail tile, partial token blocks),
-    GQA 3:1, zero V/K/Q token blocks: bitwise P codes, F and m against the oracle, O close to
-    float64 attention of the dequantized operands (zero V rows keep their softmax weight)."""
+    zero V/K/Q token blocks: bitwise P codes, F and m of the tail tile against the oracle, O
+    close to float64 attention of the dequantized operands (zero V rows keep their softmax
+    weight); GQA 3:1 without the debug dump."""
     rng = np.random.default_rng(12)
-    b, t, s, hq, hkv, d = 1, 100, 150, 3, 1, 64
+    b, t, s, hkv, d = 1, 100, 150, 1, 64
     qc = rng.integers(-3, 4, (b, t, hq, d)).astype(np.float32)
     kc = rng.integers(-3, 4, (b, s, hkv, d)).astype(np.float32)
     vt = (rng.standard_normal((b, hkv, d, s)) * 60).astype(np.float32).astype(F8).astype(np.float32)
@@ -264,19 +271,26 @@ def test_interpret_zero_blocks_and_tail_lengths(block_sums):
     ve = rng.integers(-3, 4, (b, hkv, 5))
     vt[..., 32:64], ve[..., 1] = 0.0, -127  # a zero V block
     kc[:, 64:96], ke[..., 2] = 0.0, -127  # a zero K block (scores 0)
-    qc[:, 0:32, 1], qe[:, 1, 0] = 0.0, -127  # a zero Q block of head 1 (uniform rows)
+    qc[:, 0:32, hq - 1], qe[:, hq - 1, 0] = 0.0, -127  # a zero Q block (uniform rows)
     ops = am.FP8Operands(*(jnp.asarray(x.astype(F8)) for x in (qc, kc, vt)),
                          *(jnp.asarray(x, jnp.int32) for x in (qe, ke, ve)))
-    cfg = am.FP8AttentionConfig(block_kv=64, conversion=am.PConversion.EXACT, debug_step=2,
-                                out_type=am.OutType.FLOAT32, block_sums=block_sums)
+    cfg = am.FP8AttentionConfig(block_kv=64, conversion=am.PConversion.EXACT,
+                                debug_step=debug_step, out_type=am.OutType.FLOAT32,
+                                block_sums=block_sums)
     scale = 1 / 8
     out = harness.interpret(lambda: am.attention_fp8_quantized(ops, softmax_scale=scale,
                                                                config=cfg))
     assert out[0].shape == (b, t, hq, d) and out[1].shape == (b, hq, t)
-    assert out[2].p_codes.shape == (b, hq, t, 64)
-    _check_against_oracle(ops, out, cfg, scale, bitwise_codes=True)
-    codes = np.asarray(out[2].p_codes).astype(np.float32)
-    np.testing.assert_array_equal(codes[..., 150 - 128:], 0.0)  # keys >= S are masked
+    if debug_step is not None:
+        assert out[2].p_codes.shape == (b, hq, t, 64)
+        _check_against_oracle(ops, out, cfg, scale, bitwise_codes=True)
+        codes = np.asarray(out[2].p_codes).astype(np.float32)
+        np.testing.assert_array_equal(codes[..., 150 - 128:], 0.0)  # keys >= S are masked
+    else:
+        ref = am.reference_forward(_np(ops), softmax_scale=scale, config=cfg)
+        rel = np.abs(np.asarray(out[0]) - ref["o"]).max() / np.abs(ref["o"]).max()
+        assert rel <= 16 * s * U32, rel
+        assert np.abs(np.asarray(out[1]) - ref["lse"]).max() <= 1e-4
     q, k, v = _dequantize(ops)
     ref = _float_attention(q, k, v, causal=False)
     err = np.linalg.norm(np.asarray(out[0]) - ref) / np.linalg.norm(ref)

@@ -27,6 +27,13 @@ def test_section_runs_in_interpret_mode(tmp_path):
     assert json.loads((tmp_path / "backward.json").read_text())["shapes"][0]["S"] == 128
 
 
+def test_method_filter():
+    res = gb.measure(shapes=((1, 128, 1, 64, False),), reps=1, iters=1, interpret=True,
+                     methods=["fp4sim_fp8_bwd_2wg"])
+    assert list(res["shapes"][0]["methods"]) == ["fp4sim_fp8_bwd_2wg"], res
+    assert res["shapes"][0]["methods"]["fp4sim_fp8_bwd_2wg"]["rel_l2_dq"] < 0.12
+
+
 def test_reference_head_grads_match_the_backward_reference():
     rng = np.random.default_rng(0)
     q, k, v, do = (rng.standard_normal((96, 16)) for _ in range(4))
