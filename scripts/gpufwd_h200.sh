@@ -3,7 +3,7 @@
 #   1. python -m fp4sim bench gpu --only attention --attention-core: the 8 shapes (parity shapes
 #      first), only the default FP8 kernel, Direct-P affine, cuDNN bf16 / fp8   (timeout 62 s)
 # The first run's full script (smoke, all variants, ncu, SASS dump) is in git history
-# (commit d69cf2a); its results are in NOTES-gpufwd.md.
+# (commit d69cf2a); the README's "Measured on the H200" has the final figures.
 # Run from the repository root; everything goes under $OUT (default ./gpufwd-out).
 set -u
 OUT=${OUT:-$PWD/gpufwd-out}

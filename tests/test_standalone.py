@@ -1,7 +1,7 @@
 """The repository stands alone: no file refers to a document outside it or uses internal jargon.
 
 Every text file of the repository (README, docs, the package's sources and data notes, the
-report's text, notebooks, scripts, tests; the helpers' ``NOTES-*.md`` excepted) is scanned for
+report's text, notebooks, scripts, tests) is scanned for
 names of documents that are not in the repository and for the project's former internal labels;
 public sources are cited by arXiv id, repository URL or specification instead.
 """
@@ -73,7 +73,7 @@ def _files() -> list[Path]:
         paths = [p for p in ROOT.rglob("*") if ".git" not in p.parts and ".venv" not in p.parts]
     keep = []
     for p in paths:
-        if not p.is_file() or p.name.startswith("NOTES-") or p.suffix not in _TEXT_SUFFIXES:
+        if not p.is_file() or p.suffix not in _TEXT_SUFFIXES:
             continue
         if p.resolve() == Path(__file__).resolve():
             continue
