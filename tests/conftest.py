@@ -6,6 +6,14 @@ import os
 
 import pytest
 
+# Pallas' GPU interpret mode runs each warpgroup as a thread that executes its own XLA:CPU
+# computation, and the warpgroups meet at barriers inside io_callbacks. With async dispatch, the
+# computations wait for the CPU client's worker threads; on a 2-core machine the callbacks
+# blocked at a barrier can hold all of them, and the other warpgroups never start (a deadlock,
+# seen about once in five runs of the kernels' interpret tests). Inline dispatch runs every
+# computation in its own thread. Set before jax creates its CPU client; it changes no result.
+os.environ.setdefault("JAX_CPU_ENABLE_ASYNC_DISPATCH", "false")
+
 # Hypothesis: deterministic in CI, bounded time on 2 cores.
 try:
     from hypothesis import HealthCheck, settings

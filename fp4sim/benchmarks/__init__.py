@@ -21,6 +21,24 @@ def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def median_device_time(fn: Callable[[], object], reps: int, iters: int) -> float:
+    """Median over ``reps`` repetitions of the wall time (s) per call of ``iters`` back-to-back
+    calls of ``fn`` (jax results; one synchronization per repetition). ``fn`` is called once
+    first: compile and warm-up."""
+    import jax
+
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = None
+        for _ in range(iters):
+            out = fn()
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / iters)
+    return statistics.median(times)
+
+
 def options_positive(args: object, names: tuple[str, ...]) -> bool:
     """True if every option ``names`` of ``args`` is >= 1; else print which one (as its
     ``--flag``) to stderr and return False (the suite then exits with status 2)."""

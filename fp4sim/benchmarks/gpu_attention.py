@@ -19,12 +19,13 @@ import functools
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from typing import Any, Callable
 
 import numpy as np
+
+from fp4sim.benchmarks import median_device_time
 
 __all__ = ["add_arguments", "run_section", "measure", "main", "SHAPES"]
 
@@ -73,21 +74,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--attention-iters", type=int, default=10, help="attention: calls per timing repetition"
     )
-
-
-def _timeit(fn: Callable[[], Any], reps: int, iters: int) -> float:
-    import jax
-
-    jax.block_until_ready(fn())  # compile and warm up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = None
-        for _ in range(iters):
-            out = fn()
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / iters)
-    return statistics.median(times)
 
 
 def _reference_rows(
@@ -272,7 +258,7 @@ def measure(
         ) -> None:
             nonlocal ok
             try:
-                sec = _timeit(fn, reps, iters)
+                sec = median_device_time(fn, reps, iters)
                 out = fn()
                 err = _rel_l2(post(out) if post else out, ref, rows)
                 entry["methods"][name] = {
@@ -293,7 +279,7 @@ def measure(
 
         # fp4sim FP8: quantize once (timed separately), then the kernel on quantized operands.
         quant = jax.jit(am.quantize_operands)
-        t_q = _timeit(lambda: quant(q, k, v), reps, iters)
+        t_q = median_device_time(lambda: quant(q, k, v), reps, iters)
         ops = quant(q, k, v)
         entry["fp4sim_quantize_ms"] = t_q * 1e3
         for name, cfg in variants.items():

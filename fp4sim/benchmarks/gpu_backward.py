@@ -20,13 +20,14 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from fp4sim.benchmarks import median_device_time
 
 __all__ = ["add_arguments", "run_section", "measure", "reference_head_grads", "main", "SHAPES"]
 
@@ -73,21 +74,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="backward: measure only these methods (e.g. fp4sim_fp8_bwd "
         "cudnn_bf16_bwd fp4sim_fp8_bwd_2wg); all by default",
     )
-
-
-def _timeit(fn: Callable[[], Any], reps: int, iters: int) -> float:
-    import jax
-
-    jax.block_until_ready(fn())  # compile and warm up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = None
-        for _ in range(iters):
-            out = fn()
-        jax.block_until_ready(out)
-        times.append((time.perf_counter() - t0) / iters)
-    return statistics.median(times)
 
 
 def reference_head_grads(
@@ -346,7 +332,7 @@ def _one_shape(
         if interpret:
             fn = (lambda f: lambda: run_interpreted(f))(fn)
         try:
-            sec = _timeit(fn, reps, iters)
+            sec = median_device_time(fn, reps, iters)
             g = fn()
             g = post(g) if post else g
             errs = [_rel(x[0, :, 0], r) for x, r in zip(g, ref)]
