@@ -10,6 +10,7 @@ bitwise checks on the H200 at larger sizes.
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -296,6 +297,13 @@ def _dequantize(ops):
 # in a grid of several CTAs occasionally deadlocks inside the interpreter (observed 2 of 4 runs;
 # never on the H200), so the tail tile's debug dump is checked with one head and the
 # multi-head GQA case without a debug dump.
+@pytest.mark.skipif(
+    (os.cpu_count() or 1) < 4,
+    reason="deadlocks in Pallas' GPU interpreter on hosts with fewer than 4 CPUs (seen on the "
+    "2-core CI machine, every run: two warpgroup threads wait forever to start their XLA:CPU "
+    "computations while the others are blocked at a barrier inside io_callbacks); runs on "
+    "machines with more cores",
+)
 @pytest.mark.parametrize(
     "hq,debug_step,block_sums",
     [(3, None, True), (1, 2, True), (1, 2, False)],
