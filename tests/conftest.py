@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import os
 
-import jax
 import pytest
-
-# Pallas' GPU interpret mode runs each warpgroup as a thread that executes its own XLA:CPU
-# computation, and the warpgroups meet at barriers inside io_callbacks. With async dispatch, the
-# computations wait for the CPU client's worker threads; on a 2-core machine the callbacks
-# blocked at a barrier can hold all of them, and the other warpgroups never start (a deadlock,
-# seen about once in five runs of the kernels' interpret tests). Inline dispatch runs every
-# computation in its own thread. Set before jax creates its CPU client; it changes no result.
-jax.config.update("jax_cpu_enable_async_dispatch", False)
 
 # Hypothesis: deterministic in CI, bounded time on 2 cores.
 try:
