@@ -81,7 +81,8 @@ def execute_notebook(path: Path, tmp_path: Path, *, timeout: int) -> list[dict]:
     outputs and asserts that nothing was left in the kernel's cwd, TMPDIR or the repository."""
     nbclient = pytest.importorskip("nbclient", reason="nbclient is not installed (dev extra)")
     pytest.importorskip("ipykernel", reason="ipykernel is not installed (dev extra)")
-    import jupytext
+    jupytext = pytest.importorskip("jupytext", reason="jupytext is not installed (dev extra)")
+    import nbformat  # nbclient's dependency
 
     cwd, scratch, home = (tmp_path / d for d in ("cwd", "tmp", "jupyter"))
     for d in (cwd, scratch, home):
@@ -100,6 +101,9 @@ def execute_notebook(path: Path, tmp_path: Path, *, timeout: int) -> list[dict]:
         env["JAX_PLATFORMS"] = "cpu"
     before = _repo_files()
     nb = jupytext.read(path)
+    # a first cell (not the notebook's) tells which interpreter and fp4sim the kernel runs
+    probe = "import sys, fp4sim\nprint(sys.executable, fp4sim.__file__, sep='\\n')"
+    nb.cells.insert(0, nbformat.v4.new_code_cell(probe))
     client = nbclient.NotebookClient(
         nb,
         km=_this_interpreter_kernel(),
@@ -110,6 +114,12 @@ def execute_notebook(path: Path, tmp_path: Path, *, timeout: int) -> list[dict]:
         client.execute(env=env, cwd=str(cwd))
     except nbclient.exceptions.CellExecutionError as exc:
         pytest.fail(f"{path.name} raised in a cell:\n{str(exc)[-4000:]}")
+    import fp4sim
+
+    seen = "".join(o.get("text", "") for o in nb.cells.pop(0).outputs).split("\n")[:2]
+    assert seen == [sys.executable, fp4sim.__file__], (
+        f"the kernel ran {seen}, the test {[sys.executable, fp4sim.__file__]}"
+    )
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     left = sorted(str(p.relative_to(tmp_path)) for d in (cwd, scratch) for p in d.rglob("*"))
     assert not left, f"{path.name} left {left} behind"
