@@ -54,7 +54,11 @@ def _repo_files() -> set[str] | None:
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return set(out.stdout.splitlines()) if out.returncode == 0 else None
+    if out.returncode != 0:
+        return None
+    # bytecode caches are Python's, not a notebook's (the kernel writes none: it runs with
+    # PYTHONDONTWRITEBYTECODE)
+    return {line for line in out.stdout.splitlines() if "__pycache__/" not in line}
 
 
 def _this_interpreter_kernel():
@@ -84,6 +88,8 @@ def execute_notebook(path: Path, tmp_path: Path, *, timeout: int) -> list[dict]:
     jupytext = pytest.importorskip("jupytext", reason="jupytext is not installed (dev extra)")
     import nbformat  # nbclient's dependency
 
+    import fp4sim  # the test's fp4sim: the kernel must import the same
+
     cwd, scratch, home = (tmp_path / d for d in ("cwd", "tmp", "jupyter"))
     for d in (cwd, scratch, home):
         d.mkdir()
@@ -99,7 +105,6 @@ def execute_notebook(path: Path, tmp_path: Path, *, timeout: int) -> list[dict]:
     )
     if path in CPU_NOTEBOOKS:
         env["JAX_PLATFORMS"] = "cpu"
-    before = _repo_files()
     nb = jupytext.read(path)
     # a first cell (not the notebook's) tells which interpreter and fp4sim the kernel runs
     probe = "import sys, fp4sim\nprint(sys.executable, fp4sim.__file__, sep='\\n')"
@@ -110,12 +115,11 @@ def execute_notebook(path: Path, tmp_path: Path, *, timeout: int) -> list[dict]:
         timeout=timeout,
         resources={"metadata": {"path": str(cwd)}},
     )
+    before = _repo_files()
     try:
         client.execute(env=env, cwd=str(cwd))
     except nbclient.exceptions.CellExecutionError as exc:
         pytest.fail(f"{path.name} raised in a cell:\n{str(exc)[-4000:]}")
-    import fp4sim
-
     seen = "".join(o.get("text", "") for o in nb.cells.pop(0).outputs).split("\n")[:2]
     assert seen == [sys.executable, fp4sim.__file__], (
         f"the kernel ran {seen}, the test {[sys.executable, fp4sim.__file__]}"
