@@ -4,8 +4,11 @@ Each figure is made by one named function ``fig_*(fig, sizes)`` that draws on a 
 ``Figure`` from the numbers of the report's experiments (:mod:`fp4sim.report.experiments`, cached
 per size), so a figure and the report's tables always show the same data. :data:`FIGURES` maps a
 figure's name to its function, file name and caption. matplotlib is imported only inside
-:func:`render`, with the non-interactive Agg backend, a fixed style and fixed file names, so
-rendering is deterministic and works without a display; importing fp4sim never loads matplotlib.
+:func:`render` and :func:`draw`. :func:`render` writes a PNG with the non-interactive Agg backend,
+a fixed style and a fixed file name, so rendering is deterministic and works without a display;
+:func:`draw` returns the same figure unsaved, in the current backend (inline in a Jupyter
+notebook: the notebooks show the report's figures this way). Importing fp4sim never loads
+matplotlib.
 This module also holds the ``figures`` command line (:func:`add_arguments`, :func:`run`); it
 writes into ``--out`` or ``./figures``, never into the package.
 
@@ -17,6 +20,7 @@ writes into ``--out`` or ``./figures``, never into the package.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Callable, Sequence
@@ -28,7 +32,7 @@ import numpy as np
 from fp4sim.report import experiments
 from fp4sim.report.sizes import DEFAULT, SIZES
 
-__all__ = ["FigureSpec", "FIGURES", "render", "render_all", "write_index", "DEFAULT_DIR"]
+__all__ = ["FigureSpec", "FIGURES", "draw", "render", "render_all", "write_index", "DEFAULT_DIR"]
 
 DEFAULT_DIR = Path("figures")
 """Where ``python -m fp4sim figures`` writes without ``--out``: ``./figures`` in the working
@@ -73,24 +77,65 @@ _STYLE = {
 }
 
 
-def render(name: str, out_dir: str | Path = DEFAULT_DIR, *, sizes: Any = None) -> Path:
-    """Draw the figure ``name`` at ``sizes`` (default: the report's DEFAULT) into ``out_dir``."""
+def _spec(name: str) -> FigureSpec:
     if name not in FIGURES:
         raise ValueError(f"name={name!r} is not a figure; known: {sorted(FIGURES)}")
+    return FIGURES[name]
+
+
+def _draw(spec: FigureSpec, sizes: Any) -> Any:
+    """``spec`` drawn on a new pyplot figure (call inside the report's style); closed on error."""
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=spec.size, layout="constrained")
+    try:
+        spec.draw(fig, DEFAULT if sizes is None else sizes)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return fig
+
+
+def _style() -> Any:
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    style = contextlib.ExitStack()
+    style.enter_context(plt.style.context("default"))
+    style.enter_context(matplotlib.rc_context(_STYLE))
+    return style
+
+
+def draw(name: str, *, sizes: Any = None) -> Any:
+    """The figure ``name`` at ``sizes`` (default: the report's DEFAULT) as a matplotlib
+    ``Figure``, drawn in the report's style and not saved: the current backend shows it (in a
+    Jupyter notebook, inline at the end of the cell). No backend is switched and no file written;
+    ``matplotlib.pyplot.close(fig)`` releases it."""
+    spec = _spec(name)
+    import matplotlib.pyplot as plt
+
+    # Load pyplot's backend before the style context: loading Jupyter's inline backend turns on
+    # interactive mode (which queues new figures for display), and leaving the style context
+    # would undo that, so that the figures of later cells were never shown.
+    plt.draw_if_interactive()
+    with _style():
+        return _draw(spec, sizes)
+
+
+def render(name: str, out_dir: str | Path = DEFAULT_DIR, *, sizes: Any = None) -> Path:
+    """Draw the figure ``name`` at ``sizes`` (default: the report's DEFAULT) into ``out_dir``."""
+    spec = _spec(name)
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    sizes = DEFAULT if sizes is None else sizes
-    spec = FIGURES[name]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / spec.filename
-    with plt.style.context("default"), matplotlib.rc_context(_STYLE):
-        fig = plt.figure(figsize=spec.size, layout="constrained")
+    with _style():
+        fig = _draw(spec, sizes)
         try:
-            spec.draw(fig, sizes)
             fig.savefig(path, metadata={"Software": None})
         finally:
             plt.close(fig)

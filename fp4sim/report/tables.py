@@ -1,7 +1,9 @@
 """The report's building blocks: :class:`Table`, :class:`Section` and the value formatting.
 
 :func:`format_value` renders one table cell, :func:`percent` a share, :func:`to_jsonable` turns
-the numbers of a section (NumPy scalars and arrays, tuples as keys) into JSON values.
+the numbers of a section (NumPy scalars and arrays, tuples as keys) into JSON values. A
+:class:`Table` shows itself rendered in a Jupyter notebook (``text/markdown``, IPython's rich
+display; the notebooks in ``notebooks/`` show their tables this way) and prints as its Markdown.
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ class Table:
         if self.note:
             parts += ["", self.note]
         return "\n".join(parts)
+
+    def _repr_markdown_(self) -> str:
+        """IPython's rich display: a Jupyter notebook shows the table rendered (``text/markdown``)."""
+        return self.markdown()
+
+    def __str__(self) -> str:
+        """``print(table)`` and ``IPython.display.display`` outside IPython: the Markdown text."""
+        return self.markdown()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
