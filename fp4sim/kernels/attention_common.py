@@ -342,7 +342,7 @@ def build_forward(
                 kv_steps = n_kv
             plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(q_base, bq), head], q_smem, q_bar.at[wg])
             if tc:
-                (qs_smem2, ks_smem, vs_smem, ps_smem2), tmem, mma_bar = tcs
+                (qs_smem2, ks_smem, vs_smem, ps_smem2), tmem, mma_bar, tmem_free = tcs
                 acc_t, qs_t, ks_t, ps_t, vs_t = tmem[wg]  # this warpgroup's TMEM (static wg)
                 qs_smem, ps_smem = qs_smem2.at[wg], ps_smem2.at[wg]
                 plgpu.copy_gmem_to_smem(
@@ -361,6 +361,9 @@ def build_forward(
             plgpu.barrier_wait(q_bar.at[wg])
             if tc:  # Q's scales stay in TMEM for the whole loop
                 plgpu.async_copy_scales_to_tmem(qs_smem, qs_t)
+                # the accumulator region is free: every MMA into it waits for this barrier,
+                # every load from it arrives once all threads' loads have completed
+                plgpu.barrier_arrive(tmem_free.at[wg])
 
             def row_full(value):
                 return plgpu.layout_cast(jnp.full((bq,), value, f32), row_layout)
@@ -390,6 +393,7 @@ def build_forward(
                 def qk_tcgen05():  # Blackwell: block-scaled S = Q·Kᵀ into TMEM
                     s_t = acc_t.at[:, pl.ds(0, bkv)]
                     plgpu.async_copy_scales_to_tmem(ks_smem.at[slot], ks_t)
+                    plgpu.barrier_wait(tmem_free.at[wg])  # the last P·V tile has been read
                     plgpu.tcgen05_mma(
                         s_t,
                         q_smem,
@@ -403,6 +407,7 @@ def build_forward(
                     schedule_barrier()
                     s = plgpu.async_load_tmem(s_t, layout=wgmma_layout)
                     plgpu.wait_load_tmem()
+                    plgpu.barrier_arrive(tmem_free.at[wg])
                     return s
 
                 if tc:
@@ -472,6 +477,7 @@ def build_forward(
                     o_t = acc_t.at[:, pl.ds(0, dv)]
                     plgpu.async_copy_scales_to_tmem(ps_smem, ps_t)
                     plgpu.async_copy_scales_to_tmem(vs_smem.at[slot], vs_t)
+                    plgpu.barrier_wait(tmem_free.at[wg])  # S has been read by every thread
                     plgpu.tcgen05_mma(
                         o_t,
                         p_smem,
@@ -490,6 +496,7 @@ def build_forward(
 
                     out = plgpu.async_load_tmem(o_t, layout=wgmma_layout)
                     plgpu.wait_load_tmem()
+                    plgpu.barrier_arrive(tmem_free.at[wg])
                     return out
 
                 if tc:
@@ -662,7 +669,8 @@ def build_forward(
                     )
                     for _ in range(2)
                 ),
-                plgpu.Barrier(num_barriers=2, orders_tensor_core=True),
+                plgpu.Barrier(num_barriers=2, orders_tensor_core=True),  # MMA done
+                plgpu.Barrier(num_barriers=2, orders_tensor_core=True),  # TMEM read
             )
         pl.run_scoped(
             lambda *args: kernel(

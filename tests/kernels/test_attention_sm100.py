@@ -81,7 +81,15 @@ def test_cross_lowers_and_assembles_for_sm100a(case):
         re.search(r"kind::\S+", s.asm).group(0) for s in snippets if s.mnemonic == "tcgen05.mma"
     }
     assert kinds == KINDS[cfg.route], kinds
-    for needed in ("tcgen05.cp", "tcgen05.ld", "tcgen05.wait::ld", "tcgen05.alloc"):
+    for needed in (
+        "tcgen05.cp",
+        "tcgen05.ld",
+        "tcgen05.wait::ld",
+        "tcgen05.alloc",
+        # the TMEM reuse protocol: loads signal before the next MMA into the region
+        "tcgen05.fence::before_thread_sync",
+        "tcgen05.fence::after_thread_sync",
+    ):
         assert any(s.mnemonic == needed for s in snippets), needed
     assert any(s.mnemonic == "tcgen05.dealloc" for s in snippets)
     res = ptx_check.assemble(snippets, Arch.SM100A)
@@ -100,6 +108,60 @@ def test_p_scale_word_index_is_the_tmem_copy_layout():
     rows = np.arange(128)
     packed = codes.astype(np.uint32) << (8 * np.arange(4, dtype=np.uint32))
     assert np.array_equal(words[(rows % 32) * 4 + rows // 32], packed.sum(axis=1))
+
+
+def _p_scale_store_kernel(layout):
+    """A one-warpgroup kernel storing row r's codes ``(4r + b) & 0xFF`` (b = 0..3) with the
+    attention body's P-scale store, in ``layout``'s row layout; returns the SMEM tile."""
+    import jax
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from fp4sim.kernels.attention_common import _store_p_scale_words
+
+    def body(o_ref, smem):
+        rows = plgpu.broadcasted_iota(jnp.int32, (128, 8), 0, layout=layout).max(axis=1)
+        word = (rows * 4) & 0xFF
+        for b in range(1, 4):
+            word = word | (((rows * 4 + b) & 0xFF) << (8 * b))
+        _store_p_scale_words(word, smem, layout.reduce(1))
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(smem, o_ref)
+        plgpu.wait_smem_to_gmem(0)
+
+    return plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((1, 1, 32, 16), jnp.uint8),
+        scratch_types=[plgpu.SMEM((1, 1, 32, 16), jnp.uint8)],
+    )
+
+
+def _p_scale_want():
+    codes = (4 * np.arange(128)[:, None] + np.arange(4)[None, :]) & 0xFF
+    return layouts.to_mosaic_tmem(codes.astype(np.uint8))
+
+
+@pytest.mark.parametrize("arch", [Arch.SM90A, Arch.SM100A], ids=lambda a: a.name)
+def test_p_scale_store_kernel_lowers(arch):
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    from fp4sim.kernels.harness import cross_lower
+
+    layout = plgpu.Layout.TCGEN05 if arch is Arch.SM100A else plgpu.Layout.WGMMA
+    text = cross_lower(lambda: _p_scale_store_kernel(layout)(), arch=arch)
+    assert "mosaic_gpu" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif((device_arch() or (0, 0))[0] not in (9, 10), reason="needs sm_90 or sm_100")
+def test_p_scale_store_on_gpu():
+    """The permuted per-thread store on the hardware (the same code on Hopper, where it runs
+    with the WGMMA row layout, as on Blackwell with the TCGEN05 one)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    blackwell = device_arch()[0] == 10
+    layout = plgpu.Layout.TCGEN05 if blackwell else plgpu.Layout.WGMMA
+    got = np.asarray(_p_scale_store_kernel(layout)())
+    assert np.array_equal(got, _p_scale_want())
 
 
 @pytest.mark.parametrize("route", list(BlackwellRoute))
