@@ -75,6 +75,8 @@ __all__ = [
     "attention_sm100_prepared",
     "kernel_avals",
     "kernel_function",
+    "tile_math",
+    "div6_rn",
 ]
 
 _LOG2E = float.fromhex("0x1.71547652b82fep+0")
@@ -356,36 +358,45 @@ def kernel_avals(cfg: BlackwellAttentionConfig, b: int, t: int, hq: int, hkv: in
     )
 
 
-def kernel_function(
-    q_shape: tuple,
-    k_shape: tuple,
-    d: int,
-    kv_len: int,
-    softmax_scale: float,
-    cfg: BlackwellAttentionConfig,
-) -> Any:
-    """The kernel as a function of the six :class:`BlackwellOperands` arrays (padded shapes
-    ``q_shape``, ``k_shape``; ``d`` V's head dimension, ``kv_len`` real keys)."""
+def div6_rn(x: Any) -> Any:
+    """float32 ``x / 6`` correctly rounded for the Direct-P payload sums (``x`` a multiple of
+    1/2 in [0, 192]), without a division (Mosaic GPU's approximate one, and XLA's reciprocal
+    rewrite, are not correctly rounded): ``q = fl(x·fl(1/6))`` is within one unit ``u`` of
+    ``x/6``; the remainder ``r = (x − 4q) − 2q`` is exact (both subtractions are of numbers within
+    a factor 2, Sterbenz) and ``|x/6 − q| ≤ u/2 ⟺ |r| ≤ 3u`` moves q by one unit where needed
+    (no ties: ``x/6 = n/12`` is either exact or non-terminating in binary)."""
     import jax.numpy as jnp
     from jax import lax
 
-    from fp4sim.kernels.attention_common import (
-        BlockScaledMma,
-        StepResult,
-        TileMath,
-        build_forward,
+    # the select keeps the product rounded: it cannot be contracted into the subtractions
+    q = jnp.where(x == 0.0, 0.0, x * float(np.float32(1.0 / 6.0)))
+    r = (x - 4.0 * q) - 2.0 * q
+    bits = lax.bitcast_convert_type(q, jnp.int32)
+    unit = lax.bitcast_convert_type(
+        jnp.maximum((bits & 0x7F800000) - (23 << 23), 1 << 23), jnp.float32
     )
+    return jnp.where(r > 3.0 * unit, q + unit, jnp.where(r < -3.0 * unit, q - unit, q))
+
+
+def tile_math(cfg: BlackwellAttentionConfig, softmax_scale: float) -> Any:
+    """The per-tile numerics of the route (a :class:`~fp4sim.kernels.attention_common.TileMath`
+    on 128 x 128 tiles): written with jnp operations only (plus ``ctx.key_iota``), so the same
+    functions run inside the kernel and, on plain arrays, in the CPU tests, where their P codes,
+    P scale codes and tile normalizer are compared bit for bit with the emulator's."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    from fp4sim.kernels.attention_common import StepResult, TileMath
     from fp4sim.kernels.attention_common import pow2_f32 as _pow2_f32
     from fp4sim.kernels.attention_directp_mgpu import directp_payload
     from fp4sim.kernels.attention_mgpu import exact_e4m3_exp2
 
     if not isinstance(cfg, BlackwellAttentionConfig):
         raise TypeError(f"cfg={cfg!r} must be a BlackwellAttentionConfig")
-    elem, qk_scale, blk = _dtypes(cfg)
+    elem, _, _ = _dtypes(cfg)
     bq = bkv = _BLOCK
     nb = bkv // 32
     c = float(np.float32(softmax_scale * _LOG2E))
-    f32 = jnp.float32
     bc_row = lambda x: lax.broadcast_in_dim(x, (bq, bkv), [0])  # noqa: E731
     block_of = lambda ctx: lax.shift_right_logical(ctx.key_iota(), 5)  # noqa: E731
 
@@ -438,9 +449,9 @@ def kernel_function(
     def step_directp(ctx, m_i, state):
         m_new, q, ks, _ = directp_payload(ctx, m_i, c, cfg.recipe.converter, bq, bkv)
         sums = block_sums(q, block_of(ctx))  # exact: at most 32 E2M1 payloads
-        l_tile = scaled(ftz(sums[0] / 6.0), ks[0])
+        l_tile = scaled(div6_rn(sums[0]), ks[0])  # the emulator's fl(fl(Σq / 6)·2^k_B)
         for b in range(1, nb):
-            l_tile = ftz(l_tile + scaled(ftz(sums[b] / 6.0), ks[b]))
+            l_tile = ftz(l_tile + scaled(div6_rn(sums[b]), ks[b]))
         return StepResult(
             p=q.astype(elem),
             l_tile=l_tile,
@@ -466,22 +477,38 @@ def kernel_function(
         lse = jnp.where(pos, m_i + jnp.log2(l_safe), -jnp.inf)
         return out, lse
 
-    run = build_forward(
+    return TileMath(step=step_directp if cfg.fp4 else step_mxfp8, finish=finish, n_debug=1)
+
+
+def kernel_function(
+    q_shape: tuple,
+    k_shape: tuple,
+    d: int,
+    kv_len: int,
+    softmax_scale: float,
+    cfg: BlackwellAttentionConfig,
+) -> Any:
+    """The kernel as a function of the six :class:`BlackwellOperands` arrays (padded shapes
+    ``q_shape``, ``k_shape``; ``d`` V's head dimension, ``kv_len`` real keys)."""
+    from fp4sim.kernels.attention_common import BlockScaledMma, build_forward
+
+    if not isinstance(cfg, BlackwellAttentionConfig):
+        raise TypeError(f"cfg={cfg!r} must be a BlackwellAttentionConfig")
+    elem, qk_scale, blk = _dtypes(cfg)
+    return build_forward(
         q_shape=q_shape,
         k_shape=k_shape,
         in_dtype=elem,
         p_dtype=elem,
         out_dtype=cfg.out_type.dtype,
-        block_q=bq,
-        block_kv=bkv,
+        block_q=_BLOCK,
+        block_kv=_BLOCK,
         max_concurrent_steps=cfg.max_concurrent_steps,
         causal=cfg.causal,
         n_columns=0,
         row_input=False,
-        math=TileMath(step=step_directp if cfg.fp4 else step_mxfp8, finish=finish, n_debug=1),
+        math=tile_math(cfg, softmax_scale),
         debug_step=None,
         kv_len=kv_len,
         mma=BlockScaledMma(qk_scale=np.dtype(qk_scale), qk_block=blk, v_dim=d),
     )
-    del f32
-    return run

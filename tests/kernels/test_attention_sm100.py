@@ -204,6 +204,67 @@ def test_prepare_operands_reinterprets_the_emulator_quantizers(route, d):
     assert np.array_equal(np.asarray(ops.v_scales.view(jnp.uint8)), layouts.to_mosaic_tmem(want_vs))
 
 
+@pytest.mark.parametrize(
+    "recipe",
+    [r.FLAMIA_MXFP8, r.HW_FP4_DIRECT_P, r.HW_FP4_DIRECT_P_MITCHELL],
+    ids=lambda x: x.qk.name + "-" + type(x.converter).__name__,
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_tile_math_matches_the_emulator_bitwise(recipe, causal):
+    """The kernels' per-tile numerics (the same functions the kernel traces), run on plain
+    arrays under jit on the CPU from the tcgen05 scores of one 128 x 128 tile: P codes, P scale
+    codes, the running max and the tile normalizer equal the emulator's
+    (``accumulation=TCGEN05``) bit for bit."""
+    import jax
+
+    from fp4sim.formats.matmul import Accumulation, scaled_matmul
+    from fp4sim.kernels.attention_common import StepContext
+    from fp4sim.kernels.attention_sm100 import tile_math
+
+    route = BlackwellRoute.MXFP8 if recipe.qk is r.QKFormat.MXFP8 else BlackwellRoute.DIRECT_P_FP4
+    cfg = BlackwellAttentionConfig(route=route, recipe=recipe)
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 128, 128)).astype(np.float32) for _ in range(3))
+    q *= 3.0
+    it = fw.attention_forward(
+        q,
+        k,
+        v,
+        recipe,
+        causal=causal,
+        accumulation=fw.ForwardAccumulation.TCGEN05,
+        return_intermediates=True,
+    ).intermediates
+    z = scaled_matmul(it.q.quantized, it.k.quantized, accumulation=Accumulation.TCGEN05)[0]
+    math = tile_math(cfg, 1 / np.sqrt(128))
+
+    def step(s):
+        iota = jnp.broadcast_to(jnp.arange(128, dtype=jnp.int32)[None, :], (128, 128))
+        rows = jnp.arange(128, dtype=jnp.int32)[:, None]
+        visible = (rows >= iota) if causal else None
+        ctx = StepContext(s, None, None, visible, None, 0, lambda: iota)
+        res = math.step(ctx, jnp.full((128,), -jnp.inf, jnp.float32), ())
+        return res.p.astype(jnp.float32), jnp.stack(res.p_scales, 1), res.m, res.l_tile
+
+    p, ps, m, l_tile = (np.asarray(x) for x in jax.jit(step)(jnp.asarray(z)))
+    elem = E2M1 if cfg.fp4 else E4M3
+    assert np.array_equal(p, decode(np.asarray(it.p_codes[0]), elem))
+    assert np.array_equal(ps, np.asarray(it.p_scales[0]).astype(np.int32))
+    assert np.array_equal(m.view(np.uint32), np.asarray(it.anchors[0, :, 0]).view(np.uint32))
+    assert np.array_equal(l_tile.view(np.uint32), np.asarray(it.normalizer[0]).view(np.uint32))
+
+
+def test_div6_rn_is_correctly_rounded_on_every_payload_sum():
+    import jax
+
+    from fp4sim.kernels.attention_sm100 import div6_rn
+
+    x = (np.arange(385) / 2).astype(np.float32)  # every block sum of 32 E2M1 payloads
+    got = np.asarray(jax.jit(div6_rn)(jnp.asarray(x)))
+    want = (x.astype(np.float64) / 6).astype(np.float32)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="qk must be MXFP8"):
         BlackwellAttentionConfig(route=BlackwellRoute.MXFP8, recipe=r.HW_FP4_DIRECT_P)
