@@ -155,11 +155,9 @@ class BlackwellAttentionConfig:
             raise TypeError(
                 f"BlackwellAttentionConfig.out_type={self.out_type!r} must be an OutType"
             )
-        m = self.max_concurrent_steps
-        if isinstance(m, bool) or not isinstance(m, int) or m < 2:
-            raise ValueError(
-                f"BlackwellAttentionConfig.max_concurrent_steps={m!r} must be an int >= 2"
-            )
+        _checks.check_int(
+            "BlackwellAttentionConfig", "max_concurrent_steps", self.max_concurrent_steps, 2
+        )
 
     @property
     def fp4(self) -> bool:
