@@ -64,6 +64,16 @@ gives NaN scores). Masks:
 (packed documents) let query i see key j iff their ids are equal. Keys are padded with masked
 zero keys up to a multiple of ``block_kv``.
 
+Accumulation (``accumulation=``:class:`~fp4sim.attention.recipe.ForwardAccumulation`): steps 1
+and 4 above are ``SEQUENTIAL`` (the default, what the Hopper kernels' tile math follows).
+``TCGEN05`` replaces them by Blackwell's block-scaled ``tcgen05.mma`` (:mod:`fp4sim.formats.mma`):
+the scores are one instruction chain over the head dim per (query, key) with the Q/K block scales
+inside the instructions (per-token factors after), and each tile's P·V is one chain over the
+tile's keys from a zero accumulator (P's and V's block scales inside), added to ``A`` as above;
+the rest of the forward is unchanged. It is what fp4sim's sm_100a attention bodies
+(:mod:`fp4sim.kernels.attention_sm100`) issue; :func:`check_tcgen05_recipe` says which recipes
+have such products.
+
 For the backward (:mod:`fp4sim.attention.backward`), ``return_intermediates=True`` returns the
 quantized operands, the anchor ``m'`` of every tile, P codes/scales/block exponents, and the
 final numerator and normalizer; :func:`scores` and :func:`log2_scores` rebuild a tile's ``t``
