@@ -99,6 +99,33 @@ def test_cross_lowers_and_assembles_for_sm100a(case):
     assert not bad.ok and "tcgen05" in bad.log
 
 
+@pytest.mark.parametrize(
+    ("route", "causal", "d", "t", "s"),
+    [
+        (BlackwellRoute.MXFP8, True, 64, 300, 300),
+        (BlackwellRoute.DIRECT_P_FP4, False, 128, 200, 330),
+    ],
+    ids=["mxfp8-causal-d64-T300", "directp-d128-T200-S330"],
+)
+def test_whole_entry_point_cross_lowers_for_sm100a(route, causal, d, t, s):
+    """``attention_sm100`` end to end (quantizers, layouts, padding, the kernel, the crop):
+    the operands ``prepare_operands`` makes are the ones the kernel takes."""
+    import jax
+
+    from fp4sim.kernels.harness import cross_lower
+
+    cfg = BlackwellAttentionConfig(route=route, causal=causal)
+    sds = jax.ShapeDtypeStruct
+    text = cross_lower(
+        lambda q, k, v: attention_sm100(q, k, v, config=cfg),
+        sds((1, t, 2, d), jnp.float32),
+        sds((1, s, 1, d), jnp.float32),
+        sds((1, s, 1, d), jnp.float32),
+        arch=Arch.SM100A,
+    )
+    assert "mosaic_gpu" in text
+
+
 def test_p_scale_word_index_is_the_tmem_copy_layout():
     """The kernel stores row r's four E8M0 codes (block 0 in the low byte) as the 32-bit word
     ``(r % 32)·4 + r // 32`` of the P scale tile (attention_common._store_p_scale_words): that
