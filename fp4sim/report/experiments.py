@@ -265,30 +265,30 @@ def experiment_normalization_examples() -> dict[str, Any]:
 @functools.cache
 def experiment_normalization_routes(sizes: Sizes) -> dict[str, Any]:
     """The Direct-P routes (affine and Mitchell) with only the normalizer changed, on the largest
-    Gaussian shape of the route-error sweep."""
+    Gaussian shape of the route-error sweep, on every seed of :attr:`Sizes.seed_values` (means
+    and :func:`over_seeds` spreads of :data:`ERROR_METRICS`)."""
     from fp4sim.attention import (
         HW_FP4_DIRECT_P,
         HW_FP4_DIRECT_P_MITCHELL,
         Normalization,
         attention_forward,
         attention_reference,
-        error_summary,
     )
 
     s = sizes.seq_lens[-1]
-    q, k, v = gaussian_qkv(s, sizes.head_dim, sizes.seed + s)
-    ref = attention_reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64)).out
-    out = {}
-    for name, recipe in (
-        ("hw_fp4_direct_p", HW_FP4_DIRECT_P),
-        ("hw_fp4_direct_p_mitchell", HW_FP4_DIRECT_P_MITCHELL),
-    ):
-        for norm in (Normalization.CONSISTENT, Normalization.MISMATCHED):
-            e = error_summary(
-                attention_forward(q, k, v, recipe.replace(normalization=norm)).out, ref
-            )
-            out[f"{name}/{norm.name}"] = {"cosine": float(e.cosine), "rel_l2": float(e.rel_l2)}
-    return {"seq_len": s, "errors": out}
+    per_seed: dict[str, list[dict[str, float]]] = {}
+    for seed in sizes.seed_values:
+        q, k, v = gaussian_qkv(s, sizes.head_dim, seed + s)
+        ref = attention_reference(*(a.astype(np.float64) for a in (q, k, v))).out
+        for name, recipe in (
+            ("hw_fp4_direct_p", HW_FP4_DIRECT_P),
+            ("hw_fp4_direct_p_mitchell", HW_FP4_DIRECT_P_MITCHELL),
+        ):
+            for norm in (Normalization.CONSISTENT, Normalization.MISMATCHED):
+                out = attention_forward(q, k, v, recipe.replace(normalization=norm)).out
+                per_seed.setdefault(f"{name}/{norm.name}", []).append(output_errors(out, ref))
+    errors = {key: over_seeds(m) for key, m in per_seed.items()}
+    return {"seq_len": s, "errors": errors, "seeds": list(sizes.seed_values)}
 
 
 # --- converters: code maps and code-match rates -----------------------------------------------------

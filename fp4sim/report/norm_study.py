@@ -20,7 +20,8 @@ and the inputs' statistics (:class:`InputCondition`: score spread, keys correlat
 V with a nonzero mean, an attention-sink key) — and the score spread crossed with three routes.
 Every case runs on each seed of :attr:`~fp4sim.report.sizes.Sizes.seed_values`
 (:attr:`~fp4sim.report.sizes.Sizes.study_seq_len` tokens, ``head_dim``), through the library's
-public ``attention_forward`` against the float64 ``attention_reference``.
+public ``attention_forward`` against the float64 ``attention_reference`` (NumPy, one case after
+another; ``reproduce --devices`` does not map this study).
 
 >>> from fp4sim.report import norm_study
 >>> [round(r, 3) for r in norm_study.implied_norm_ratios(0.944, 0.3366)]
