@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "show_progress",
+    "progress_enabled",
     "experiment_formats",
     "experiment_scale_rules",
     "experiment_exp2",
@@ -63,6 +64,11 @@ _PROGRESS = [False]  # inner progress bars of the long experiments
 def show_progress(enabled: bool) -> None:
     """Switch the inner progress bars of the long experiments on or off (``reproduce`` does)."""
     _PROGRESS[0] = bool(enabled)
+
+
+def progress_enabled() -> bool:
+    """Whether the inner progress bars are on (:func:`show_progress`)."""
+    return _PROGRESS[0]
 
 
 _DEVICES: list[Any] = []  # the devices the sweeps are mapped over (reproduce --devices)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fp4sim.report.claims import EXPECTED
-from fp4sim.report.experiments import _PROGRESS, gaussian_qkv, output_errors, over_seeds
+from fp4sim.report.experiments import gaussian_qkv, output_errors, over_seeds, progress_enabled
 from fp4sim.report.sizes import Sizes
 
 if TYPE_CHECKING:
@@ -321,7 +321,7 @@ def experiment_direct_p_norm(sizes: Sizes) -> dict[str, Any]:
         total=len(cases) * sizes.seeds,
         desc="Direct-P norm study",
         leave=False,
-        disable=not _PROGRESS[0],
+        disable=not progress_enabled(),
         file=sys.stderr,
     ) as bar:
         for seed in sizes.seed_values:
