@@ -38,6 +38,11 @@ def test_writes_every_section_table_and_figure(quick_run):
             assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
             assert f"figures/{FIGURES[fig].filename}" in text
     assert "| NaN |" not in text and "| NaN" not in text, "a NaN leaked into a table of the report"
+    import re
+
+    headings = {report.anchor(h) for h in re.findall(r"^## (.+)$", text, flags=re.M)}
+    links = set(re.findall(r"\]\(#([^)]+)\)", text))
+    assert links and links <= headings, f"links to no heading: {links - headings}"
 
 
 _SIZES_OK = dict(

@@ -30,7 +30,7 @@ from fp4sim.report.experiments import (
     experiment_scale_rules,
 )
 from fp4sim.report.sizes import Sizes
-from fp4sim.report.tables import Section, Table, format_spread, percent
+from fp4sim.report.tables import Section, Table, format_spread, percent, section_link
 
 __all__ = [
     "section_formats",
@@ -47,6 +47,11 @@ __all__ = [
     "section_disagreements",
     "SECTIONS",
 ]
+
+
+CODE_MATCH_TITLE = "Converters: code maps and code-match rates"
+ROUTE_ERRORS_TITLE = "Error of each published route against exact attention"
+NORM_STUDY_TITLE = "Direct-P: why the cosine matches and the relative L2 does not"
 
 
 def _seeds_text(sizes: Sizes) -> str:
@@ -313,8 +318,7 @@ def section_normalization(sizes: Sizes) -> Section:
                 rows=route_rows,
                 source=f"{cite('HW-FP4 FA4')}: Direct-P uses the consistent normalizer (a convex "
                 "combination that keeps a constant V exact); the paper compares no normalizers "
-                '(the section "Direct-P: why the cosine matches and the relative L2 does not" '
-                "explains the norm ratio).",
+                f"({section_link(NORM_STUDY_TITLE)} explains the norm ratio).",
             ),
             Table(
                 title="Flush-to-zero and the order of the block denominator",
@@ -366,7 +370,7 @@ def section_code_match(sizes: Sizes) -> Section:
     )
     return Section(
         key="code_match",
-        title="Converters: code maps and code-match rates",
+        title=CODE_MATCH_TITLE,
         intro=f"Grid: {sizes.grid_points} points uniform on [−6, log2 6) in the Direct-P coordinate x "
         "(`direct_p_payload` of each converter against the exact one). Attention-like: "
         f"{sizes.attn_rows} rows × {sizes.attn_keys} keys of Gaussian Q·Kᵀ/√{sizes.head_dim}, "
@@ -459,7 +463,7 @@ def section_route_errors(sizes: Sizes) -> Section:
     )
     return Section(
         key="route_errors",
-        title="Error of each published route against exact attention",
+        title=ROUTE_ERRORS_TITLE,
         intro=f"One head, Q, K, V standard normal (D = {sizes.head_dim}), softmax scale 1/√D, non-causal; "
         "each preset of `fp4sim.attention.PRESETS` through the tiled forward emulator "
         "(`attention_forward`, NumPy) against the float64 reference (`attention_reference`); "
@@ -575,7 +579,7 @@ def section_direct_p_norm(sizes: Sizes) -> Section:
     intro = (
         f"{cite('HW-FP4 FA4')} reports relative L2 error {art['rel_l2']} at cosine ≈ {art['cosine']} "
         "for its Direct-P affine forward; fp4sim's preset matches the cosine but not the L2 error "
-        '(section "Error of each published route"). The two measures are tied by an identity: '
+        f"({section_link(ROUTE_ERRORS_TITLE)}). The two measures are tied by an identity: "
         "with the norm ratio r = ‖O‖ / ‖O_ref‖, ‖O − O_ref‖² / ‖O_ref‖² = r² − 2r·cos + 1, i.e. "
         "**rel-L2² = (1 − r)² + 2r·(1 − cos)**. The cosine ignores the length of O, the L2 error "
         "does not: a norm bias inflates the L2 error and leaves the cosine alone. Solved for r, "
@@ -647,7 +651,7 @@ def section_direct_p_norm(sizes: Sizes) -> Section:
     )
     return Section(
         key="direct_p_norm",
-        title="Direct-P: why the cosine matches and the relative L2 does not",
+        title=NORM_STUDY_TITLE,
         intro=intro,
         tables=(
             Table(
@@ -873,7 +877,7 @@ def section_disagreements(sizes: Sizes) -> Section:
             claim["affine"],
             cm["grid"]["affine"],
             0.001,
-            "Converters",
+            CODE_MATCH_TITLE,
         ),
         (
             "code match, Mitchell-P (uniform x)",
@@ -881,7 +885,7 @@ def section_disagreements(sizes: Sizes) -> Section:
             claim["mitchell_boundary"],
             cm["grid"]["mitchell_boundary"],
             0.001,
-            "Converters",
+            CODE_MATCH_TITLE,
         ),
         (
             "Direct-P cosine vs exact",
@@ -889,7 +893,7 @@ def section_disagreements(sizes: Sizes) -> Section:
             EXPECTED["direct_p_article"]["cosine"],
             dp["cosine"],
             0.003,
-            "Error of each published route",
+            ROUTE_ERRORS_TITLE,
         ),
         (
             "Direct-P relative L2 vs exact",
@@ -897,7 +901,7 @@ def section_disagreements(sizes: Sizes) -> Section:
             EXPECTED["direct_p_article"]["rel_l2"],
             dp["rel_l2"],
             0.02,
-            "Direct-P: why the cosine matches",
+            NORM_STUDY_TITLE,
         ),
         *(
             (
@@ -906,13 +910,21 @@ def section_disagreements(sizes: Sizes) -> Section:
                 pub,
                 re_["by_len"][name][big]["cosine"],
                 0.003,
-                "Error of each published route",
+                ROUTE_ERRORS_TITLE,
             )
             for name, pub in (("hao_log_nvfp4", 0.9817), ("hao_log_mxfp8", 0.9985))
         ),
     ]
     rows = [
-        (what, cite(src), pub, f"{got:.4f}", f"± {tol:g}", abs(got - pub) <= tol, where)
+        (
+            what,
+            cite(src),
+            pub,
+            f"{got:.4f}",
+            f"± {tol:g}",
+            abs(got - pub) <= tol,
+            section_link(where),
+        )
         for what, src, pub, got, tol, where in checks
     ]
     agree = [r for r in rows if r[5]]
@@ -973,8 +985,7 @@ def section_disagreements(sizes: Sizes) -> Section:
         "shrinks on peaked rows, where fp4sim comes close to the article's pair (closest case: "
         f"{best['setting']}, rel-L2 {best['rel_l2']:.4f}, cosine {best['cosine']:.4f}) but "
         "the Q/K quantization dominates the error, and partly with an exact-sum denominator "
-        f"(rel-L2 {mism['rel_l2']:.4f}); see the section "
-        '"Direct-P: why the cosine matches and the relative L2 does not". *Does it matter?* '
+        f"(rel-L2 {mism['rel_l2']:.4f}); see {section_link(NORM_STUDY_TITLE)}. *Does it matter?* "
         "For comparing error numbers across papers, yes: the L2 error of this route depends on "
         "the score spread of the test inputs far more than its cosine does, so the inputs must "
         "be stated with it. "

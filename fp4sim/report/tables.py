@@ -4,7 +4,8 @@
 the numbers of a section (NumPy scalars and arrays, tuples as keys) into JSON values.
 :func:`spread` summarizes one number measured over several seeds (mean, standard deviation,
 min, max and the per-seed values, as ``results.json`` records them) and :func:`format_spread`
-renders it as ``mean ± std``.
+renders it as ``mean ± std``. :func:`anchor` is a section title's Markdown anchor and
+:func:`section_link` a link to it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ __all__ = [
     "spread",
     "format_spread",
     "to_jsonable",
+    "anchor",
+    "section_link",
 ]
 
 
@@ -129,3 +132,15 @@ def to_jsonable(v: Any) -> Any:
     if isinstance(v, np.ndarray):
         return to_jsonable(v.tolist())
     return v
+
+
+def anchor(title: str) -> str:
+    """The Markdown anchor of a heading: lower case, spaces and hyphens to ``-``, other
+    punctuation dropped."""
+    keep = [c.lower() if c.isalnum() else "-" if c in " -" else "" for c in title]
+    return "".join(keep)
+
+
+def section_link(title: str) -> str:
+    """``[title](#anchor)``: a link to the report's section called ``title``."""
+    return f"[{title}](#{anchor(title)})"
