@@ -234,6 +234,23 @@ def test_study_inputs():
         study_qkv(n, d, seed, {"score_scale": 2.0})
 
 
+def test_weight_norm_ratio():
+    from fp4sim.report.norm_study import WEIGHT_ROWS, weight_norm_ratio
+
+    n, d = 256, 64
+    q, k, v = report.gaussian_qkv(n, d, 3)
+    ref = fp4sim.attention_reference(*(a.astype(np.float64) for a in (q, k, v)))
+    # float32 attention: the weights are the exact ones up to float32 rounding
+    assert abs(weight_norm_ratio(q, k, fp4sim.attention.EXACT_F32, ref.probs) - 1) < 1e-5
+    # MXFP4 V holds the identity exactly, so the preset's output rows are its normalized weights
+    preset = fp4sim.attention.PRESETS["hw_fp4_direct_p"]
+    eye = np.eye(n, dtype=np.float32)[None]
+    w = fp4sim.attention_forward(q[:, :WEIGHT_ROWS], k, eye, preset).out
+    assert np.all(w >= 0) and np.allclose(w.sum(-1), 1, atol=1e-5)
+    want = np.sqrt(np.sum(w.astype(np.float64) ** 2) / np.sum(ref.probs[0, :WEIGHT_ROWS] ** 2))
+    assert weight_norm_ratio(q, k, preset, ref.probs) == float(want) > 1.1
+
+
 def test_study_cases_cover_every_factor():
     from fp4sim.report.norm_study import SWEEP_ROUTES, StudyFactor, study_cases
 

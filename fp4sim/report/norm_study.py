@@ -57,6 +57,8 @@ __all__ = [
     "study_qkv",
     "study_scales",
     "study_cases",
+    "WEIGHT_ROWS",
+    "weight_norm_ratio",
     "implied_norm_ratios",
     "article_norm_ratio_band",
     "experiment_direct_p_norm",
@@ -292,18 +294,43 @@ def article_norm_ratio_band() -> dict[str, Any]:
 # --- the experiment ---------------------------------------------------------------------------------
 
 
-def _case_metrics(out: Any, lse: Any, ref: Any) -> dict[str, float]:
+WEIGHT_ROWS = 64
+"""Query rows whose normalized represented weights :func:`weight_norm_ratio` reads."""
+
+
+def weight_norm_ratio(q: Any, k: Any, recipe: AttentionRecipe, probs: Any) -> float:
+    """The norm ratio the represented weights alone predict for V of zero mean, independent of
+    the scores: ``√(Σ_ij w̃_ij² / Σ_ij w_ij²)`` over the first :data:`WEIGHT_ROWS` query rows,
+    with ``w̃_i`` the route's normalized weights of row i (its forward with V the identity
+    matrix, which MXFP4 V represents exactly — one 1 per 32-token block and column, amplitude 1,
+    payload 6 — so row i of the output is ``w̃_i``; rows are independent, so a subset of the
+    queries gives the same rows) and ``w_i`` the exact ones (``probs``, float64)."""
+    from fp4sim.attention import VFormat, attention_forward
+
+    q = np.asarray(q)[..., :WEIGHT_ROWS, :]
+    n = np.asarray(k).shape[-2]
+    eye = np.eye(n, dtype=np.float32)[None]
+    wt = np.asarray(attention_forward(q, k, eye, recipe.replace(v=VFormat.MXFP4_TOKENS)).out)
+    w = np.asarray(probs, dtype=np.float64)[..., : q.shape[-2], :]
+    return float(np.sqrt(np.sum(wt.astype(np.float64) ** 2) / np.sum(w**2)))
+
+
+def _case_metrics(
+    out: Any, lse: Any, ref: Any, q: Any, k: Any, recipe: AttentionRecipe
+) -> dict[str, float]:
     m = output_errors(out, ref.out)
     # the route's softmax normalizer over the exact one, per row (LSE is its natural log)
     ratio = np.exp(np.asarray(lse, dtype=np.float64) - np.asarray(ref.lse, dtype=np.float64))
     m["normalizer_ratio"] = float(np.mean(ratio))
+    m["weight_norm_ratio"] = weight_norm_ratio(q, k, recipe, ref.probs)
     return m
 
 
 @functools.cache
 def experiment_direct_p_norm(sizes: Sizes) -> dict[str, Any]:
-    """Cosine, relative L2 error, norm ratio ‖O‖/‖O_ref‖ and normalizer ratio (route's softmax
-    denominator over the exact one, mean over rows) of every case of :func:`study_cases`, on
+    """Cosine, relative L2 error, norm ratio ‖O‖/‖O_ref‖, normalizer ratio (route's softmax
+    denominator over the exact one, mean over rows) and the norm ratio the represented weights
+    predict (:func:`weight_norm_ratio`) of every case of :func:`study_cases`, on
     each seed of ``sizes.seed_values`` (one head of ``sizes.study_seq_len`` tokens, head dim
     ``sizes.head_dim``), with :func:`~fp4sim.report.experiments.over_seeds` spreads; and the
     norm ratios the article's pair implies (:func:`article_norm_ratio_band`)."""
@@ -330,7 +357,7 @@ def experiment_direct_p_norm(sizes: Sizes) -> dict[str, Any]:
                 ref = attention_reference(*(a.astype(np.float64) for a in (q, k, v)))
                 for i in idx:
                     f = attention_forward(q, k, v, cases[i].recipe)
-                    per_case[i].append(_case_metrics(f.out, f.lse, ref))
+                    per_case[i].append(_case_metrics(f.out, f.lse, ref, q, k, cases[i].recipe))
                     bar.update()
     rows = [
         {

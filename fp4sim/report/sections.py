@@ -515,6 +515,7 @@ def _study_rows(r: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
 def section_direct_p_norm(sizes: Sizes) -> Section:
     from fp4sim.report.norm_study import (
         SWEEP_ROUTES,
+        WEIGHT_ROWS,
         WIDE_SCALE,
         StudyFactor,
         experiment_direct_p_norm,
@@ -542,6 +543,7 @@ def section_direct_p_norm(sizes: Sizes) -> Section:
             m(d, "rel_l2"),
             m(d, "norm_ratio", 3),
             m(d, "normalizer_ratio", 3),
+            m(d, "weight_norm_ratio", 3) if d["inputs"]["v_mean"] == 0 else "— (V mean ≠ 0)",
             f"{at_r1(d):.4f}",
         )
         for d in sorted(r["rows"], key=lambda d: order.index(d["factor"]))
@@ -567,6 +569,12 @@ def section_direct_p_norm(sizes: Sizes) -> Section:
     vmean = next(d for d in r["rows"] if d["factor"] == "V mean")
     sink = next(d for d in r["rows"] if d["factor"] == "attention sink")
     corr = next(d for d in r["rows"] if d["factor"] == "correlated keys")
+
+    max_dev = max(
+        abs(d["weight_norm_ratio"] - d["norm_ratio"])
+        for d in r["rows"]
+        if d["inputs"]["v_mean"] == 0
+    )
 
     def same_r(d: dict[str, Any]) -> bool:  # r within 0.03 of the preset's
         return abs(d["norm_ratio"] - base["norm_ratio"]) < 0.03
@@ -602,7 +610,11 @@ def section_direct_p_norm(sizes: Sizes) -> Section:
         f"{ex['norm_ratio']:.3f}, Mitchell-P r = {mi['norm_ratio']:.3f}. With V independent of "
         "the scores and of zero mean, ‖O‖² ∝ Σw²/(Σw)² (the inverse of the effective number of "
         "keys), so r² ≈ [Σw̃²/(Σw̃)²] / [Σw²/(Σw)²] for the represented weights w̃: r > 1 when "
-        "w̃ is more concentrated than w. The affine map u = 1.5x + 1.2 rounds to 0 every key with "
+        "w̃ is more concentrated than w. That prediction, computed from the route's normalized "
+        "weights alone (its forward with V the identity), gives "
+        f"{base['weight_norm_ratio']:.3f} for the preset (measured {base['norm_ratio']:.3f}) and "
+        f"differs from the measured r by at most {max_dev:.3f} over the zero-mean-V cases: the "
+        "norm bias is a property of the represented weights, not of V. The affine map u = 1.5x + 1.2 rounds to 0 every key with "
         "x < −0.633, i.e. more than 3.2 log2 units below its block's amplitude, where exact "
         "rounding keeps 0.5 down to 4.6 units, and it rounds the middle codes up; on a nearly "
         "uniform row many keys lie in that band. The consistent normalizer then divides by the "
@@ -663,14 +675,17 @@ def section_direct_p_norm(sizes: Sizes) -> Section:
                     "relative L2",
                     "norm ratio r",
                     "normalizer / exact",
+                    "r predicted by the weights",
                     "rel-L2 if r = 1",
                 ),
                 rows=one,
                 source=f"{cite('HW-FP4 FA4')}: cosine ≈ {art['cosine']}, rel-L2 {art['rel_l2']} "
                 '(inputs and shape not stated). "normalizer / exact": the route\'s softmax '
                 "denominator over the float64 one, mean over rows (exp of the LSE difference; it "
-                'includes the Q/K quantization\'s effect on the scores). "rel-L2 if r = 1": '
-                "√(2(1 − cos)), the identity without the norm term.",
+                "includes the Q/K quantization's effect on the scores). \"r predicted by the "
+                f"weights\": √(Σw̃²/Σw²) over the first {WEIGHT_ROWS} rows' normalized represented "
+                "and exact weights (`norm_study.weight_norm_ratio`; valid for V of zero mean). "
+                '"rel-L2 if r = 1": √(2(1 − cos)), the identity without the norm term.',
             ),
             Table(
                 title="Score spread × route (Q scaled: score standard deviation ≈ the scale)",
