@@ -98,8 +98,8 @@ QUICK = Sizes(
     leak_tokens=128,
     jit_presets=2,
     seeds=2,
-    study_seq_len=256,
-    study_scales=(0.5, 1.0, 2.0, 4.0),
+    study_seq_len=128,
+    study_scales=(1.0, 4.0),
 )
 
 
