@@ -391,6 +391,64 @@ def fig_route_errors(fig, sizes) -> None:
 
 
 @_figure(
+    "direct_p_norm",
+    "Direct-P norm study: cosine, relative L2 error and norm ratio ‖O‖/‖O_ref‖ over the "
+    "score spread (Q scaled) for the affine preset, the affine route with the exact-sum "
+    "normalizer and the exact converter (mean ± std over the seeds; dashed: the "
+    "article's cosine and rel-L2; grey band: the norm ratios they imply)",
+    size=(9.0, 3.8),
+)
+def fig_direct_p_norm(fig, sizes) -> None:
+    from fp4sim.report import norm_study
+
+    r = norm_study.experiment_direct_p_norm(sizes)
+    art = r["article"]
+    scales = r["scales"]
+    only_scaled = {"key_correlation": 0.0, "v_mean": 0.0, "sink_logit": 0.0}
+    by = {
+        (d["route"], d["inputs"]["score_scale"]): d
+        for d in r["rows"]
+        if d["route"] in norm_study.SWEEP_ROUTES
+        and all(d["inputs"][k] == v for k, v in only_scaled.items())
+    }
+    axes = fig.subplots(1, 3, sharex=True)
+    for ax, key, label in zip(
+        axes,
+        ("cosine", "rel_l2", "norm_ratio"),
+        ("cosine", "relative L2 error", "norm ratio ‖O‖ / ‖O_ref‖"),
+    ):
+        for i, route in enumerate(norm_study.SWEEP_ROUTES):
+            ds = [by[(route, s)] for s in scales]
+            ax.errorbar(
+                scales,
+                [d[key] for d in ds],
+                yerr=[d["spread"][key]["std"] for d in ds],
+                marker="os^"[i],
+                ms=4,
+                capsize=2,
+                lw=1.0,
+                color=f"C{i}",
+                label=route,
+            )
+        ax.set_title(label, fontsize=8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(scales, [f"{s:g}" for s in scales], fontsize=7)
+        ax.set_xlabel("score scale (std of q·k/√D)")
+    axes[0].axhline(art["cosine"], color="k", ls="--", lw=0.8, label="article")
+    axes[1].axhline(art["rel_l2"], color="k", ls="--", lw=0.8, label="article")
+    lo, hi = art["norm_ratio_band"]["upper"]
+    axes[2].axhspan(lo, hi, color="0.75", alpha=0.6, lw=0, label="implied by the article")
+    axes[2].axhline(1.0, color="0.4", ls=":", lw=0.8)
+    handles, labels = [], []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=7)
+
+
+@_figure(
     "leak_classes",
     "Causal leak probe: largest relative change of earlier rows of O and dQ when "
     "a future token becomes its scale group's maximum (bitwise zeros labelled at the "
