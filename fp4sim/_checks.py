@@ -39,9 +39,10 @@ __all__ = [
     "as_f32",
     "check_same_shape",
     "FLOAT_DTYPES",
+    "NARROW_FLOAT_DTYPES",
 ]
 
-FLOAT_DTYPES = "float32, bfloat16, float16, float64"
+FLOAT_DTYPES = "float32, bfloat16, float16, float64, or a float8/float6/float4 of ml_dtypes"
 
 
 def _is_jax(x: object) -> bool:
@@ -138,8 +139,21 @@ def softmax_scale(value: object, head_dim: int) -> float:
     return float(value)
 
 
+NARROW_FLOAT_DTYPES = (
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e8m0fnu",
+    "float6_e2m3fn",
+    "float6_e3m2fn",
+    "float4_e2m1fn",
+)
+"""ml_dtypes' narrow float dtypes (one element per byte) that fp4sim takes as values: they are
+widened exactly to float32 through their format's decoder (:func:`fp4sim.formats.codec.decode`),
+so NumPy and jitted JAX read the same values."""
+
+
 def _is_float_dtype(dt: np.dtype) -> bool:
-    return dt.kind == "f" or dt.name == "bfloat16"
+    return dt.kind == "f" or dt.name == "bfloat16" or dt.name in NARROW_FLOAT_DTYPES
 
 
 def as_float_array(

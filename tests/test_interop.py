@@ -158,15 +158,59 @@ def test_torch_bf16_attention_forward_gives_the_numpy_bits():
 
 
 @pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
-def test_torch_float8_tensors_are_codes_not_values(name):
-    # a float8 tensor holds codes: from_torch reads them; as values, encode names the dtypes
+def test_torch_float8_tensors_are_values_and_codes(name):
+    # from_torch reads a float8 tensor's codes; as values it is what it holds, widened exactly
     torch = _torch()
     t = torch.from_numpy(np.clip(X, -400, 400)).to(getattr(torch, name))
     codes, fmt = fp4sim.from_torch(t)
     assert np.array_equal(codes, t.view(torch.uint8).numpy())
     assert np.array_equal(fp4sim.decode(codes, fmt), t.float().numpy())
-    with pytest.raises(TypeError, match=f"values has dtype {name}; allowed: float32"):
-        fp4sim.encode(t, fp4sim.E2M1)
+    got = fp4sim.encode(t, fp4sim.E2M1)
+    assert np.array_equal(got.numpy(), fp4sim.encode(t.float().numpy(), fp4sim.E2M1))
+    q = blocks.quantize(t.requires_grad_(False), blocks.NVFP4)
+    ref = blocks.quantize(t.float().numpy(), blocks.NVFP4)
+    assert np.array_equal(q.codes, ref.codes) and np.array_equal(q.scales, ref.scales)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e8m0fnu",
+        "float6_e2m3fn",
+        "float6_e3m2fn",
+        "float4_e2m1fn",
+    ],
+)
+def test_narrow_float_arrays_are_values_widened_exactly(name):
+    """Every code of an ml_dtypes narrow float, as values: float32 widening equal to ml_dtypes'
+    own cast (NaN where it is NaN), the same E2M1 codes and NVFP4 blocks as those float32
+    values, on NumPy and (8-bit dtypes) under jax.jit; jax sub-byte arrays raise TypeError."""
+    import jax
+    import jax.numpy as jnp
+
+    from fp4sim.formats import codec
+
+    dt = np.dtype(getattr(ml_dtypes, name))
+    x = np.arange(2 ** ml_dtypes.finfo(dt).bits, dtype=np.uint8).view(dt)
+    x = np.tile(x, 64 // x.size + 1)[:64].reshape(4, 16) if x.size < 64 else x.reshape(-1, 16)
+    f = x.astype(np.float32)
+    w = codec.widen_to_f32(x)
+    nan = np.isnan(f)
+    assert np.array_equal(np.isnan(w), nan) and np.array_equal(w[~nan], f[~nan])
+    assert np.array_equal(w.view(np.uint32)[~nan], f.view(np.uint32)[~nan])  # ±0 kept
+    assert np.array_equal(fp4sim.encode(x, fp4sim.E2M1), fp4sim.encode(f, fp4sim.E2M1))
+    finite = np.where(np.isfinite(f), f, 0).astype(np.float32)
+    xf = np.where(np.isfinite(f), x, np.zeros((), dt)).astype(dt)
+    q, ref = blocks.quantize(xf, blocks.NVFP4), blocks.quantize(finite, blocks.NVFP4)
+    assert np.array_equal(q.codes, ref.codes) and np.array_equal(q.scales, ref.scales)
+    if ml_dtypes.finfo(dt).bits == 8:
+        got = jax.jit(lambda v: fp4sim.encode(v, fp4sim.E2M1))(jnp.asarray(x))
+        assert np.array_equal(np.asarray(got), fp4sim.encode(f, fp4sim.E2M1))
+    else:
+        with pytest.raises(TypeError, match="sub-byte floats"):
+            jax.jit(codec.widen_to_f32)(jnp.asarray(x))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])

@@ -89,7 +89,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fp4sim._checks import as_f32, as_float_array, check_bool, check_static
+from fp4sim._checks import NARROW_FLOAT_DTYPES, as_f32, as_float_array, check_bool, check_static
 from fp4sim._checks import softmax_scale as check_softmax_scale
 from fp4sim._xp import Array, adopt, canonical_nan, materialize, namespace, no_derivative
 from fp4sim.attention import direct_p_gpu, operands, ordered_gpu
@@ -110,7 +110,7 @@ from fp4sim.attention.recipe import (
 )
 from fp4sim.attention.reference import check_qkv_shapes
 from fp4sim.formats import blocks, f32
-from fp4sim.formats.codec import bf16_round, bf16_values, decode
+from fp4sim.formats.codec import bf16_round, bf16_values, decode, widen_to_f32
 from fp4sim.formats.spec import E2M1, E4M3
 
 __all__ = [
@@ -181,11 +181,17 @@ class ForwardResult(NamedTuple):
 def _as_f32(xp: ModuleType, x: Array, name: str) -> Array:
     x = xp.asarray(
         as_float_array(
-            name, x, xp, allowed="float32, bfloat16, float16, float64 (rounded to float32)"
+            name,
+            x,
+            xp,
+            allowed="float32, bfloat16, float16, float64 (rounded to float32), or a "
+            "float8/float6/float4 of ml_dtypes (widened exactly)",
         )
     )
     if x.dtype == np.float32:
         return x
+    if np.dtype(x.dtype).name in NARROW_FLOAT_DTYPES:
+        return widen_to_f32(x)
     return x.astype(np.float32)
 
 

@@ -126,7 +126,13 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fp4sim._checks import as_f32, as_float_array, check_bool, check_static
+from fp4sim._checks import (
+    NARROW_FLOAT_DTYPES,
+    as_f32,
+    as_float_array,
+    check_bool,
+    check_static,
+)
 from fp4sim._xp import (
     Array,
     NoDerivativeError,
@@ -784,14 +790,15 @@ def _global_max(fmt: BlockFormat) -> float:
 
 # --- quantize ---------------------------------------------------------------------------------
 def _as_f32(x: Array, xp: Any = np) -> Array:
-    """float32 ``x``: float32 as it is, bfloat16/float16 widened exactly, float64 (and Python
+    """float32 ``x``: float32 as it is, bfloat16/float16 and ml_dtypes' float8/float6/float4
+    widened exactly, float64 (and Python
     lists, scalars, objects exposing ``__array__``/``__dlpack__``) rounded to float32 by NumPy's
     cast (round to nearest even, subnormals kept); big-endian arrays byte-swapped."""
     x = as_float_array("x", x, xp)
     dt = np.dtype(x.dtype)
     if dt == np.float32:
         return x
-    if dt in (np.dtype(ml_dtypes.bfloat16), np.float16):
+    if dt in (np.dtype(ml_dtypes.bfloat16), np.float16) or dt.name in NARROW_FLOAT_DTYPES:
         return codec.widen_to_f32(x)
     if dt == np.float64 and not is_jax(x):
         return namespace(x).asarray(x.astype(np.float32))

@@ -86,7 +86,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from fp4sim._checks import as_float_array, check_static
+from fp4sim._checks import NARROW_FLOAT_DTYPES, as_float_array, check_static
 from fp4sim._xp import (
     Array,
     adopt,
@@ -144,7 +144,10 @@ class _Source:
 _NP_CHUNK = 1 << 20  # elements per NumPy pass of encode/decode (bounds the temporaries)
 _F32 = _Source(32, 8, 23, np.uint32)
 _F64 = _Source(64, 11, 52, np.uint64)
-_ALLOWED_DTYPES = "float32, float16, bfloat16 or float64"
+_ALLOWED_DTYPES = (
+    "float32, float16, bfloat16, float64 or a float8/float6/float4 of ml_dtypes "
+    f"({', '.join(NARROW_FLOAT_DTYPES)})"
+)
 
 
 # --- format facts as integer codes ----------------------------------------------------------
@@ -297,15 +300,41 @@ def _source_bits(xp: ModuleType, values: Array) -> tuple[Any, _Source]:
         special = np.uint32(0x7F800000) | (m << 13)
         mag = xp.where(e == 0, sub, xp.where(e == 0x1F, special, normal))
         return sign | mag, _F32
+    if dtype.name in NARROW_FLOAT_DTYPES:  # the codes through their own decoder: exact
+        if is_jax(values) and ml_dtypes.finfo(dtype).bits < 8:
+            # jax stores float6/float4 as sub-byte types: no bitcast to uint8, and XLA:CPU
+            # (jax 0.11-0.12) fails to compile their conversion to float32
+            raise TypeError(
+                f"values is a jax {dtype} array: jax's sub-byte floats cannot be read "
+                f"exactly under XLA; pass the same values as a NumPy {dtype} array or as "
+                f"float32, or their codes to decode"
+            )
+        fmt = _narrow_format(dtype.name)
+        return bitcast(decode(bitcast(values, np.uint8), fmt), np.uint32), _F32
     raise TypeError(
         f"values has dtype {dtype}; allowed: {_ALLOWED_DTYPES} "
         f"(integer arrays are codes: use decode)"
     )
 
 
+def _narrow_format(name: str) -> FloatFormat:
+    """The fp4sim format whose codes an ml_dtypes narrow float dtype stores, one per byte."""
+    from fp4sim.formats import spec
+
+    return {
+        "float8_e4m3fn": spec.E4M3,
+        "float8_e5m2": spec.E5M2,
+        "float8_e8m0fnu": spec.UE8M0,
+        "float6_e2m3fn": spec.E2M3,
+        "float6_e3m2fn": spec.E3M2,
+        "float4_e2m1fn": spec.E2M1,
+    }[name]
+
+
 def widen_to_f32(values: Array) -> Array:
-    """float32 ``values`` of a bfloat16, float16 or float32 array, widened exactly (integer
-    operations on the bit patterns: float16 subnormals become float32 normals, no FTZ)."""
+    """float32 ``values`` of a bfloat16, float16, float32 or ml_dtypes float8/float6/float4
+    array, widened exactly (integer operations on the bit patterns: float16 subnormals become
+    float32 normals, no FTZ; narrow floats through their format's decoder)."""
     xp = namespace(values)
     values = xp.asarray(values)
     if np.dtype(values.dtype) == np.float64:
