@@ -117,8 +117,13 @@ def _unblock(xp: ModuleType, tb: Array) -> Array:
 
 
 def _block_max(xp: ModuleType, tb: Array) -> Array:
-    """Max over each block, NaN-propagating (−inf for fully masked blocks)."""
-    return xp.max(tb, axis=-1)
+    """Max over each block, NaN-propagating (−inf for fully masked blocks): a block holding a
+    NaN gives NaN on every backend. (XLA CPU's vectorized max reduction drops NaN in blocks
+    that also hold numbers, while NumPy's propagates it: the NaN is set explicitly, from an
+    integer max that the Direct-P GPU kernel lowers too.)"""
+    m = xp.max(tb, axis=-1)
+    has_nan = xp.max(xp.isnan(tb).astype(np.int32), axis=-1) > 0
+    return xp.where(has_nan, np.float32(np.nan), m)
 
 
 def _ceil_exp(xp: ModuleType, m: Array, lo: int = -127, hi: int = 127) -> Array:
