@@ -30,6 +30,7 @@ from fp4sim._xp import adopt, is_foreign
 
 __all__ = [
     "check_int",
+    "check_choice",
     "check_real",
     "check_bool",
     "check_static",
@@ -62,6 +63,16 @@ def check_int(
             f"{owner}.{name}={value!r} out of range; allowed "
             f"{lo}..{hi if hi is not None else 'inf'}"
         )
+    return int(value)
+
+
+def check_choice(owner: str, name: str, value: object, allowed: tuple[int, ...]) -> int:
+    """``value`` if it is an int (not a bool) among ``allowed``; the messages name
+    ``owner.name`` and list what is allowed."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{owner}.{name}={value!r} must be an int")
+    if int(value) not in allowed:
+        raise ValueError(f"{owner}.{name}={value!r} is not supported; allowed: {allowed}")
     return int(value)
 
 

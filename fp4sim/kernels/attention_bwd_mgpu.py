@@ -62,11 +62,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import math
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from fp4sim import _checks
 from fp4sim.attention import operands as sc
 from fp4sim.formats.blocks import MXFP8_E4M3, Geometry
 
@@ -91,13 +91,6 @@ P_SQUARE_RCEIL = sc.OperandScaling(
 """P as the dV operand: E4M3 with one UE8M0 (rounded up) per 32×32 (query × key) block."""
 
 _LOG2E = float.fromhex("0x1.71547652b82fep+0")
-
-
-def _check_int(name: str, value: Any, allowed: tuple[int, ...]) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"BackwardConfig.{name}={value!r} must be an int")
-    if value not in allowed:
-        raise ValueError(f"BackwardConfig.{name}={value!r} is not supported; allowed: {allowed}")
 
 
 class BackwardAblation(enum.Enum):
@@ -146,12 +139,12 @@ class BackwardConfig:
                 f"BackwardConfig.ablation={self.ablation!r} must be a "
                 f"BackwardAblation; allowed: {[m.name for m in BackwardAblation]}"
             )
-        _check_int("block_kv", self.block_kv, (64,))
-        _check_int("dkv_warpgroups", self.dkv_warpgroups, (1, 2))
-        _check_int("dq_warpgroups", self.dq_warpgroups, (1, 2))
-        _check_int("block_q", self.block_q, (32, 64, 96, 128))
-        _check_int("dq_block_q", self.dq_block_q, (64,))
-        _check_int("dq_block_kv", self.dq_block_kv, (32, 64, 96, 128))
+        _checks.check_choice("BackwardConfig", "block_kv", self.block_kv, (64,))
+        _checks.check_choice("BackwardConfig", "dkv_warpgroups", self.dkv_warpgroups, (1, 2))
+        _checks.check_choice("BackwardConfig", "dq_warpgroups", self.dq_warpgroups, (1, 2))
+        _checks.check_choice("BackwardConfig", "block_q", self.block_q, (32, 64, 96, 128))
+        _checks.check_choice("BackwardConfig", "dq_block_q", self.dq_block_q, (64,))
+        _checks.check_choice("BackwardConfig", "dq_block_kv", self.dq_block_kv, (32, 64, 96, 128))
         for name in ("causal", "tc_accumulate"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"BackwardConfig.{name}={getattr(self, name)!r} must be a bool")
@@ -526,15 +519,7 @@ def attention_fp8_backward(
                 "no rule for pl.run_state with plgpu.ACC.init; use False there"
             )
     d = res.ops.q_codes.shape[3]
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d)
-    if (
-        isinstance(softmax_scale, bool)
-        or not isinstance(softmax_scale, (int, float))
-        or not math.isfinite(softmax_scale)
-        or softmax_scale <= 0
-    ):
-        raise ValueError(f"softmax_scale={softmax_scale!r} must be a positive finite float")
+    softmax_scale = _checks.softmax_scale(softmax_scale, d)
     return _jitted()(res, d_out, float(softmax_scale), config)
 
 

@@ -70,15 +70,6 @@ _TINY = float.fromhex("0x1p-126")
 _P_BLOCK = 32
 
 
-def _check_int(name: str, value: Any, lo: int, multiple: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"DirectPConfig.{name}={value!r} must be an int")
-    if value < lo or value % multiple:
-        raise ValueError(
-            f"DirectPConfig.{name}={value!r} must be >= {lo} and a multiple of {multiple}"
-        )
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class DirectPConfig:
     """One compiled configuration of the Direct-P kernel (hashable: a static jit argument).
@@ -120,14 +111,14 @@ class DirectPConfig:
             raise ValueError(
                 f"DirectPConfig.recipe is not a route this kernel implements: {'; '.join(problems)}"
             )
-        _check_int("block_q", self.block_q, 64, 64)
-        _check_int("max_concurrent_steps", self.max_concurrent_steps, 2)
+        _checks.check_int("DirectPConfig", "block_q", self.block_q, 64, multiple=64)
+        _checks.check_int("DirectPConfig", "max_concurrent_steps", self.max_concurrent_steps, 2)
         if not isinstance(self.causal, bool):
             raise TypeError(f"DirectPConfig.causal={self.causal!r} must be a bool")
         if not isinstance(self.out_type, OutType):
             raise TypeError(f"DirectPConfig.out_type={self.out_type!r} must be an OutType")
         if self.debug_step is not None:
-            _check_int("debug_step", self.debug_step, 0)
+            _checks.check_int("DirectPConfig", "debug_step", self.debug_step, 0)
         if self.causal and r.block_kv % self.block_q and self.block_q % r.block_kv:
             raise ValueError(
                 f"causal attention needs block_kv={r.block_kv} and block_q="

@@ -168,15 +168,6 @@ class OutType(enum.Enum):
         )
 
 
-def _check_int(name: str, value: Any, lo: int, multiple: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"FP8AttentionConfig.{name}={value!r} must be an int")
-    if value < lo or value % multiple:
-        raise ValueError(
-            f"FP8AttentionConfig.{name}={value!r} must be >= {lo} and a multiple of {multiple}"
-        )
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class FP8AttentionConfig:
     """One compiled configuration of the FP8 forward kernel (hashable: a static jit argument).
@@ -210,14 +201,16 @@ class FP8AttentionConfig:
     block_sums: bool = True
 
     def __post_init__(self) -> None:
-        _check_int("block_q", self.block_q, 64, 64)
-        _check_int("block_kv", self.block_kv, 64, 64)
+        _checks.check_int("FP8AttentionConfig", "block_q", self.block_q, 64, multiple=64)
+        _checks.check_int("FP8AttentionConfig", "block_kv", self.block_kv, 64, multiple=64)
         if self.block_kv > 256:
             raise ValueError(
                 f"FP8AttentionConfig.block_kv={self.block_kv} exceeds wgmma's N "
                 f"limit; allowed: 64, 128, 192, 256"
             )
-        _check_int("max_concurrent_steps", self.max_concurrent_steps, 2)
+        _checks.check_int(
+            "FP8AttentionConfig", "max_concurrent_steps", self.max_concurrent_steps, 2
+        )
         for name in ("causal", "scale_blocks", "block_sums"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"FP8AttentionConfig.{name}={getattr(self, name)!r} must be a bool")
@@ -238,7 +231,7 @@ class FP8AttentionConfig:
                 "allowed: CONSISTENT, MISMATCHED"
             )
         if self.debug_step is not None:
-            _check_int("debug_step", self.debug_step, 0)
+            _checks.check_int("FP8AttentionConfig", "debug_step", self.debug_step, 0)
         if self.causal and self.block_kv % self.block_q and self.block_q % self.block_kv:
             raise ValueError(
                 f"causal attention needs block_kv={self.block_kv} and block_q="
@@ -296,8 +289,9 @@ class FP8Operands(NamedTuple):
 def quantize_operands(q: Any, k: Any, v: Any) -> FP8Operands:
     """Quantize float Q (B, T, Hq, D), K and V (B, S, Hkv, D) to token-block E4M3.
 
-    Uses :func:`fp4sim.formats.blocks.quantize` with ``MXFP8_E4M3`` and
-    ``Geometry.TOKEN_BLOCK`` (exponent ``ceil(log2(amax/448))`` per 32 tokens × D). Any ``T``
+    Uses :func:`fp4sim.attention.operands.quantize_operand` with
+    :data:`~fp4sim.attention.operands.TOKEN_BLOCK_POW2` (``MXFP8_E4M3``,
+    ``Geometry.TOKEN_BLOCK``: exponent ``ceil(log2(amax/448))`` per 32 tokens × D). Any ``T``
     and ``S``: a last, partial token block is quantized as if padded with zeros (its exponent
     comes from its real tokens). Blocks at the minimum exponent −127 (amax <= 448·2^-127, e.g.
     all-zero blocks) are *zero blocks* and blocks holding a NaN get the NaN exponent 128: the
@@ -308,6 +302,7 @@ def quantize_operands(q: Any, k: Any, v: Any) -> FP8Operands:
     import jax.numpy as jnp
     from jax import lax
 
+    from fp4sim.attention.operands import TOKEN_BLOCK_POW2, quantize_operand
     from fp4sim.formats import blocks
 
     _check_qkv_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape))
@@ -315,10 +310,7 @@ def quantize_operands(q: Any, k: Any, v: Any) -> FP8Operands:
     def tb(x):  # (B, N, H, D) -> codes (B, H, N, D) uint8, exponents (B, H, ceil(N/32))
         x = jnp.swapaxes(jnp.asarray(x, jnp.float32), 1, 2)
         n = x.shape[2]
-        pad = -n % TOKEN_BLOCK
-        if pad:
-            x = jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0)))
-        xq = blocks.quantize(x, blocks.MXFP8_E4M3, axis=-2, geometry=blocks.Geometry.TOKEN_BLOCK)
+        xq = quantize_operand(x, TOKEN_BLOCK_POW2)  # zero pads the partial last token block
         e = blocks.scale_exponents(xq)[..., 0]
         zero = jnp.repeat((e == _ZERO_EXP) | (e == _NAN_EXP), TOKEN_BLOCK, axis=-1)[..., None]
         codes = jnp.where(zero, jnp.uint8(0), xq.codes)[:, :, :n]

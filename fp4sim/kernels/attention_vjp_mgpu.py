@@ -34,6 +34,7 @@ import functools
 import math
 from typing import Any
 
+from fp4sim import _checks
 from fp4sim.kernels.attention_bwd_mgpu import (
     P_SQUARE_RCEIL,
     SHIPPED_BACKWARD_CONFIGS,
@@ -139,15 +140,7 @@ def fp8_attention(
             f"non-causal lengths T={t}, S={s} must be multiples of {mult} (padded "
             f"keys would be attended to); causal inputs are padded"
         )
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(d)
-    if (
-        isinstance(softmax_scale, bool)
-        or not isinstance(softmax_scale, (int, float))
-        or not math.isfinite(softmax_scale)
-        or softmax_scale <= 0
-    ):
-        raise ValueError(f"softmax_scale={softmax_scale!r} must be a positive finite float")
+    softmax_scale = _checks.softmax_scale(softmax_scale, d)
     fcfg = forward.replace(causal=causal)
     bcfg = backward.replace(causal=causal)
     return _vjp(float(softmax_scale), fcfg, bcfg, mult)(q, k, v)
