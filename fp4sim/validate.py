@@ -3,9 +3,11 @@
 Detects the GPU (:func:`fp4sim.kernels.harness.device_arch`), runs the checks of
 :mod:`fp4sim.kernels.checks` that its architecture supports (Hopper sm_90: the quantize
 kernels, the FP8 ``wgmma`` probe, the FP8 and Direct-P attention kernels; Blackwell sm_100: the
-quantize kernels and the block-scaled ``tcgen05`` matmul), each by its contract (bitwise where
-the contract is bitwise, within the stated bound elsewhere), prints a verdict table and writes
-the results as JSON (``--out``). Exit status: 0 when every check passed (or there is no GPU:
+quantize kernels, the block-scaled ``tcgen05`` matmul and the sm_100a attention bodies), each by
+its contract (bitwise where the contract is bitwise, within the stated bound elsewhere), prints
+a verdict table and writes the results as JSON (``--out``). Checks for another architecture are
+listed as not run; those whose kernel has only been compiled, never run by fp4sim (the Blackwell
+ones), say so. Exit status: 0 when every check passed (or there is no GPU:
 it says so), 1 otherwise.
 """
 
@@ -60,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.list:
         for c in checks.CHECKS:
-            print(f"{c.name:34} {_arch_text(c):22} {c.contract}")
+            never = "  [only compiled, never run]" if c.compiled_only else ""
+            print(f"{c.name:42} {_arch_text(c):22} {c.contract}{never}")
         return 0
     known = {c.name for c in checks.CHECKS}
     unknown = sorted(set(args.only or ()) - known)
@@ -84,7 +87,10 @@ def run(args: argparse.Namespace) -> int:
             f"(backend {jax.default_backend()}); nothing to validate. On a GPU these run:"
         )
         for c in checks.CHECKS:
-            print(f"  {c.name:34} {_arch_text(c)}")
+            print(
+                f"  {c.name:42} {_arch_text(c)}"
+                + ("  (only compiled, never run)" if c.compiled_only else "")
+            )
         _write(args.out, info)
         return 0
     dev = next((d for d in jax.devices() if d.platform == "gpu"), None)
@@ -98,10 +104,12 @@ def run(args: argparse.Namespace) -> int:
 
     skipped = [c.name for c in checks.CHECKS if not c.runs_on(arch)]
     info["not_for_this_arch"] = skipped
+    never_run = {c.name for c in checks.CHECKS if not c.runs_on(arch) and c.compiled_only}
+    info["not_for_this_arch_compiled_only"] = sorted(never_run)
     done: list[Any] = []
 
     def show(r: Any) -> None:
-        print(f"  {r.verdict.name:5} {r.name:34} {r.seconds:6.1f} s  {r.detail}", flush=True)
+        print(f"  {r.verdict.name:5} {r.name:42} {r.seconds:6.1f} s  {r.detail}", flush=True)
         done.append(r)
         info["results"] = [x.to_json() for x in done]
         _write(args.out, info, quiet=True)  # a run cut short still leaves what it found
@@ -117,13 +125,16 @@ def run(args: argparse.Namespace) -> int:
     if info["verdict"] == "pass" and info["not_run_time_budget"]:
         info["verdict"] = "pass (incomplete: time budget)"
     print()
-    print(f"{'check':34} {'kernel':44} {'contract':52} verdict")
+    print(f"{'check':42} {'kernel':44} {'contract':52} verdict")
     for r in results:
-        print(f"{r.name:34} {r.kernel:44} {r.contract:52} {r.verdict.name}")
+        print(f"{r.name:42} {r.kernel:44} {r.contract:52} {r.verdict.name}")
     for name in info["not_run_time_budget"]:
-        print(f"{name:34} {'(not run: time budget)':44} {'':52} -")
+        print(f"{name:42} {'(not run: time budget)':44} {'':52} -")
     for name in skipped:
-        print(f"{name:34} {'(not for ' + info['arch'] + ')':44} {'':52} -")
+        why = f"(not for {info['arch']}" + (
+            "; only compiled, never run)" if name in never_run else ")"
+        )
+        print(f"{name:42} {why:44} {'':52} -")
     print(
         f"\n{counts['PASS']} passed, {counts['FAIL']} failed, {counts['ERROR']} errors "
         f"on {info['gpu']} ({info['arch']})"

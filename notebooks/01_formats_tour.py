@@ -18,23 +18,33 @@
 # E5M2 = FP8, E2M3/E3M2 = FP6) and their scale formats (UE8M0 for MX, UE4M3 for NVFP4, UE5M3), bit
 # for bit. Codes are plain `uint8` (one code per byte); values are `float32`.
 #
-# Set `FP4SIM_SMALL=1` to run it quickly (CI does).
+# Tables are `fp4sim.report.Table` values (Jupyter renders them), figures are the report's
+# (`fp4sim.figures.draw`, shown inline). Set `FP4SIM_SMALL=1` to run it quickly (CI does): the
+# figures then use the report's quick sizes.
 
 # %%
 import os
 
 import ml_dtypes
 import numpy as np
+from IPython.display import display
 
 import fp4sim
+from fp4sim import figures
+from fp4sim.report import DEFAULT, QUICK, Table
 
 SMALL = os.environ.get("FP4SIM_SMALL") == "1"
-for fmt in fp4sim.ALL_FORMATS:
-    info = fp4sim.finfo(fmt)
-    print(
-        f"{fmt.name:6s} bits={info.bits} max={info.max:<12g} min_normal={info.min_normal:<10.4g} "
-        f"min_subnormal={info.min_subnormal:<10.4g} inf={info.has_inf!s:5s} nan={info.has_nan}"
-    )
+SIZES = QUICK if SMALL else DEFAULT  # the report's experiment sizes, for the figures
+
+Table(
+    title="The element and scale formats",
+    columns=("format", "bits", "max", "min normal", "min subnormal", "Inf", "NaN"),
+    rows=tuple(
+        (fmt.name, i.bits, i.max, i.min_normal, i.min_subnormal, i.has_inf, i.has_nan)
+        for fmt in fp4sim.ALL_FORMATS
+        for i in [fp4sim.finfo(fmt)]
+    ),
+)
 
 # %% [markdown]
 # ## E2M1: the 16 codes
@@ -45,8 +55,22 @@ for fmt in fp4sim.ALL_FORMATS:
 # %%
 codes = fp4sim.all_codes(fp4sim.E2M1)
 values = fp4sim.decode(codes, fp4sim.E2M1)
-print(dict(zip([f"0x{c:X}" for c in codes], values.tolist())))
 assert np.array_equal(values, codes.view(ml_dtypes.float4_e2m1fn).astype(np.float32))
+Table(
+    title="E2M1 codes",
+    columns=("code", *(f"0x{c:X}" for c in codes[:8])),
+    rows=(
+        ("value", *values[:8]),
+        ("code", *(f"0x{c:X}" for c in codes[8:])),
+        ("value", *values[8:]),
+    ),
+)
+
+# %% [markdown]
+# On the real line, with the round-to-nearest-even decision boundaries:
+
+# %%
+fig = figures.draw("e2m1_grid", sizes=SIZES)
 
 # %% [markdown]
 # ## Encoding: round to nearest even, saturate
@@ -57,18 +81,33 @@ assert np.array_equal(values, codes.view(ml_dtypes.float4_e2m1fn).astype(np.floa
 # %%
 x = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.19, 100.0, -0.0, -0.2], dtype=np.float32)
 c = fp4sim.encode(x, fp4sim.E2M1)
-print([f"{a:g} -> {b:g}" for a, b in zip(x, fp4sim.decode(c, fp4sim.E2M1))])
+Table(
+    title="E2M1, round to nearest even with saturation",
+    columns=("x", *(f"{v:g}" for v in x)),
+    rows=(("code", *(f"0x{v:X}" for v in c)), ("value", *fp4sim.decode(c, fp4sim.E2M1))),
+)
 
 # %% [markdown]
 # Other policies are named, never strings: ties away from zero (microxcaling), toward zero,
 # directed, and stochastic rounding with explicit random bits. Each is a frozen `Policy`.
 
 # %%
-for rounding in (fp4sim.Rounding.NEAREST_AWAY, fp4sim.Rounding.TOWARD_ZERO, fp4sim.Rounding.UP):
-    got = fp4sim.decode(
-        fp4sim.encode(x[:7], fp4sim.E2M1, fp4sim.Policy(rounding=rounding)), fp4sim.E2M1
+roundings = (fp4sim.Rounding.NEAREST_AWAY, fp4sim.Rounding.TOWARD_ZERO, fp4sim.Rounding.UP)
+display(
+    Table(
+        title="E2M1 under other rounding policies",
+        columns=("rounding", *(f"{v:g}" for v in x[:7])),
+        rows=tuple(
+            (
+                r.name,
+                *fp4sim.decode(
+                    fp4sim.encode(x[:7], fp4sim.E2M1, fp4sim.Policy(rounding=r)), fp4sim.E2M1
+                ),
+            )
+            for r in roundings
+        ),
     )
-    print(f"{rounding.name:13s}", got.tolist())
+)
 
 rng = np.random.default_rng(0)
 n = 2_000 if SMALL else 200_000
@@ -94,12 +133,22 @@ print(
 
 # %%
 big = np.array([300.0, 464.0, 500.0, 1e6], dtype=np.float32)
-for overflow in (fp4sim.Overflow.SATURATE, fp4sim.Overflow.NAN):
-    got = fp4sim.decode(
-        fp4sim.encode(big, fp4sim.E4M3, fp4sim.Policy(overflow=overflow)), fp4sim.E4M3
-    )
-    print(f"E4M3 {overflow.name:8s}", got.tolist())
-print("ml_dtypes cast      ", big.astype(ml_dtypes.float8_e4m3fn).astype(np.float32).tolist())
+Table(
+    title="E4M3 beyond its largest value",
+    columns=("encoding", *(f"{v:g}" for v in big)),
+    rows=(
+        *(
+            (
+                f"fp4sim, Overflow.{o.name}",
+                *fp4sim.decode(
+                    fp4sim.encode(big, fp4sim.E4M3, fp4sim.Policy(overflow=o)), fp4sim.E4M3
+                ),
+            )
+            for o in (fp4sim.Overflow.SATURATE, fp4sim.Overflow.NAN)
+        ),
+        ("ml_dtypes cast", *big.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)),
+    ),
+)
 
 # %% [markdown]
 # ## Scale formats
@@ -108,8 +157,14 @@ print("ml_dtypes cast      ", big.astype(ml_dtypes.float8_e4m3fn).astype(np.floa
 # which fp4sim decodes as bits so that XLA's flush-to-zero on CPU cannot lose it.
 
 # %%
-e8 = fp4sim.decode(np.array([0x00, 0x01, 0x7F, 0x80, 0xFE, 0xFF], dtype=np.uint8), fp4sim.UE8M0)
-print(e8.tolist())
+e8_codes = np.array([0x00, 0x01, 0x7F, 0x80, 0xFE, 0xFF], dtype=np.uint8)
+e8 = fp4sim.decode(e8_codes, fp4sim.UE8M0)
+Table(
+    title="UE8M0 scale codes",
+    columns=("code", *(f"0x{c:02X}" for c in e8_codes)),
+    rows=(("value", *e8),),
+    note="0xFF is NaN; the values are 2^(code − 127).",
+)
 
 # %% [markdown]
 # ## The same code under jax.jit
@@ -122,10 +177,16 @@ import jax
 import jax.numpy as jnp
 
 xs = np.array([1e-40, 0.3, 2.5, 7.0, -448.0], dtype=np.float32)
+rows = []
 for fmt in (fp4sim.E2M1, fp4sim.E4M3, fp4sim.E5M2):
     a = fp4sim.encode(xs, fmt)
     b = np.asarray(jax.jit(lambda v, fmt=fmt: fp4sim.encode(v, fmt))(jnp.asarray(xs)))
-    print(fmt.name, a.tolist(), "identical under jit:", np.array_equal(a, b))
+    rows.append((fmt.name, *(f"0x{v:02X}" for v in a), np.array_equal(a, b)))
+Table(
+    title="Codes, NumPy and jax.jit",
+    columns=("format", *(f"{v:g}" for v in xs), "identical under jit"),
+    rows=tuple(rows),
+)
 
 # %% [markdown]
 # ## Block scaling: MXFP8, MXFP4, NVFP4
@@ -139,20 +200,39 @@ from fp4sim.formats import blocks
 
 x = np.zeros((1, 32), dtype=np.float32)
 x[0, :4] = [500.0, 3.0, -0.75, 1e-3]
+rows = []
 for rule in (blocks.ScaleRule.FLOOR, blocks.ScaleRule.RCEIL):
     q = blocks.quantize(x, blocks.MXFP8, rule=rule)
     scale = fp4sim.decode(q.scales, fp4sim.UE8M0)[0, 0]
-    print(
-        f"MXFP8 {rule.name:5s} scale 2^{int(np.log2(scale))}: {blocks.dequantize(q)[0, :4].tolist()}"
+    rows.append((rule.name, f"2^{int(np.log2(scale))}", *blocks.dequantize(q)[0, :4]))
+display(
+    Table(
+        title="One MXFP8 block under the two scale rules",
+        columns=("rule", "scale", *(f"{v:g}" for v in x[0, :4])),
+        rows=tuple(rows),
     )
+)
 
 y = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+rows = []
 for fmt in (blocks.MXFP4, blocks.NVFP4):
     q = blocks.quantize(y, fmt)
     err = np.linalg.norm(blocks.dequantize(q) - y) / np.linalg.norm(y)
-    print(
-        f"{fmt.name:6s} codes {q.codes.shape} {q.codes.dtype}, scales {q.scales.shape}, rel. error {err:.3f}"
+    rows.append((fmt.name, str(q.codes.shape), str(q.codes.dtype), str(q.scales.shape), err))
+display(
+    Table(
+        title="FP4 block formats on Gaussian values",
+        columns=("format", "codes", "dtype", "scales", "relative error"),
+        rows=tuple(rows),
     )
+)
+
+# %% [markdown]
+# How often `FLOOR` clips a block's maximum, measured and predicted, for each element format
+# (the report's figure):
+
+# %%
+fig = figures.draw("scale_rule_clipping", sizes=SIZES)
 
 # %% [markdown]
 # Two FP4 codes per byte (the even-indexed element in the low nibble) is an explicit step:

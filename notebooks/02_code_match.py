@@ -22,18 +22,23 @@
 #
 # Notation (as in `fp4sim.attention.recipe`): `t = c·(z − m) ≤ 0` log2-domain scores against the row max,
 # key blocks of 32 with block exponent `k_B = ceil(max t)`, coordinate `x = t − k_B + log2 6`, so
-# `2^x` is the exact payload before rounding. Set `FP4SIM_SMALL=1` to run quickly (CI does).
+# `2^x` is the exact payload before rounding. Tables are `fp4sim.report.Table` values, figures the
+# report's (`fp4sim.figures.draw`). Set `FP4SIM_SMALL=1` to run quickly (CI does).
 
 # %%
 import math
 import os
 
 import numpy as np
+from IPython.display import display
 
 import fp4sim
+from fp4sim import figures
+from fp4sim.report import DEFAULT, QUICK, Table
 
 SMALL = os.environ.get("FP4SIM_SMALL") == "1"
 N = 100_000 if SMALL else 8_000_000  # the published rates use 8,000,000 points
+SIZES = QUICK if SMALL else DEFAULT  # the report's experiment sizes, for the figures
 
 converters = {
     "exact": fp4sim.ExactP(),
@@ -48,9 +53,20 @@ converters = {
 
 # %%
 x = fp4sim.uniform_grid(N)
-for name in list(converters)[1:]:
-    rate = fp4sim.code_match_rate(converters[name], converters["exact"], x)
-    print(f"{name:26s} {100 * rate:6.2f} % of x")
+Table(
+    title=f"Code-match rate on the uniform grid ({N:,} points)",
+    columns=("converter", "payload equal to the exact converter's"),
+    rows=tuple(
+        (name, f"{100 * fp4sim.code_match_rate(converters[name], converters['exact'], x):.2f} %")
+        for name in list(converters)[1:]
+    ),
+)
+
+# %% [markdown]
+# The payload each converter picks along x (the report's figure, on its own grid):
+
+# %%
+fig = figures.draw("converter_code_maps", sizes=SIZES)
 
 # %% [markdown]
 # Where do they disagree? Print the x-intervals in which Mitchell with the boundary-aligned shift
@@ -64,8 +80,26 @@ codes = {
 }
 wrong = codes["Mitchell, boundary shift"] != codes["exact"]
 edges = np.flatnonzero(np.diff(wrong.astype(np.int8)))
-for a, b in zip(edges[::2], edges[1::2]):
-    print(f"  x in [{x[a + 1]:.4f}, {x[b]:.4f}]")
+Table(
+    title="Where Mitchell with the boundary shift picks another payload",
+    columns=("from x", "to x", "exact payload", "Mitchell payload"),
+    rows=tuple(
+        (
+            f"{x[a + 1]:.4f}",
+            f"{x[b]:.4f}",
+            *(fp4sim.decode(codes[n][a + 1 : a + 2], fp4sim.E2M1)[0] for n in codes),
+        )
+        for a, b in zip(edges[::2], edges[1::2])
+    ),
+)
+
+# %% [markdown]
+# Direct-P skips exp2 altogether. Routes that evaluate it in software instead, like
+# FlashAttention-4's degree-3 polynomial emulation of `ex2`, stay within about 1e-4 relative error
+# of 2^x (the report's figure):
+
+# %%
+fig = figures.draw("exp2_error", sizes=SIZES)
 
 # %% [markdown]
 # ## Attention-like scores
@@ -82,11 +116,16 @@ u = (q @ k.T) * np.float32(math.log2(math.e) / math.sqrt(d))
 t = (u - u.max(axis=-1, keepdims=True)).astype(np.float32)
 
 exact_tile = fp4sim.convert_tile(fp4sim.HW_FP4_DIRECT_P.replace(converter=fp4sim.ExactP()), t)
+rows = []
 for name in ("affine (1.5x + 1.2)", "Mitchell, boundary shift"):
     tile = fp4sim.convert_tile(fp4sim.HW_FP4_DIRECT_P.replace(converter=converters[name]), t)
     same = np.mean(np.asarray(tile.codes) == np.asarray(exact_tile.codes))
-    print(
-        f"{name:26s} {100 * same:6.2f} % of P codes equal, "
-        f"block exponents identical: {np.array_equal(tile.k, exact_tile.k)}"
+    rows.append((name, f"{100 * same:.2f} %", np.array_equal(tile.k, exact_tile.k)))
+display(
+    Table(
+        title=f"Attention-like scores ({len(t)} rows × {keys} keys, d = {d})",
+        columns=("converter", "P codes equal to exact", "block exponents identical"),
+        rows=tuple(rows),
+        note=f"Exact codes that are 0: {100 * np.mean(np.asarray(exact_tile.codes) == 0):.1f} %.",
     )
-print(f"exact codes that are 0: {100 * np.mean(np.asarray(exact_tile.codes) == 0):.1f} %")
+)

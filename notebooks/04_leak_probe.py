@@ -21,14 +21,18 @@
 # really changed, rerun forward and backward, and measure the largest relative change of the
 # earlier rows of O and dQ. Exactly zero means the earlier rows are bitwise identical.
 #
-# Set `FP4SIM_SMALL=1` to run quickly (CI does).
+# Tables are `fp4sim.report.Table` values, figures the report's (`fp4sim.figures.draw`). Set
+# `FP4SIM_SMALL=1` to run quickly (CI does).
 
 # %%
 import os
 
 import fp4sim
+from fp4sim import figures
+from fp4sim.report import DEFAULT, QUICK, Table
 
 SMALL = os.environ.get("FP4SIM_SMALL") == "1"
+SIZES = QUICK if SMALL else DEFAULT  # the report's experiment sizes, for the figures
 names = list(fp4sim.LEAK_TABLE)
 if SMALL:  # one configuration of each class
     names = [n for n in names if fp4sim.LEAK_TABLE[n] is not None][:: max(1, len(names) // 4)]
@@ -40,13 +44,21 @@ if SMALL:  # one configuration of each class
 # the class from the scaling's properties, the probe measures it.
 
 # %%
-print(f"{'configuration':46s} {'leak_O':>10s} {'leak_dQ':>10s}  bitwise  vacuous")
+rows = []
 for name in names:
     rep = fp4sim.leak_probe(fp4sim.LEAK_TABLE[name], n_tokens=128)
-    print(
-        f"{name:46s} {rep.leak_o:10.3g} {rep.leak_dq:10.3g}  {str(rep.bitwise_o and rep.bitwise_dq):7s}  "
-        f"{rep.vacuous}"
-    )
+    rows.append((name, rep.leak_o, rep.leak_dq, rep.bitwise_o and rep.bitwise_dq, rep.vacuous))
+Table(
+    title="The leak probe (N = 128 tokens)",
+    columns=("configuration", "leak of O", "leak of dQ", "bitwise", "vacuous"),
+    rows=tuple(rows),
+)
+
+# %% [markdown]
+# Every configuration of the table (the report's figure):
+
+# %%
+fig = figures.draw("leak_classes", sizes=SIZES)
 
 # %% [markdown]
 # ## The perturbation must move a shared scale
@@ -62,9 +74,14 @@ leaky = (
     if "V per-tensor pow2" in fp4sim.LEAK_TABLE
     else fp4sim.LEAK_TABLE[names[-1]]
 )
+rows = []
 for gain in (1.3, 4.0):
     rep = fp4sim.leak_probe(leaky, n_tokens=128, gain=gain)
-    print(
-        f"gain {gain}: leak_O={rep.leak_o:.3g} leak_dQ={rep.leak_dq:.3g} "
-        f"scales changed in {rep.changed_operands} vacuous={rep.vacuous}"
+    rows.append(
+        (gain, rep.leak_o, rep.leak_dq, ", ".join(rep.changed_operands) or "none", rep.vacuous)
     )
+Table(
+    title="The same probe with a small and a large gain",
+    columns=("gain", "leak of O", "leak of dQ", "scales changed in", "vacuous"),
+    rows=tuple(rows),
+)

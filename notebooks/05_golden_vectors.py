@@ -23,7 +23,8 @@
 # This notebook lists the cases, materialises a few into a scratch folder, reads them back the way
 # a kernel's CI would, and shows what `check` says when a bit changes.
 #
-# Set `FP4SIM_SMALL=1` to run it quickly (CI does).
+# Tables are `fp4sim.report.Table` values (Jupyter renders them). Set `FP4SIM_SMALL=1` to run it
+# quickly (CI does).
 
 # %%
 import json
@@ -32,15 +33,19 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 
 import fp4sim
 from fp4sim import golden
+from fp4sim.report import Table
 
 SMALL = os.environ.get("FP4SIM_SMALL") == "1"
-print(f"fp4sim {fp4sim.__version__}: {len(golden.CASES)} golden cases registered")
-for name in sorted(golden.CASES)[:12]:
-    print(f"  {name:40s} {golden.CASES[name].description[:70]}")
+Table(
+    title=f"fp4sim {fp4sim.__version__}: {len(golden.CASES)} golden cases registered (the first 12)",
+    columns=("case", "description"),
+    rows=tuple((name, golden.CASES[name].description) for name in sorted(golden.CASES)[:12]),
+)
 
 # %% [markdown]
 # ## Write a few cases
@@ -66,14 +71,39 @@ print(json.dumps(manifest["cases"]["formats.e2m1.all_codes"], indent=1)[:900])
 
 # %%
 with np.load(scratch / "formats.e2m1.ties.npz") as z:
-    inputs, rne = z["inputs"], z["codes_nearest_even"]
-table = sorted(zip(inputs.tolist(), rne.tolist()))
-print("E2M1 round-to-nearest-even on the tie midpoints (input -> code):")
-for x, c in table:
-    if x in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0):
-        print(
-            f"  {x:5.2f} -> 0x{c:X} = {float(fp4sim.decode(np.array([c], np.uint8), fp4sim.E2M1)[0]):g}"
-        )
+    arrays = {name: z[name] for name in z.files}
+inputs, rne = arrays["inputs"], arrays["codes_nearest_even"]
+ties = np.isin(inputs, [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+Table(
+    title="E2M1 round to nearest even on the tie midpoints, as stored",
+    columns=("input", "code", "value"),
+    rows=tuple(
+        (f"{x:g}", f"0x{c:X}", v)
+        for x, c, v in sorted(zip(inputs[ties], rne[ties], fp4sim.decode(rne[ties], fp4sim.E2M1)))
+    ),
+)
+
+# %% [markdown]
+# Every rounding mode of the case, read back from the file, as the rounding error `decoded − input`
+# on the non-negative inputs: on a tie the modes part, on the float32 neighbours of a tie they
+# agree with round to nearest.
+
+# %%
+keep = inputs >= 0
+x = inputs[keep]
+fig, ax = plt.subplots(figsize=(7.0, 3.2), layout="constrained")
+for key, marker, dx in (
+    ("codes_nearest_even", "o", -0.03),
+    ("codes_nearest_away", "x", 0.0),
+    ("codes_toward_zero", "+", 0.03),
+):
+    err = fp4sim.decode(arrays[key][keep], fp4sim.E2M1) - x
+    ax.plot(x + dx, err, marker, label=key.removeprefix("codes_").replace("_", " "))
+ax.set_xlabel("input (E2M1 values, the ties between them and their float32 neighbours)")
+ax.set_ylabel("decoded − input")
+ax.set_title("formats.e2m1.ties (markers shifted apart horizontally)")
+ax.legend()
+ax.grid(alpha=0.3)
 
 # %% [markdown]
 # A consumer can verify one array without trusting the ZIP layer: the manifest's array hash is

@@ -1,14 +1,15 @@
-"""On a GPU machine (with jax's CUDA plugin): compile every Blackwell matmul configuration for
-sm_100a through Mosaic GPU's own pipeline, keep the PTX it dumps, assemble it with
-``ptxas -arch=sm_100a``.
+"""On a GPU machine (with jax's CUDA plugin): compile every Blackwell matmul configuration (or
+every sm_100a attention body, or both) for sm_100a through Mosaic GPU's own pipeline, keep the
+PTX it dumps, assemble it with ``ptxas -arch=sm_100a``.
 
 The compile targets sm_100a (the architecture query is patched, as in
 ``fp4sim.kernels.harness.cross_lower``); loading the result on a Hopper GPU fails after the PTX
 has been written, which is all this needs. Usage (from the repository root):
 
-    MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_TO=$OUT/ptx python scripts/blackwell_full_ptx.py $OUT/ptx [N]
+    MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_TO=$OUT/ptx python scripts/blackwell_full_ptx.py \
+        $OUT/ptx [N] [matmul|attention|all]
 
-(N: the first N configurations only.)
+(N: the first N configurations of each kind only; default kind ``matmul``.)
 """
 
 from __future__ import annotations
@@ -20,21 +21,39 @@ from pathlib import Path
 import jax
 import jax.experimental.mosaic.gpu.utils as mgpu_utils
 
-from fp4sim.kernels import ptx_check
+from fp4sim.kernels import attention_sm100, ptx_check
 from fp4sim.kernels.blackwell_matmul_mgpu import avals, build_kernel, shipped_configs
+
+
+def _kernels(kind: str, count: int | None) -> list:
+    """(name, function, operand structs) of the kernels to compile."""
+    out = []
+    if kind in ("matmul", "all"):
+        for cfg in shipped_configs()[:count]:
+            m, n, k = 256, 256, 512
+            out.append((str(cfg), build_kernel(cfg, m, n, k), avals(cfg, m, n, k)))
+    if kind in ("attention", "all"):
+        for cfg, d in attention_sm100.shipped_cases()[:count]:
+            av = attention_sm100.kernel_avals(cfg, 1, 512, 2, 1, d)
+            fn = attention_sm100.kernel_function(
+                tuple(av[0].shape), tuple(av[1].shape), d, 472, 0.125, cfg
+            )
+            out.append((f"attention {cfg} d={d}", fn, av))
+    return out
 
 
 def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "ptx")
-    count = int(sys.argv[2]) if len(sys.argv) > 2 else len(shipped_configs())
+    count = int(sys.argv[2]) if len(sys.argv) > 2 else None
+    kind = sys.argv[3] if len(sys.argv) > 3 else "matmul"
+    if kind not in ("matmul", "attention", "all"):
+        raise SystemExit(f"kind={kind!r}; allowed: matmul, attention, all")
     out.mkdir(parents=True, exist_ok=True)
     old = mgpu_utils._infer_arch
     mgpu_utils._infer_arch = lambda: (10, 0)
     try:
-        for cfg in shipped_configs()[:count]:
-            m, n, k = 256, 256, 512
-            structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals(cfg, m, n, k)]
-            fn = build_kernel(cfg, m, n, k)
+        for cfg, fn, av in _kernels(kind, count):
+            structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in av]
             try:
                 jax.jit(lambda *xs, fn=fn: fn(*xs)).trace(*structs).lower().compile()
                 print(f"{cfg}: compiled", flush=True)

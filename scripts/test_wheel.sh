@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Build fp4sim's wheel, install it into a fresh virtual environment outside the repository and
-# run what a user of the wheel runs: `golden check` (the shipped golden vectors, bit for bit)
-# and `reproduce --quick` (the report), from a folder that is not the repository, so nothing of
-# the checkout is importable. Optionally pin another jax and run the emulator subset of the test
-# suite against the installed wheel (CI does this with jax 0.12.0.1, see .ci/run).
+# run what a user of the wheel runs: `golden check` (the shipped golden vectors, bit for bit),
+# `reproduce --quick` (the report), from a folder that is not the repository, so nothing of
+# the checkout is importable, and the notebooks, executed as notebooks in an IPython kernel of
+# the venv's interpreter (tests/test_notebooks.py: the kernel imports the installed wheel).
+# Optionally pin another jax and run the emulator subset of the test suite against the installed
+# wheel (CI does this with jax 0.12.0.1, see .ci/run).
 #
 #   bash scripts/test_wheel.sh                      # the wheel with the dependencies pip chooses
 #   bash scripts/test_wheel.sh --jax 0.12.0.1       # ... next to jax/jaxlib 0.12.0.1
@@ -12,7 +14,9 @@
 # Environment: PYTHON (the interpreter to build the venv with; default: scripts/find_python.sh),
 # FP4SIM_WHEEL_EXTRAS (extras to install, default "plot"), KEEP=1 keeps the temporary folder.
 # Time on the 2-core CI machine: about 1.5 min for the wheel and the two commands (pip's cache
-# warm), plus the subset's time with --tests (see EMULATOR_TESTS).
+# warm), about 30 s more for the notebooks (nbclient, ipykernel, jupytext, matplotlib and pytest
+# are installed next to the wheel for them), plus the subset's time with --tests (see
+# EMULATOR_TESTS).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -36,7 +40,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --jax) jax_version="$2"; shift 2 ;;
     --tests) run_tests=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "test_wheel.sh: unknown argument $1 (allowed: --jax VERSION, --tests)" >&2; exit 2 ;;
   esac
 done
@@ -80,7 +84,9 @@ spec="$wheel"
 [ -n "$extras" ] && spec="fp4sim[$extras] @ file://$wheel"
 pins=()
 [ -n "$jax_version" ] && pins=("jax==$jax_version" "jaxlib==$jax_version")
-[ "$run_tests" = 1 ] && pins+=("pytest>=8" "hypothesis>=6.100")
+# the notebooks' runner (tests/test_notebooks.py) and what the notebooks import
+pins+=("pytest>=8" "nbclient>=0.10" "nbformat>=5.10" "ipykernel>=6.29" "jupytext>=1.16" "matplotlib>=3.8")
+[ "$run_tests" = 1 ] && pins+=("hypothesis>=6.100")
 "$vpy" -m pip install -q "$spec" "${pins[@]}"
 
 cd "$work"  # outside the repository: only the installed wheel is importable
@@ -105,9 +111,15 @@ if "$vpy" -c 'import matplotlib' 2>/dev/null; then
 fi
 "$vpy" -m fp4sim golden write --no-progress --case formats.e2m1.all_codes >/dev/null
 test -s "$work/golden/manifest.json"
+
+# the notebooks, executed as notebooks (jupytext + nbclient) in a kernel of "$vpy" that imports
+# the installed wheel (the test checks the kernel's fp4sim.__file__); the test files from the
+# checkout (see --tests below for why pytest's console script keeps the checkout off sys.path)
+echo "test_wheel: the notebooks, executed as notebooks against the installed wheel"
+(cd "$repo" && "$work/venv/bin/pytest" -q -p no:cacheprovider -m "not gpu" tests/test_notebooks.py)
 [ "$(find "$site" -not -path '*__pycache__*' | sort | md5sum)" = "$before" ] || {
-  echo "test_wheel: a command wrote into $site" >&2; exit 1; }
-echo "test_wheel: figures and golden write wrote into the working directory only"
+  echo "test_wheel: a command or a notebook wrote into $site" >&2; exit 1; }
+echo "test_wheel: figures, golden write and the notebooks wrote into the working directory only"
 
 if [ "$run_tests" = 1 ]; then
   # the tests from the checkout, the library from the wheel: pytest's console script does not

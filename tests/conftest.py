@@ -6,6 +6,13 @@ import os
 
 import pytest
 
+# XLA:CPU sizes its thread pools from the NPROC environment variable, else from the CPU count.
+# Pallas' GPU interpreter runs every warpgroup as a separate XLA:CPU computation whose io_callbacks
+# block at the simulated barriers while holding a pool thread, so with 2 pool threads (a 2-core
+# host) a kernel with two or more warpgroups waits forever for a thread. Eight threads are enough
+# for every kernel the tests interpret; this must be set before jax creates its CPU client.
+os.environ.setdefault("NPROC", str(max(8, os.cpu_count() or 1)))
+
 # Hypothesis: deterministic in CI, bounded time on 2 cores.
 try:
     from hypothesis import HealthCheck, settings

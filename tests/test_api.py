@@ -84,6 +84,7 @@ def test_import_loads_no_matplotlib_and_no_jax_backend():
         "fp4sim.golden.store",
         "fp4sim.report",
         "fp4sim.report.experiments",
+        "fp4sim.report.norm_study",
         "fp4sim.report.figures",
     ],
 )

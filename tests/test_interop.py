@@ -2,8 +2,11 @@
 
 PyTorch is not installed on the CI machine (a CPU wheel for Python 3.12 is not available from
 its registry mirror; the default wheel is a multi-GB CUDA build), so the PyTorch tests skip
-there; the DLPack path that PyTorch tensors take is tested with a minimal object that
-implements ``__dlpack__`` over a NumPy array.
+there (each names the reason); the DLPack path that PyTorch tensors take is tested with a
+minimal object that implements ``__dlpack__`` over a NumPy array. Where torch is installed the
+CPU-tensor tests run (they pass with torch 2.14.1, CPU); the CUDA-tensor tests (marked ``gpu``)
+also need a CUDA device visible to torch: ``scripts/nb_h200.sh`` runs the whole file on the
+GPU machine (torch with CUDA beside jax's CUDA backend).
 """
 
 from __future__ import annotations
@@ -117,16 +120,56 @@ def _torch():
     return pytest.importorskip("torch", reason="torch is not installed")
 
 
+def _cuda():
+    torch = _torch()
+    if not torch.cuda.is_available():
+        pytest.skip(f"torch {torch.__version__} sees no CUDA device here")
+    return torch
+
+
+def _bf16_pair(torch, shape=(4, 64), *, device="cpu", requires_grad=True):
+    """A bf16 tensor (requiring grad) and the same values as a NumPy ml_dtypes.bfloat16 array."""
+    g = torch.Generator().manual_seed(20261202)
+    t = (torch.randn(*shape, generator=g) * 3).to(torch.bfloat16).to(device)
+    t.requires_grad_(requires_grad)
+    same = t.detach().cpu().float().numpy().astype(ml_dtypes.bfloat16)  # exact: bf16 -> f32 -> bf16
+    return t, same
+
+
 def test_torch_bf16_through_quantize_gives_the_numpy_bits():
     torch = _torch()
-    t = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True)
-    same = t.detach().float().numpy().astype(ml_dtypes.bfloat16)  # the same values, in NumPy
+    t, same = _bf16_pair(torch)
     for fmt in (blocks.NVFP4, blocks.MXFP4, blocks.MXFP8):
         q, r = blocks.quantize(t, fmt), blocks.quantize(same, fmt)
+        # documented: quantize returns NumPy codes and scales for any input
+        assert isinstance(q.codes, np.ndarray) and isinstance(q.scales, np.ndarray)
         assert np.array_equal(q.codes, r.codes) and np.array_equal(q.scales, r.scales)
+        assert np.array_equal(blocks.dequantize(q), blocks.dequantize(r))
+    assert t.requires_grad and t.grad is None  # read, not changed or differentiated
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_torch_bf16_attention_forward_gives_the_numpy_bits():
+    torch = _torch()
+    (q, qn), (k, kn), (v, vn) = (_bf16_pair(torch, (1, 64, 32)) for _ in range(3))
+    a = fp4sim.attention_forward(q, k, v, fp4sim.HW_FP4_DIRECT_P, causal=True)
+    b = fp4sim.attention_forward(qn, kn, vn, fp4sim.HW_FP4_DIRECT_P, causal=True)
+    assert isinstance(a.out, np.ndarray)  # documented: the results are NumPy
+    assert np.array_equal(a.out, b.out) and np.array_equal(a.lse, b.lse)
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+def test_torch_float8_tensors_are_codes_not_values(name):
+    # a float8 tensor holds codes: from_torch reads them; as values, encode names the dtypes
+    torch = _torch()
+    t = torch.from_numpy(np.clip(X, -400, 400)).to(getattr(torch, name))
+    codes, fmt = fp4sim.from_torch(t)
+    assert np.array_equal(codes, t.view(torch.uint8).numpy())
+    assert np.array_equal(fp4sim.decode(codes, fmt), t.float().numpy())
+    with pytest.raises(TypeError, match=f"values has dtype {name}; allowed: float32"):
+        fp4sim.encode(t, fp4sim.E2M1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
 def test_torch_encode_decode_return_tensors(dtype):
     torch = _torch()
     t = torch.from_numpy(X).to(getattr(torch, dtype)).requires_grad_(True)
@@ -154,3 +197,45 @@ def test_torch_low_precision_tensors_round_trip(fmt):
         assert np.array_equal(t.float().numpy(), fp4sim.decode(codes, fmt), equal_nan=True)
     else:
         assert t.dtype == torch.float4_e2m1fn_x2 and t.shape[-1] == codes.shape[-1] // 2
+
+
+# --- CUDA tensors (marked gpu: scripts/nb_h200.sh runs them on the GPU machine) -------------------
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_tensors_give_the_numpy_bits_and_stay_on_the_device():
+    torch = _cuda()
+    t, same = _bf16_pair(torch, device="cuda")
+    codes = fp4sim.encode(t, fp4sim.E4M3)
+    assert codes.device == t.device and codes.dtype == torch.uint8
+    assert np.array_equal(codes.cpu().numpy(), fp4sim.encode(same, fp4sim.E4M3))
+    vals = fp4sim.decode(codes, fp4sim.E4M3)
+    assert vals.device == t.device and vals.dtype == torch.float32
+    assert np.array_equal(
+        vals.cpu().numpy(), fp4sim.decode(fp4sim.encode(same, fp4sim.E4M3), fp4sim.E4M3)
+    )
+    for fmt in (blocks.NVFP4, blocks.MXFP4, blocks.MXFP8):
+        q, r = blocks.quantize(t, fmt), blocks.quantize(same, fmt)
+        assert np.array_equal(q.codes, r.codes) and np.array_equal(q.scales, r.scales)
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_attention_forward_gives_the_numpy_bits():
+    torch = _cuda()
+    (q, qn), (k, kn), (v, vn) = (_bf16_pair(torch, (1, 64, 32), device="cuda") for _ in range(3))
+    a = fp4sim.attention_forward(q, k, v, fp4sim.HW_FP4_DIRECT_P)
+    b = fp4sim.attention_forward(qn, kn, vn, fp4sim.HW_FP4_DIRECT_P)
+    assert np.array_equal(a.out, b.out) and np.array_equal(a.lse, b.lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "fmt", [fp4sim.E4M3, fp4sim.E5M2, fp4sim.UE8M0, fp4sim.E2M1], ids=lambda f: f.name
+)
+def test_cuda_low_precision_tensors_round_trip(fmt):
+    torch = _cuda()
+    codes = fp4sim.encode(np.abs(X) if not fmt.signed else X, fmt)
+    t = fp4sim.to_torch(codes, fmt, device="cuda")
+    assert isinstance(t, torch.Tensor) and t.device.type == "cuda"
+    back, f = fp4sim.from_torch(t)
+    assert f is fmt and np.array_equal(back, codes)

@@ -54,6 +54,13 @@ def test_registry_per_architecture():
         "blackwell_matmul.nvfp4",
     } <= blackwell
     assert "wgmma_probe.fp8" not in blackwell  # wgmma is sm_90a only
+    # the Blackwell attention bodies (only compiled): one check per shipped configuration,
+    # run on sm_100 only, never on Hopper
+    from fp4sim.kernels.attention_sm100 import shipped_cases
+
+    sm100 = {c.name for c in checks.CHECKS if c.name.startswith("attention_sm100.")}
+    assert len(sm100) == len(shipped_cases()) and sm100 <= blackwell
+    assert not sm100 & hopper
     quant = {c.name for c in checks.CHECKS if c.name.startswith("quantize.")}
     assert quant and quant <= hopper and quant <= blackwell
     assert checks.supported((8, 0)) == []
@@ -113,14 +120,17 @@ def test_gpu_path_table_json_and_budget(monkeypatch, capsys, tmp_path):
             min_arch=(10, 0),
             majors=(10,),
             run=lambda: (True, "", 1),
+            compiled_only=True,
         ),
     )
     monkeypatch.setattr(checks, "CHECKS", fake)
     monkeypatch.setattr(harness, "device_arch", lambda: (9, 0))
     out = tmp_path / "v.json"
     code, text, _ = _run(["validate", "--out", str(out)], capsys)
-    assert code == 1 and "1 passed, 1 failed, 0 errors" in text and "(not for sm_90)" in text
+    assert code == 1 and "1 passed, 1 failed, 0 errors" in text
+    assert "(not for sm_90; only compiled, never run)" in text  # never claimed run
     info = json.loads(out.read_text())
+    assert info["not_for_this_arch_compiled_only"] == ["c"]
     assert info["arch"] == "sm_90" and info["verdict"] == "fail"
     assert [r["verdict"] for r in info["results"]] == ["PASS", "FAIL"]
     assert info["not_for_this_arch"] == ["c"]

@@ -64,6 +64,16 @@ gives NaN scores). Masks:
 (packed documents) let query i see key j iff their ids are equal. Keys are padded with masked
 zero keys up to a multiple of ``block_kv``.
 
+Accumulation (``accumulation=``:class:`~fp4sim.attention.recipe.ForwardAccumulation`): steps 1
+and 4 above are ``SEQUENTIAL`` (the default, what the Hopper kernels' tile math follows).
+``TCGEN05`` replaces them by Blackwell's block-scaled ``tcgen05.mma`` (:mod:`fp4sim.formats.mma`):
+the scores are one instruction chain over the head dim per (query, key) with the Q/K block scales
+inside the instructions (per-token factors after), and each tile's P·V is one chain over the
+tile's keys from a zero accumulator (P's and V's block scales inside), added to ``A`` as above;
+the rest of the forward is unchanged. It is what fp4sim's sm_100a attention bodies
+(:mod:`fp4sim.kernels.attention_sm100`) issue; :func:`check_tcgen05_recipe` says which recipes
+have such products.
+
 For the backward (:mod:`fp4sim.attention.backward`), ``return_intermediates=True`` returns the
 quantized operands, the anchor ``m'`` of every tile, P codes/scales/block exponents, and the
 final numerator and normalizer; :func:`scores` and :func:`log2_scores` rebuild a tile's ``t``
@@ -91,6 +101,7 @@ from fp4sim.attention.recipe import (
     AffineP,
     AttentionRecipe,
     BlockExponent,
+    ForwardAccumulation,
     MitchellP,
     Normalization,
     PFormat,
@@ -117,6 +128,7 @@ __all__ = [
     "score_scale",
     "converter_unit",
     "masked_tile",
+    "check_tcgen05_recipe",
 ]
 
 _LN2 = np.float32(math.log(2.0))
@@ -511,6 +523,119 @@ def _pv_plain(pr: Array, vr: Array) -> Array:
     return f32.ftz(parts)
 
 
+# --- the TCGEN05 accumulation (Blackwell's block-scaled tcgen05.mma) -------------------------
+def _pow2_values(xp: ModuleType, e: Array) -> Array:
+    """float32 2^e for int e in [−127, 127] (2^-127 is the UE8M0 code 0, a float32 subnormal);
+    e = 128 (the UE8M0 NaN code) gives NaN."""
+    e = xp.asarray(e).astype(np.int32)
+    one = xp.ones(e.shape, dtype=np.float32)
+    return xp.where(e == 128, np.float32(np.nan), f32.ldexp_f32(one, xp.minimum(e, 127)))
+
+
+def check_tcgen05_recipe(recipe: AttentionRecipe) -> None:
+    """``ValueError`` unless ``recipe``'s products are block-scaled ``tcgen05.mma`` kinds:
+    Q/K ``MXFP8`` (``kind::mxf8f6f4``, UE8M0 per 32) or ``NVFP4`` (``kind::mxf4nvf4``, UE4M3
+    per 16); P ``MXFP8`` with an E4M3 V (``MXFP8_TOKENS`` or ``TOKEN_BLOCK_FP8``) or P ``MXFP4``
+    with ``MXFP4_TOKENS`` V (``kind::mxf4``); ``block_kv`` a multiple of 64."""
+    problems = []
+    if recipe.qk not in (QKFormat.MXFP8, QKFormat.NVFP4):
+        problems.append(f"qk={recipe.qk.name} (allowed: MXFP8, NVFP4)")
+    pv = (recipe.p_format, recipe.v)
+    if pv not in (
+        (PFormat.MXFP8, VFormat.MXFP8_TOKENS),
+        (PFormat.MXFP8, VFormat.TOKEN_BLOCK_FP8),
+        (PFormat.MXFP4, VFormat.MXFP4_TOKENS),
+    ):
+        problems.append(
+            f"(p_format, v)=({recipe.p_format.name}, {recipe.v.name}) (allowed: MXFP8 with "
+            f"MXFP8_TOKENS or TOKEN_BLOCK_FP8, MXFP4 with MXFP4_TOKENS)"
+        )
+    if recipe.block_kv % 64:
+        problems.append(f"block_kv={recipe.block_kv} (a multiple of 64)")
+    if problems:
+        raise ValueError(
+            "accumulation=TCGEN05 needs block-scaled tcgen05.mma operands; this recipe has "
+            + "; ".join(problems)
+        )
+
+
+def _tcgen05_scores(pb: _Problem, q: Operand, k: Operand, row_ids: Array) -> Array:
+    """Scores z (..., rows, keys) of one ``tcgen05.mma`` chain over the head dim per (query,
+    key) (:func:`fp4sim.formats.mma.mma_dot`: the block scales inside the instructions), then
+    the per-token factors of step 1."""
+    from fp4sim.formats.mma import MMA_MODELS, MmaKind, mma_dot
+    from fp4sim.formats.spec import UE4M3, UE8M0
+
+    xp = namespace(q.values, k.values)
+    if pb.recipe.qk is QKFormat.MXFP8:
+        qv, kv = q.values, k.values
+        qs, ks = _pow2_values(xp, q.exps), _pow2_values(xp, k.exps)
+        kind, elem, sfmt, blk = MmaKind.MXF8F6F4, E4M3, UE8M0, 32
+    else:  # NVFP4: values = payload·scale (exact); the scales come from the quantized arrays
+        full_q = xp.asarray(q.quantized.scale_values())
+        rows = xp.minimum(row_ids, np.int32(full_q.shape[-2] - 1))
+        qs = xp.take(full_q, rows, axis=-2)
+        ks = xp.asarray(k.quantized.scale_values())[..., : k.values.shape[-2], :]
+
+        def payload(v, s):
+            se = xp.repeat(s, 16, axis=-1)
+            return xp.where(se > 0, v / xp.where(se > 0, se, np.float32(1.0)), np.float32(0.0))
+
+        qv, kv = payload(q.values, qs), payload(k.values, ks)
+        kind, elem, sfmt, blk = MmaKind.MXF4NVF4, E2M1, UE4M3, 16
+    z = mma_dot(
+        qv[..., :, None, :],
+        kv[..., None, :, :],
+        model=MMA_MODELS[kind],
+        a_format=elem,
+        b_format=elem,
+        a_scale=qs[..., :, None, :],
+        b_scale=ks[..., None, :, :],
+        scale_format=sfmt,
+        block=blk,
+    )
+    return _score_factors(q, k, z)
+
+
+def _tcgen05_partials(
+    xp: ModuleType, p: PTile, v_vals: Array, v_exps: Array | None, v_block: int, fp4: bool
+) -> Array:
+    """Each tile's P·V as one ``tcgen05.mma`` chain over its keys from a zero accumulator:
+    (..., n_tiles, 1, Sq, Dv). ``p`` (..., Sq, n_tiles, T); ``v_vals`` (..., n_tiles, T, Dv),
+    ``v_exps`` (..., n_tiles, T/32, Dv or 1); ``fp4``: E2M1 P and V (``kind::mxf4``), else
+    E4M3 (``kind::mxf8f6f4``)."""
+    from fp4sim.formats.mma import MMA_MODELS, MmaKind, mma_dot
+    from fp4sim.formats.spec import UE8M0
+
+    kind, elem = (MmaKind.MXF4, E2M1) if fp4 else (MmaKind.MXF8F6F4, E4M3)
+    *lead, sq, nt, n = p.values.shape
+    dv = v_vals.shape[-1]
+    pv = xp.moveaxis(p.values, -2, -3)  # (..., nt, Sq, T)
+    ps = _pow2_values(
+        xp, xp.moveaxis(p.exps + np.int32(p.factor_exp), -2, -3)
+    )  # (.., nt, Sq, T/32)
+    vt = xp.swapaxes(v_vals, -1, -2)  # (..., nt, Dv, T)
+    ve = xp.broadcast_to(v_exps, (*v_exps.shape[:-1], dv))
+    vs = xp.swapaxes(_pow2_values(xp, ve), -1, -2)  # (..., nt, Dv, T/32)
+    if v_block != 32 or n % 64:
+        raise ValueError(
+            f"accumulation=TCGEN05 needs V blocks of 32 tokens and tiles of a multiple of 64 "
+            f"keys; got {v_block} and {n}"
+        )
+    out = mma_dot(
+        pv[..., :, None, :],
+        vt[..., None, :, :],
+        model=MMA_MODELS[kind],
+        a_format=elem,
+        b_format=elem,
+        a_scale=ps[..., :, None, :],
+        b_scale=vs[..., None, :, :],
+        scale_format=UE8M0,
+        block=32,
+    )
+    return out[..., :, None, :, :]
+
+
 def _row(x: Array | None) -> np.ndarray | None:
     return None if x is None else np.asarray(x)[0]
 
@@ -571,6 +696,7 @@ class _Problem(NamedTuple):
     mismatched: bool  # normalization is MISMATCHED
     p_fp4: bool  # P is an FP4 format (MXFP4 or NVFP4)
     intermediates: bool  # return the intermediates too
+    accumulation: ForwardAccumulation = ForwardAccumulation.SEQUENTIAL
 
     @property
     def tile(self) -> int:
@@ -646,7 +772,10 @@ def _row_log2_scores(
     −inf; and which rows hold a NaN or +Inf score (their output is NaN)."""
     xp = namespace(qo.values)
     ku = ntu * pb.tile
-    z = materialize(_scores(qo, ko, kb))  # (..., rows, ku)
+    if pb.accumulation is ForwardAccumulation.TCGEN05:
+        z = materialize(_tcgen05_scores(pb, qo, ko, row_ids))
+    else:
+        z = materialize(_scores(qo, ko, kb))  # (..., rows, ku)
     rows = row_ids[:, None]
     cols = xp.arange(ku, dtype=np.int32)[None, :]
     valid = (cols < np.int32(pb.skv)) & (rows < np.int32(pb.sq))
@@ -722,11 +851,22 @@ def _accumulate(pb: _Problem, p: PTile, r: Array, ntu: int) -> tuple[Array, Arra
         v_exps = xp.reshape(
             vop.exps[..., : ku // vop.block, :], (*lead, ntu, tile // vop.block, vop.exps.shape[-1])
         )
-    g = materialize(
-        _group_partials(
-            xp, p, v_vals, v_exps, vop.block, vop.exact, pb.recipe.pv_group, pb.p_fp4, pb.v_stats
+    if pb.accumulation is ForwardAccumulation.TCGEN05:
+        g = materialize(_tcgen05_partials(xp, p, v_vals, v_exps, vop.block, pb.p_fp4))
+    else:
+        g = materialize(
+            _group_partials(
+                xp,
+                p,
+                v_vals,
+                v_exps,
+                vop.block,
+                vop.exact,
+                pb.recipe.pv_group,
+                pb.p_fp4,
+                pb.v_stats,
+            )
         )
-    )
     lt = p.mismatched if pb.mismatched else _consistent_denominator(xp, p, tile)  # (..., Sq, nt)
     acc = xp.zeros(lead + (nrows, dv), dtype=np.float32)
     den = xp.zeros(lead + (nrows,), dtype=np.float32)
@@ -762,6 +902,7 @@ def _fused_direct_p(pb: _Problem, qo: Operand, qs: Any) -> bool:
     dv, d = pb.dv, qo.values.shape[-1]
     return (
         not pb.intermediates
+        and pb.accumulation is ForwardAccumulation.SEQUENTIAL
         and qs is None
         and pb.kseg is None
         and rec.qk is QKFormat.NVFP4
@@ -938,13 +1079,18 @@ def attention_forward(
     kv_segment_ids: Array | None = None,
     softmax_scale: float | None = None,
     return_intermediates: bool = False,
+    accumulation: ForwardAccumulation = ForwardAccumulation.SEQUENTIAL,
 ) -> ForwardResult:
     """Emulated forward of ``recipe`` (see the module docstring). Returns O, LSE (natural log)
     and, on request, the intermediates. PyTorch tensors (any float dtype, any device) and other
     ``__dlpack__`` arrays are read as NumPy (:func:`fp4sim._xp.adopt`); the results are NumPy.
     Not differentiable (it computes on bit patterns): ``jax.grad``/``jax.jvp`` raise
     :class:`fp4sim.NoDerivativeError`; differentiate :func:`fp4sim.emulated_attention` with a
-    ``TrainingRecipe`` (the emulated backward)."""
+    ``TrainingRecipe`` (the emulated backward). ``accumulation``
+    (:class:`~fp4sim.attention.recipe.ForwardAccumulation`): ``SEQUENTIAL`` (the default, steps 1
+    and 4 above) or ``TCGEN05``, Blackwell's block-scaled ``tcgen05.mma`` for both products
+    (:func:`check_tcgen05_recipe` says which recipes), the bits fp4sim's sm_100a kernels
+    (:mod:`fp4sim.kernels.attention_sm100`) should return for S and P."""
     q, k, v = adopt(q, "q"), adopt(k, "k"), adopt(v, "v")
     q_segment_ids, kv_segment_ids = (
         adopt(q_segment_ids, "q_segment_ids"),
@@ -953,6 +1099,13 @@ def attention_forward(
     check_static("recipe", recipe, AttentionRecipe, "fp4sim.PRESETS['flamia_nvfp4']")
     causal = check_bool("causal", causal)
     return_intermediates = check_bool("return_intermediates", return_intermediates)
+    if not isinstance(accumulation, ForwardAccumulation):
+        raise TypeError(
+            f"accumulation={accumulation!r} must be a ForwardAccumulation; allowed: "
+            f"{[m.name for m in ForwardAccumulation]}"
+        )
+    if accumulation is ForwardAccumulation.TCGEN05:
+        check_tcgen05_recipe(recipe)
     xp = namespace(q, k, v, q_segment_ids, kv_segment_ids)
     # no derivative (bit-level arithmetic): jax.grad raises, naming emulated_attention
     q, k, v = (
@@ -1028,6 +1181,7 @@ def attention_forward(
         mismatched=mism,
         p_fp4=p_fp4,
         intermediates=return_intermediates,
+        accumulation=accumulation,
     )
 
     def tiles_needed(r1: int) -> int:

@@ -106,6 +106,7 @@ __all__ = [
     "DeltaSource",
     "DsProbabilities",
     "BackwardAccumulation",
+    "ForwardAccumulation",
     "TrainingRecipe",
     "P_MXFP8_KEYS",
     "TRAINING_PRESETS",
@@ -647,6 +648,17 @@ class BackwardAccumulation(enum.Enum):
     SEQUENTIAL = "sequential"  # fl(fl(a·b) + acc) term by term in contraction order, flushed:
     #                            the same bits on NumPy and under jit (the emulator's spec)
     BACKEND = "backend"  # the backend's matmul (BLAS / XLA dot): fast, last bits backend-dependent
+
+
+class ForwardAccumulation(enum.Enum):
+    """How the forward's two tensor-core products (scores, PV) accumulate."""
+
+    SEQUENTIAL = "sequential"  # the forward's spec (fp4sim.attention.forward, steps 1 and 4):
+    #                            exact block partials or float32 sums in contraction order,
+    #                            flushed; what the Hopper kernels' tile math follows
+    TCGEN05 = "tcgen05"  # Blackwell's block-scaled tcgen05.mma (fp4sim.formats.mma): S = one
+    #                      instruction chain over the head dim, each tile's P·V one chain over
+    #                      its keys from a zero accumulator (what fp4sim's sm_100a bodies issue)
 
 
 def _check_scaling(owner: str, name: str, value: Any) -> None:

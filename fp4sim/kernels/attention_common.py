@@ -15,6 +15,18 @@ consumed phases, so the same kernel runs on the H200 and in GPU interpret mode o
 A kernel plugs in its numerics with a :class:`TileMath`: the per-tile softmax/quantization step
 (:class:`StepContext` → :class:`StepResult`) and the epilogue. Each matrix product is one local
 function (``qk`` and ``pv`` below) so a Blackwell ``tcgen05`` body can replace it.
+
+Blackwell (sm_100a) bodies: with ``mma=``:class:`BlockScaledMma` the two matmul sites become
+block-scaled ``tcgen05.mma`` into TMEM accumulators (one ``128 x 128`` float32 TMEM region per
+compute warpgroup, shared by S and the PV tile, which are never live at once): Q, K, P and Vᵀ
+are element codes in shared memory (E4M3 or E2M1), their block scales travel in the 128x4
+layout ``plgpu.async_copy_scales_to_tmem`` copies into TMEM
+(:func:`fp4sim.formats.layouts.to_mosaic_tmem`): Q's once per warpgroup, K's and V's with
+their tiles (same TMA barriers), and P's, which the step computes per row and 32-key block
+(:attr:`StepResult.p_scales`), written by each thread into shared memory in that layout. Each
+warpgroup owns 128 query rows (the MMA's M); the barrier protocol, the ring and the causal
+loops are the Hopper ones. These bodies have only been compiled (cross-lowered for sm_100a,
+their PTX instructions assembled by ``ptxas -arch=sm_100a``), never run.
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 __all__ = [
+    "BlockScaledMma",
     "StepContext",
     "StepResult",
     "TileMath",
@@ -62,6 +75,28 @@ class StepResult(NamedTuple):
     state: tuple  # new extra per-row state vectors
     debug: tuple  # per-row vectors dumped with P at the debug step (the normalizer follows)
     l_sums: Any = None  # with block sums: callable (block_q, 8) per-block sums of P -> l_tile
+    p_scales: tuple = ()  # Blackwell: block_kv/32 (block_q,) int32 E8M0 codes of P's blocks
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class BlockScaledMma:
+    """The Blackwell (``tcgen05``) matmul sites of :func:`build_forward`.
+
+    ``qk_scale`` the dtype of Q's and K's block scales (``float8_e8m0fnu`` per 32 or
+    ``float8_e4m3fn`` per 16 along D), ``qk_block`` their block; P and V always carry
+    ``float8_e8m0fnu`` per 32 keys. ``v_dim`` the head dimension of V and O (Q and K may be
+    zero-padded beyond it: block-scaled MXFP8 needs K a multiple of 128 in Mosaic GPU).
+    """
+
+    qk_scale: Any
+    qk_block: int
+    v_dim: int
+
+    def __post_init__(self) -> None:
+        if self.qk_block not in (16, 32):
+            raise ValueError(f"BlockScaledMma.qk_block={self.qk_block!r}; allowed: 16, 32")
+        if self.v_dim not in (64, 128):
+            raise ValueError(f"BlockScaledMma.v_dim={self.v_dim!r}; allowed: 64, 128")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -138,6 +173,36 @@ def _when(cond: Any, fn: Callable[[], None]) -> None:
         pl.when(cond)(fn)
 
 
+def _store_p_scale_words(words: Any, ref: Any, layout: Any) -> None:
+    """Write the per-row words ``words`` (block_q = 128,) int32 (four E8M0 codes of one row,
+    block 0 in the low byte) into the SMEM scale tile ``ref`` (1, 1, 32, 16) in the layout
+    ``async_copy_scales_to_tmem`` reads (:func:`fp4sim.formats.layouts.to_mosaic_tmem`: row r
+    at word ``(r % 32)·4 + r // 32``). Pallas has no store with that permutation, so each thread
+    stores its rows' words itself (``plgpu.inline_mgpu``); lanes replicating a row store the
+    same word."""
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import arith, llvm, vector
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    @plgpu.inline_mgpu(arg_types=(layout, plgpu.RefType()))
+    def store(ctx, x, smem):
+        del ctx
+        i32 = ir.IntegerType.get_signless(32)
+        ptr = mgpu_utils.memref_ptr(smem)
+        for reg, idx in zip(x.registers.flat, x.layout.thread_idxs(x.shape), strict=True):
+            row = arith.index_cast(i32, idx[0])
+            word = arith.addi(
+                arith.muli(arith.remui(row, mgpu_utils.c(32, i32)), mgpu_utils.c(4, i32)),
+                arith.divui(row, mgpu_utils.c(32, i32)),
+            )
+            elem = mgpu_utils.getelementptr(ptr, [word], i32)
+            val = vector.extract(reg, dynamic_position=[], static_position=[0])
+            llvm.store(val, elem)
+
+    store(words, ref)
+
+
 def build_forward(
     *,
     q_shape: tuple,
@@ -156,6 +221,7 @@ def build_forward(
     skip_pv: bool = False,
     kv_len: int | None = None,
     block_sums: bool = False,
+    mma: BlockScaledMma | None = None,
 ) -> Callable[..., Any]:
     """A function ``(q, k, vt, rows, cols) -> [o, lse, (dbg_p, dbg_rows)]`` running the kernel.
 
@@ -174,6 +240,12 @@ def build_forward(
     Vᵀ tile in shared memory gets 8 extra rows, loaded once per slot from ``ind`` (8, block_kv)
     (row b is 1 on the keys of block b), so the accumulator's columns ``D..D+7`` hold the block
     sums; the step's ``StepResult.l_sums`` turns them into the tile's normalizer.
+
+    ``mma`` (Blackwell, see the module docstring): ``block_q = block_kv = 128``; the function
+    is ``(q, k, vt, q_scales, k_scales, v_scales) -> [o, lse, ...]`` with ``vt`` (B, Hkv,
+    v_dim, S), the scales in the Mosaic TMEM layout: ``q_scales`` (B, Hq, T/128, D/qk_block/4,
+    32, 16), ``k_scales`` (B, Hkv, S/128, D/qk_block/4, 32, 16), ``v_scales`` (B, Hkv, 1,
+    S/128, 32, 16) (V's rows zero-padded to 128), and O (B, T, Hq, v_dim).
     """
     import jax
     import jax.numpy as jnp
@@ -198,6 +270,18 @@ def build_forward(
             f"build_forward: kv_len={kv_len} must lie in the last key tile "
             f"({(n_kv - 1) * bkv}, {s_len}]"
         )
+    tc = mma is not None  # Blackwell tcgen05 matmul sites
+    if tc:
+        if not isinstance(mma, BlockScaledMma):
+            raise TypeError(f"build_forward: mma={mma!r} must be a BlockScaledMma or None")
+        if bq != 128 or bkv != 128 or n_columns or row_input or block_sums or skip_pv:
+            raise ValueError(
+                "build_forward: the tcgen05 bodies need block_q = block_kv = 128 and no "
+                "column/row inputs, block sums or ablation"
+            )
+        if d % (4 * mma.qk_block) or d < mma.v_dim:
+            raise ValueError(f"build_forward: D={d} must be a multiple of {4 * mma.qk_block}")
+    dv = mma.v_dim if tc else d  # head dimension of V and O
     tail = kv_len < s_len  # the last key tile is masked
     slots = min(max_concurrent_steps, n_kv)
     block_sums = block_sums and not skip_pv
@@ -206,10 +290,15 @@ def build_forward(
     f32 = jnp.float32
     debug = debug_step is not None
     n_dbg = math.n_debug + 1
-    row_layout = plgpu.Layout.WGMMA.reduce(1)
-    col_layout = plgpu.Layout.WGMMA.reduce(0)
-    wgmma_layout = plgpu.Layout.WGMMA
+    acc_layout = plgpu.Layout.TCGEN05 if tc else plgpu.Layout.WGMMA
+    row_layout = acc_layout.reduce(1)
+    col_layout = acc_layout.reduce(0)
+    wgmma_layout = acc_layout
     o_in_q = np.dtype(out_dtype) == np.dtype(in_dtype)  # stage O in Q's buffer
+    if tc:
+        e8m0 = jnp.float8_e8m0fnu
+        qk_sc = d // mma.qk_block // 4  # scale columns of Q and K, in 4-column tiles
+        n_pb = bkv // 32  # P (and V) scale blocks of a key tile
 
     def kernel(
         q_ref,
@@ -218,6 +307,7 @@ def build_forward(
         rows_ref,
         cols_ref,
         ind_ref,
+        sc_refs,
         o_ref,
         lse_ref,
         dbg_p_ref,
@@ -227,7 +317,7 @@ def build_forward(
         bi = lax.axis_index("batch")
         head = lax.axis_index("heads")
         wg = lax.axis_index("wg")
-        smem, (k_bar, v_bar, c_bar, q_bar, r_bar, i_bar), (k_cons, v_cons), sched = scoped
+        smem, (k_bar, v_bar, c_bar, q_bar, r_bar, i_bar), (k_cons, v_cons), sched, tcs = scoped
         q_smem2, k_smem, vt_smem, c_smem, p_smem2, o_smem2, r_smem2, lse_smem2, dbg_smem2 = smem
 
         def schedule_barrier():
@@ -240,8 +330,7 @@ def build_forward(
         else:
             cta_kv_steps = n_kv
 
-        @pl.when(wg < 2)
-        def _compute():
+        def compute(wg):
             plgpu.set_max_registers(232, action="increase")
             q_smem, p_smem = q_smem2.at[wg], p_smem2.at[wg]
             o_smem = q_smem if o_in_q else o_smem2.at[wg]  # Q is dead once the loop ends
@@ -252,6 +341,15 @@ def build_forward(
             else:
                 kv_steps = n_kv
             plgpu.copy_gmem_to_smem(q_ref.at[bi, pl.ds(q_base, bq), head], q_smem, q_bar.at[wg])
+            if tc:
+                (qs_smem2, ks_smem, vs_smem, ps_smem2), tmem, mma_bar, tmem_free = tcs
+                acc_t, qs_t, ks_t, ps_t, vs_t = tmem[wg]  # this warpgroup's TMEM (static wg)
+                qs_smem, ps_smem = qs_smem2.at[wg], ps_smem2.at[wg]
+                plgpu.copy_gmem_to_smem(
+                    sc_refs[0].at[bi, head, pl.ds(lax.div(q_base, jnp.int32(bq)), 1)],
+                    qs_smem,
+                    q_bar.at[wg],
+                )
             rows = None
             if row_input:
                 r_smem = r_smem2.at[wg]
@@ -261,6 +359,11 @@ def build_forward(
                 plgpu.barrier_wait(r_bar.at[wg])
                 rows = plgpu.load(r_smem, layout=row_layout)
             plgpu.barrier_wait(q_bar.at[wg])
+            if tc:  # Q's scales stay in TMEM for the whole loop
+                plgpu.async_copy_scales_to_tmem(qs_smem, qs_t)
+                # the accumulator region is free: every MMA into it waits for this barrier,
+                # every load from it arrives once all threads' loads have completed
+                plgpu.barrier_arrive(tmem_free.at[wg])
 
             def row_full(value):
                 return plgpu.layout_cast(jnp.full((bq,), value, f32), row_layout)
@@ -268,7 +371,7 @@ def build_forward(
             m_i = row_full(-jnp.inf)
             l_i = row_full(0.0)
             state = tuple(row_full(v) for v in math.state_init)
-            acc = plgpu.layout_cast(jnp.full((bq, d), 0.0, f32), wgmma_layout)
+            acc = plgpu.layout_cast(jnp.full((bq, dv), 0.0, f32), wgmma_layout)
 
             for i in range(slots if block_sums else 0):  # the indicator rows are in place
                 plgpu.barrier_wait(i_bar.at[i])
@@ -287,7 +390,30 @@ def build_forward(
                     schedule_barrier()
                     return acc_ref[...]
 
-                s_tile = pl.run_scoped(qk, plgpu.ACC((bq, bkv), f32))
+                def qk_tcgen05():  # Blackwell: block-scaled S = Q·Kᵀ into TMEM
+                    s_t = acc_t.at[:, pl.ds(0, bkv)]
+                    plgpu.async_copy_scales_to_tmem(ks_smem.at[slot], ks_t)
+                    plgpu.barrier_wait(tmem_free.at[wg])  # the last P·V tile has been read
+                    plgpu.tcgen05_mma(
+                        s_t,
+                        q_smem,
+                        k_smem.at[slot].T,
+                        mma_bar.at[wg],
+                        a_scale=qs_t,
+                        b_scale=ks_t,
+                        accumulate=False,
+                    )
+                    plgpu.barrier_wait(mma_bar.at[wg])
+                    schedule_barrier()
+                    s = plgpu.async_load_tmem(s_t, layout=wgmma_layout)
+                    plgpu.wait_load_tmem()
+                    plgpu.barrier_arrive(tmem_free.at[wg])
+                    return s
+
+                if tc:
+                    s_tile = qk_tcgen05()
+                else:
+                    s_tile = pl.run_scoped(qk, plgpu.ACC((bq, bkv), f32))
                 plgpu.barrier_arrive(k_cons.at[slot])
                 col_ref = None
 
@@ -311,16 +437,26 @@ def build_forward(
                 res = math.step(
                     StepContext(s_tile, cols, col_ref, visible, rows, kv_step, key_iota), m_i, state
                 )
-                acc = acc * lax.broadcast_in_dim(res.beta, (bq, d), [0])
+                acc = acc * lax.broadcast_in_dim(res.beta, (bq, dv), [0])
                 pv_scale = (
                     None
                     if res.pv_scale is None
-                    else lax.broadcast_in_dim(res.pv_scale, (bq, d), [0])
+                    else lax.broadcast_in_dim(res.pv_scale, (bq, dv), [0])
                 )
                 if res.l_sums is None:
                     l_i = l_i * res.beta + (1.0 if res.l_tile is None else res.l_tile)
                 if not skip_pv:
                     p_smem[...] = res.p
+                    if tc:  # P's E8M0 block codes, four per row word, in the TMEM-copy layout
+                        if len(res.p_scales) != n_pb:
+                            raise ValueError(
+                                f"the step returned {len(res.p_scales)} P scale vectors; "
+                                f"the tcgen05 body needs {n_pb}"
+                            )
+                        word = res.p_scales[0]
+                        for b in range(1, n_pb):
+                            word = word | lax.shift_left(res.p_scales[b], jnp.int32(8 * b))
+                        _store_p_scale_words(word, ps_smem, row_layout)
                     plgpu.commit_smem()
                 plgpu.barrier_arrive(sched)  # softmax done
                 plgpu.barrier_wait(v_bar.at[slot])
@@ -337,7 +473,36 @@ def build_forward(
 
                     return acc_ref[...]
 
-                pv_tile = pl.run_scoped(pv, plgpu.ACC((bq, d + ext), f32))
+                def pv_tcgen05():  # Blackwell: block-scaled P·V into TMEM (S's columns)
+                    o_t = acc_t.at[:, pl.ds(0, dv)]
+                    plgpu.async_copy_scales_to_tmem(ps_smem, ps_t)
+                    plgpu.async_copy_scales_to_tmem(vs_smem.at[slot], vs_t)
+                    plgpu.barrier_wait(tmem_free.at[wg])  # S has been read by every thread
+                    plgpu.tcgen05_mma(
+                        o_t,
+                        p_smem,
+                        vt_smem.at[slot].T,
+                        mma_bar.at[wg],
+                        a_scale=ps_t,
+                        b_scale=vs_t,
+                        accumulate=False,
+                    )
+                    plgpu.barrier_wait(mma_bar.at[wg])
+                    nxt = kv_step + 1
+
+                    @pl.when(nxt < kv_steps)
+                    def _():
+                        plgpu.barrier_wait(k_bar.at[lax.rem(nxt, jnp.int32(slots))])
+
+                    out = plgpu.async_load_tmem(o_t, layout=wgmma_layout)
+                    plgpu.wait_load_tmem()
+                    plgpu.barrier_arrive(tmem_free.at[wg])
+                    return out
+
+                if tc:
+                    pv_tile = pv_tcgen05()
+                else:
+                    pv_tile = pl.run_scoped(pv, plgpu.ACC((bq, d + ext), f32))
                 if ext:
                     sums, pv_tile = pv_tile[:, d:], pv_tile[:, :d]
                     l_i = l_i * res.beta + res.l_sums(sums)
@@ -399,6 +564,12 @@ def build_forward(
             plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[bi, head, pl.ds(q_base, bq)])
             plgpu.wait_smem_to_gmem(0)
 
+        if tc:  # TMEM refs are chosen per warpgroup at trace time: one body per warpgroup
+            for w in range(2):
+                pl.when(wg == w)(functools.partial(compute, w))
+        else:
+            pl.when(wg < 2)(functools.partial(compute, wg))
+
         @pl.when(wg == 2)
         def _memory():
             plgpu.set_max_registers(40, action="decrease")
@@ -408,12 +579,24 @@ def build_forward(
                 plgpu.copy_gmem_to_smem(
                     k_ref.at[bi, pl.ds(step * bkv, bkv), kv_head], k_smem.at[slot], k_bar.at[slot]
                 )
+                if tc:
+                    plgpu.copy_gmem_to_smem(
+                        sc_refs[1].at[bi, kv_head, pl.ds(step, 1)],
+                        tcs[0][1].at[slot],
+                        k_bar.at[slot],
+                    )
 
             def issue_v(step, slot):
                 dst = vt_smem.at[slot, pl.ds(0, d)] if ext else vt_smem.at[slot]
                 plgpu.copy_gmem_to_smem(
                     vt_ref.at[bi, kv_head, :, pl.ds(step * bkv, bkv)], dst, v_bar.at[slot]
                 )
+                if tc:
+                    plgpu.copy_gmem_to_smem(
+                        sc_refs[2].at[bi, kv_head, :, pl.ds(step, 1)],
+                        tcs[0][2].at[slot],
+                        v_bar.at[slot],
+                    )
                 if n_columns:
                     plgpu.copy_gmem_to_smem(
                         cols_ref.at[bi, kv_head, :, pl.ds(step * bkv, bkv)],
@@ -449,21 +632,46 @@ def build_forward(
         rows_ref = refs.pop(0) if row_input else None
         cols_ref = refs.pop(0) if n_columns else None
         ind_ref = refs.pop(0) if ext else None
+        sc_refs = (refs.pop(0), refs.pop(0), refs.pop(0)) if tc else None
         o_ref, lse_ref = refs[0], refs[1]
         dbg_p_ref, dbg_r_ref = (refs[2], refs[3]) if debug else (None, None)
         scratch = [
             plgpu.SMEM((2, bq, d), in_dtype, transforms=smem_transforms(in_dtype, d)),
             plgpu.SMEM((slots, bkv, d), in_dtype, transforms=smem_transforms(in_dtype, d)),
-            plgpu.SMEM((slots, d + ext, bkv), in_dtype, transforms=smem_transforms(in_dtype, bkv)),
+            plgpu.SMEM((slots, dv + ext, bkv), in_dtype, transforms=smem_transforms(in_dtype, bkv)),
             plgpu.SMEM((slots, n_columns, bkv), f32) if n_columns else None,
             plgpu.SMEM((2, bq, bkv), p_dtype, transforms=smem_transforms(p_dtype, bkv)),
             None
             if o_in_q
-            else plgpu.SMEM((2, bq, d), out_dtype, transforms=smem_transforms(out_dtype, d)),
+            else plgpu.SMEM((2, bq, dv), out_dtype, transforms=smem_transforms(out_dtype, dv)),
             plgpu.SMEM((2, bq), f32) if row_input else None,
             plgpu.SMEM((2, bq), f32),
             plgpu.SMEM((2, n_dbg, bq), f32) if debug else None,
         ]
+        arrivals = 2 if tc else 1  # with tcgen05 the scale tiles arrive on the same barriers
+        tc_scratch = None
+        if tc:
+            sl = plgpu.TMEMLayout.SCALES_LAYOUT
+            tc_scratch = (
+                (
+                    plgpu.SMEM((2, 1, qk_sc, 32, 16), mma.qk_scale),
+                    plgpu.SMEM((slots, 1, qk_sc, 32, 16), mma.qk_scale),
+                    plgpu.SMEM((slots, 1, 1, 32, 16), e8m0),
+                    plgpu.SMEM((2, 1, 1, 32, 16), e8m0),
+                ),
+                tuple(
+                    (
+                        plgpu.TMEM((bq, max(bkv, dv)), f32),
+                        plgpu.TMEM((bq, d // mma.qk_block), mma.qk_scale, layout=sl),
+                        plgpu.TMEM((bkv, d // mma.qk_block), mma.qk_scale, layout=sl),
+                        plgpu.TMEM((bq, n_pb), e8m0, layout=sl),
+                        plgpu.TMEM((128, n_pb), e8m0, layout=sl),
+                    )
+                    for _ in range(2)
+                ),
+                plgpu.Barrier(num_barriers=2, orders_tensor_core=True),  # MMA done
+                plgpu.Barrier(num_barriers=2, orders_tensor_core=True),  # TMEM read
+            )
         pl.run_scoped(
             lambda *args: kernel(
                 q_ref,
@@ -472,28 +680,30 @@ def build_forward(
                 rows_ref,
                 cols_ref,
                 ind_ref,
+                sc_refs,
                 o_ref,
                 lse_ref,
                 dbg_p_ref,
                 dbg_r_ref,
-                args,
+                args if tc else (*args, None),
             ),
             scratch,
             (
+                plgpu.Barrier(num_arrivals=arrivals, num_barriers=slots),
+                plgpu.Barrier(num_arrivals=arrivals, num_barriers=slots),
                 plgpu.Barrier(num_barriers=slots),
-                plgpu.Barrier(num_barriers=slots),
-                plgpu.Barrier(num_barriers=slots),
-                plgpu.Barrier(num_barriers=2),
+                plgpu.Barrier(num_arrivals=arrivals, num_barriers=2),
                 plgpu.Barrier(num_barriers=2),
                 plgpu.Barrier(num_barriers=slots),
             ),
             (plgpu.Barrier(num_arrivals=2, num_barriers=slots),) * 2,
             plgpu.Barrier(num_arrivals=2),
+            *((tc_scratch,) if tc else ()),
             collective_axes="wg",
         )
 
     out_types = [
-        jax.ShapeDtypeStruct((batch_size, t_len, hq, d), out_dtype),
+        jax.ShapeDtypeStruct((batch_size, t_len, hq, dv), out_dtype),
         jax.ShapeDtypeStruct((batch_size, hq, t_len), f32),
     ]
     if debug:
@@ -511,12 +721,21 @@ def build_forward(
         compiler_params=plgpu.CompilerParams(approx_math=True),
     )
 
-    def run(q, k, vt, rows=None, cols=None):
+    def run(q, k, vt, *extra):
+        extra = list(extra)
+        rows = extra.pop(0) if row_input else None
+        cols = extra.pop(0) if n_columns else None
         args = [q, k, vt] + ([rows] if row_input else []) + ([cols] if n_columns else [])
         if ext:
             key_block = np.arange(bkv)[None, :] // 32
             ind = (key_block == np.arange(ext)[:, None]).astype(np.float32)
             args.append(jnp.asarray(ind).astype(in_dtype))
+        if tc:
+            if len(extra) != 3:
+                raise ValueError(
+                    "the tcgen05 kernel takes (q, k, vt, q_scales, k_scales, v_scales)"
+                )
+            args += extra
         return call(*args)
 
     return run

@@ -298,6 +298,50 @@ def _e2m1_rne(a: Any) -> Any:
     return jnp.minimum(q, 6.0)
 
 
+def _ftz(x: Any) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.where(jnp.abs(x) < _TINY, 0.0, x)
+
+
+def directp_payload(ctx: Any, m_i: Any, c: float, conv: Any, bq: int, bkv: int) -> tuple:
+    """The Direct-P tile step shared by the Hopper and Blackwell kernels (module docstring):
+    ``u = ftz(s·c)`` (masked keys −inf), the running max ``m'``, ``t = u − m'``, the block
+    exponents ``k_B = clamp(⌈max_{j∈B} t_j⌉, −127, 127)`` and the E2M1 payload ``q`` of the
+    affine or Mitchell converter. Returns ``(m', q, [k_B per block], k_B per element)``, float32
+    in the layout of ``ctx.s``."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    from fp4sim.kernels.attention_common import ceil_f32 as _ceil_f32
+    from fp4sim.kernels.attention_common import floor_f32 as _floor_f32
+
+    bc_row = lambda x: lax.broadcast_in_dim(x, (bq, bkv), [0])  # noqa: E731
+    u = _ftz(ctx.s * c)
+    if ctx.visible is not None:
+        u = jnp.where(ctx.visible, u, -jnp.inf)
+    m_new = jnp.maximum(m_i, u.max(axis=1))
+    t = u - bc_row(m_new)
+    block = lax.shift_right_logical(ctx.key_iota(), 5)  # key // 32
+    ks = []
+    for blk in range(bkv // _P_BLOCK):  # k_B = clamp(⌈max_{j∈B} t_j⌉, −127, 127), −inf → −127
+        tb = jnp.where(block == blk, t, -jnp.inf).max(axis=1)
+        ks.append(jnp.minimum(jnp.maximum(_ceil_f32(tb), -127.0), 127.0))
+    k_el = bc_row(ks[-1])
+    for blk in range(len(ks) - 2, -1, -1):
+        k_el = jnp.where(block == blk, bc_row(ks[blk]), k_el)
+    x = t + (_LOG2_6 - k_el)
+    if isinstance(conv, AffineP):
+        value = jnp.maximum(_ftz(float(np.float32(conv.a)) * x) + float(np.float32(conv.b)), 0.0)
+    else:  # MitchellP: 2^floor(y)·(1 + frac(y)) from the float32 bit pattern
+        y = x - float(np.float32(conv.shift))
+        ok = y >= -126.0
+        ys = jnp.where(ok, jnp.minimum(y, 127.0), 0.0)
+        bits = _floor_f32(ys * float(2**23)).astype(jnp.int32) + (127 << 23)
+        value = jnp.where(ok, lax.bitcast_convert_type(bits, jnp.float32), 0.0)
+    return m_new, _e2m1_rne(value), ks, k_el
+
+
 def _build_call(
     q_shape: tuple,
     k_shape: tuple,
@@ -309,43 +353,15 @@ def _build_call(
     from jax import lax
 
     from fp4sim.kernels.attention_common import StepResult, TileMath, build_forward
-    from fp4sim.kernels.attention_common import ceil_f32 as _ceil_f32
-    from fp4sim.kernels.attention_common import floor_f32 as _floor_f32
     from fp4sim.kernels.attention_common import pow2_f32 as _pow2_f32
 
     bq, bkv, d = cfg.block_q, cfg.block_kv, q_shape[3]
     n_blocks = bkv // _P_BLOCK
     c = float(np.float32(softmax_scale * _LOG2E))
     conv = cfg.recipe.converter
-    bc_row = lambda x: lax.broadcast_in_dim(x, (bq, bkv), [0])  # noqa: E731
-
-    def ftz(x):
-        return jnp.where(jnp.abs(x) < _TINY, 0.0, x)
 
     def step(ctx, m_i, state):
-        u = ftz(ctx.s * c)
-        if ctx.visible is not None:
-            u = jnp.where(ctx.visible, u, -jnp.inf)
-        m_new = jnp.maximum(m_i, u.max(axis=1))
-        t = u - bc_row(m_new)
-        block = lax.shift_right_logical(ctx.key_iota(), 5)  # key // 32
-        ks = []
-        for blk in range(n_blocks):  # k_B = clamp(⌈max_{j∈B} t_j⌉, −127, 127), −inf → −127
-            tb = jnp.where(block == blk, t, -jnp.inf).max(axis=1)
-            ks.append(jnp.minimum(jnp.maximum(_ceil_f32(tb), -127.0), 127.0))
-        k_el = bc_row(ks[-1])
-        for blk in range(n_blocks - 2, -1, -1):
-            k_el = jnp.where(block == blk, bc_row(ks[blk]), k_el)
-        x = t + (_LOG2_6 - k_el)
-        if isinstance(conv, AffineP):
-            value = jnp.maximum(ftz(float(np.float32(conv.a)) * x) + float(np.float32(conv.b)), 0.0)
-        else:  # MitchellP: 2^floor(y)·(1 + frac(y)) from the float32 bit pattern
-            y = x - float(np.float32(conv.shift))
-            ok = y >= -126.0
-            ys = jnp.where(ok, jnp.minimum(y, 127.0), 0.0)
-            bits = _floor_f32(ys * float(2**23)).astype(jnp.int32) + (127 << 23)
-            value = jnp.where(ok, lax.bitcast_convert_type(bits, jnp.float32), 0.0)
-        q = _e2m1_rne(value)
+        m_new, q, ks, k_el = directp_payload(ctx, m_i, c, conv, bq, bkv)
         p32 = q * _pow2_f32(jnp.maximum(k_el, -126.0))
         p16 = p32.astype(jnp.float16)
         l_tile = p16.astype(jnp.float32).sum(axis=1)  # Σ α_B·q_j as the tensor core sees it

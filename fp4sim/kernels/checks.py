@@ -16,7 +16,14 @@ it and how its output is compared with the emulator, by the kernel's own contrac
   relative L2 distance to the emulator's forward at most 2e-2 (scores are not exact, a P code
   may flip at a boundary);
 * ``blackwell_matmul.*`` (Blackwell, sm_100): :func:`fp4sim.kernels.blackwell_matmul_mgpu.\
-blackwell_scaled_matmul` **bitwise** equal to ``scaled_matmul(..., accumulation=TCGEN05)``.
+blackwell_scaled_matmul` **bitwise** equal to ``scaled_matmul(..., accumulation=TCGEN05)``;
+* ``attention_sm100.*`` (Blackwell, sm_100): every shipped configuration of
+  :mod:`fp4sim.kernels.attention_sm100` (MXFP8 and Direct-P FP4 routes) on Gaussian inputs,
+  float32 O within relative L2 distance 1e-4 of ``attention_forward(...,
+  accumulation=ForwardAccumulation.TCGEN05)`` and LSE within 1e-4 (absolute, natural log): the
+  emulator defines S and P bit for bit, the kernel's ``ex2.approx`` rescale and division leave
+  rounding-level differences. These kernels have only been compiled (never run): on other
+  architectures they are listed as not for this architecture.
 
 :func:`run_checks` runs those an architecture supports and returns :class:`CheckResult` rows.
 A check that raises is reported as ``ERROR`` with the message; the others still run.
@@ -44,6 +51,7 @@ __all__ = [
     "quantize_check",
     "attention_fp8_check",
     "attention_directp_check",
+    "blackwell_attention_error",
 ]
 
 
@@ -57,7 +65,8 @@ class Verdict(enum.Enum):
 class KernelCheck:
     """``name``; the architectures that run it (``min_arch`` <= capability, and the major
     version in ``majors`` when given); its ``contract`` in words; ``run() -> (passed, detail,
-    compared)``."""
+    compared)``; ``compiled_only``: the kernel has only been compiled (cross-lowered, its PTX
+    assembled), never run on its GPU by this project (the Blackwell kernels)."""
 
     name: str
     kernel: str
@@ -65,6 +74,7 @@ class KernelCheck:
     min_arch: tuple[int, int]
     majors: tuple[int, ...] | None
     run: Callable[[], tuple[bool, str, int]]
+    compiled_only: bool = False
 
     def runs_on(self, arch: tuple[int, int]) -> bool:
         return tuple(arch) >= self.min_arch and (self.majors is None or arch[0] in self.majors)
@@ -265,6 +275,70 @@ def _blackwell_check(fmt_name: str) -> Callable:
     return run
 
 
+def blackwell_attention_error(
+    config: Any, d: int, *, t: int = 512, h: int = 2, seed: int = 13
+) -> tuple[float, float]:
+    """(relative L2 distance of O, max absolute LSE difference in nats) between the sm_100a
+    attention kernel (:func:`fp4sim.kernels.attention_sm100.attention_sm100`, float32 O) and
+    the emulator with ``ForwardAccumulation.TCGEN05`` on Gaussian (1, t, h, d) inputs. Needs a
+    Blackwell GPU."""
+    import jax.numpy as jnp
+
+    from fp4sim.attention import forward as fw
+    from fp4sim.attention.recipe import ForwardAccumulation
+    from fp4sim.kernels.attention_mgpu import OutType
+    from fp4sim.kernels.attention_sm100 import attention_sm100
+
+    cfg = config.replace(out_type=OutType.FLOAT32)
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((1, t, h, d)).astype(np.float32) for _ in range(3))
+    o, lse2 = attention_sm100(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), config=cfg)
+    res = fw.attention_forward(
+        *(x.transpose(0, 2, 1, 3) for x in (q, k, v)),
+        cfg.recipe,
+        causal=cfg.causal,
+        accumulation=ForwardAccumulation.TCGEN05,
+    )
+    ro = res.out.transpose(0, 2, 1, 3)
+    err = float(np.linalg.norm(np.asarray(o, np.float64) - ro) / np.linalg.norm(ro))
+    lse_err = float(np.max(np.abs(np.asarray(lse2, np.float64) * math.log(2.0) - res.lse)))
+    return err, lse_err
+
+
+def _blackwell_attention_check(index: int) -> Callable:
+    def run() -> tuple[bool, str, int]:
+        from fp4sim.kernels.attention_sm100 import shipped_cases
+
+        cfg, d = shipped_cases()[index]
+        err, lse_err = blackwell_attention_error(cfg, d)
+        ok = err <= 1e-4 and lse_err <= 1e-4 and math.isfinite(err) and math.isfinite(lse_err)
+        return ok, f"O rel-L2 {err:.3e}, LSE max diff {lse_err:.3e} (bounds 1e-4)", 512 * 2 * d
+
+    return run
+
+
+def _blackwell_attention_name(index: int) -> str:
+    """``attention_sm100.<mxfp8|directp>.<full|causal>.d<D>`` plus ``.mitchell`` (Mitchell-P
+    converter) or ``.mxfp8v`` (MXFP8_TOKENS V) for the non-default recipes."""
+    from fp4sim.attention.recipe import MitchellP, VFormat
+    from fp4sim.kernels.attention_sm100 import BlackwellRoute, shipped_cases
+
+    cfg, d = shipped_cases()[index]
+    route = "mxfp8" if cfg.route is BlackwellRoute.MXFP8 else "directp"
+    extra = ""
+    if isinstance(cfg.recipe.converter, MitchellP):
+        extra = ".mitchell"
+    elif cfg.recipe.v is VFormat.MXFP8_TOKENS:
+        extra = ".mxfp8v"
+    return f"attention_sm100.{route}.{'causal' if cfg.causal else 'full'}.d{d}{extra}"
+
+
+def _n_blackwell_attention() -> int:
+    from fp4sim.kernels.attention_sm100 import shipped_cases
+
+    return len(shipped_cases())
+
+
 _HOPPER, _BLACKWELL = (9, 0), (10, 0)
 CHECKS: tuple[KernelCheck, ...] = (
     KernelCheck(
@@ -317,8 +391,21 @@ CHECKS: tuple[KernelCheck, ...] = (
             min_arch=_BLACKWELL,
             majors=(10,),
             run=_blackwell_check(f),
+            compiled_only=True,
         )
         for f in ("MXFP8_E4M3", "MXFP4", "NVFP4")
+    ),
+    *(
+        KernelCheck(
+            name=_blackwell_attention_name(i),
+            kernel="attention_sm100.attention_sm100",
+            contract="O rel-L2 <= 1e-4, LSE <= 1e-4 vs attention_forward(accumulation=TCGEN05)",
+            min_arch=_BLACKWELL,
+            majors=(10,),
+            run=_blackwell_attention_check(i),
+            compiled_only=True,
+        )
+        for i in range(_n_blackwell_attention())
     ),
 )
 """Every kernel check (see the module docstring)."""

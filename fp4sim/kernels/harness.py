@@ -8,7 +8,10 @@ are spelled once:
   simulated and, with ``detect_races=True``, a vector-clock race detector watches every shared
   memory access. A race raises :class:`KernelRaceError`. The interpreter keeps global state, so
   runs are serialised by a lock and the state is reset before each run (and after a failure).
-  Use tiny grids: the cost is roughly 0.3 s per grid point and pipeline step.
+  Use tiny grids: the cost is roughly 0.3 s per grid point and pipeline step. XLA:CPU needs at
+  least :data:`MIN_CPU_THREADS` pool threads for it (each simulated warpgroup's computation holds
+  one while it waits at a barrier): on smaller hosts set ``NPROC=8`` in the environment before
+  jax starts, or a kernel with several warpgroups deadlocks; :func:`interpret` warns.
 * :func:`cross_lower` runs the whole Pallas -> Mosaic GPU lowering for a chosen :class:`Arch`
   on a host without a GPU and returns the StableHLO text. It catches what interpret mode lets
   through: wgmma operand major-ness, casts the hardware lacks (fp4/e8m0 on sm_90, fp8 -> bf16
@@ -32,7 +35,9 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import os
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -107,6 +112,31 @@ def _abstract_gpu(num_sms: int) -> Iterator[None]:
         yield
 
 
+MIN_CPU_THREADS = 8
+"""XLA:CPU pool threads under which Pallas' GPU interpreter can deadlock (warpgroups blocked at
+a simulated barrier each hold a thread; the others never start)."""
+
+
+def xla_cpu_threads() -> int:
+    """The size XLA:CPU gives its thread pools: ``NPROC`` when set, else the CPU count."""
+    try:
+        return int(os.environ["NPROC"])
+    except (KeyError, ValueError):
+        return os.cpu_count() or 1
+
+
+def warn_if_small_cpu_pool() -> None:
+    n = xla_cpu_threads()
+    if n < MIN_CPU_THREADS:
+        warnings.warn(
+            f"XLA:CPU has {n} pool threads (NPROC or the CPU count); Pallas' GPU interpreter "
+            f"can deadlock with fewer than {MIN_CPU_THREADS} when a kernel has several "
+            f"warpgroups: set NPROC={MIN_CPU_THREADS} in the environment before jax starts",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 def interpret(
     fn: Callable[..., Any], *args: Any, detect_races: bool = True, num_sms: int = 1
 ) -> Any:
@@ -124,6 +154,7 @@ def interpret(
     import jax
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    warn_if_small_cpu_pool()
     params = interpret_params(detect_races=detect_races)
     mod = _interp_module()
     with _INTERPRET_LOCK:

@@ -12,6 +12,8 @@ folder (``fp4sim-report-YYYYmmdd-HHMMSS/`` in the working directory, or ``--out 
 * :mod:`~fp4sim.report.experiments` — the ``experiment_*`` functions: they only *call* the
   public emulators of :mod:`fp4sim.formats` and :mod:`fp4sim.attention`; the tests call the same
   functions at the ``--quick`` sizes, so the report and the tests have one source of truth;
+* :mod:`~fp4sim.report.norm_study` — :func:`experiment_direct_p_norm`, the Direct-P norm study
+  (why the affine route's cosine matches the article and its relative L2 error does not);
 * :mod:`~fp4sim.report.figures` — one ``fig_*`` per figure, drawn from the experiments, and the
   ``figures`` command;
 * :mod:`~fp4sim.report.sections` — one ``section_*(sizes) -> Section`` per topic, :data:`SECTIONS`;
@@ -30,12 +32,14 @@ folder (``fp4sim-report-YYYYmmdd-HHMMSS/`` in the working directory, or ``--out 
 from fp4sim.report import claims as _claims
 from fp4sim.report import document as _document
 from fp4sim.report import experiments as _experiments
+from fp4sim.report import norm_study as _norm_study
 from fp4sim.report import sections as _sections
 from fp4sim.report import sizes as _sizes
 from fp4sim.report import tables as _tables
 from fp4sim.report.claims import *  # noqa: F403
 from fp4sim.report.document import *  # noqa: F403
 from fp4sim.report.experiments import *  # noqa: F403
+from fp4sim.report.norm_study import *  # noqa: F403
 from fp4sim.report.sections import *  # noqa: F403
 from fp4sim.report.sizes import *  # noqa: F403
 from fp4sim.report.tables import *  # noqa: F403
@@ -45,6 +49,7 @@ __all__ = [
     *_claims.__all__,
     *_tables.__all__,
     *_experiments.__all__,
+    *_norm_study.__all__,
     *_sections.__all__,
     *_document.__all__,
 ]

@@ -160,6 +160,14 @@ EXPECTED: dict[str, Any] = {
         (2.0, 4.0, 4.0),
         (2.585, 6.0, 6.0),
     ),
+    # HW-FP4 FA4's Direct-P affine forward error as printed (cosine "≈ 0.944", rel-L2 0.3366),
+    # with half a unit of the last printed digit (the Direct-P norm study's band)
+    "direct_p_article": {
+        "cosine": 0.944,
+        "cosine_halfwidth": 0.0005,
+        "rel_l2": 0.3366,
+        "rel_l2_halfwidth": 0.00005,
+    },
     # output error against exact / BF16 attention on Gaussian Q/K/V, as published
     "route_errors": {
         "hw_fp4_direct_p": "rel-L2 0.3366, cosine ≈ 0.944 (" + cite("HW-FP4 FA4") + ")",

@@ -25,12 +25,14 @@ import numpy as np
 
 from fp4sim.report.claims import EXPECTED
 from fp4sim.report.sizes import Sizes
+from fp4sim.report.tables import spread
 
 if TYPE_CHECKING:
     from fp4sim.attention import AttentionRecipe, TrainingRecipe
 
 __all__ = [
     "show_progress",
+    "progress_enabled",
     "experiment_formats",
     "experiment_scale_rules",
     "experiment_exp2",
@@ -43,6 +45,9 @@ __all__ = [
     "attention_like_x",
     "experiment_code_match",
     "gaussian_qkv",
+    "ERROR_METRICS",
+    "output_errors",
+    "over_seeds",
     "experiment_route_errors",
     "leak_class_of",
     "experiment_leak",
@@ -59,6 +64,11 @@ _PROGRESS = [False]  # inner progress bars of the long experiments
 def show_progress(enabled: bool) -> None:
     """Switch the inner progress bars of the long experiments on or off (``reproduce`` does)."""
     _PROGRESS[0] = bool(enabled)
+
+
+def progress_enabled() -> bool:
+    """Whether the inner progress bars are on (:func:`show_progress`)."""
+    return _PROGRESS[0]
 
 
 _DEVICES: list[Any] = []  # the devices the sweeps are mapped over (reproduce --devices)
@@ -261,30 +271,30 @@ def experiment_normalization_examples() -> dict[str, Any]:
 @functools.cache
 def experiment_normalization_routes(sizes: Sizes) -> dict[str, Any]:
     """The Direct-P routes (affine and Mitchell) with only the normalizer changed, on the largest
-    Gaussian shape of the route-error sweep."""
+    Gaussian shape of the route-error sweep, on every seed of :attr:`Sizes.seed_values` (means
+    and :func:`over_seeds` spreads of :data:`ERROR_METRICS`)."""
     from fp4sim.attention import (
         HW_FP4_DIRECT_P,
         HW_FP4_DIRECT_P_MITCHELL,
         Normalization,
         attention_forward,
         attention_reference,
-        error_summary,
     )
 
     s = sizes.seq_lens[-1]
-    q, k, v = gaussian_qkv(s, sizes.head_dim, sizes.seed + s)
-    ref = attention_reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64)).out
-    out = {}
-    for name, recipe in (
-        ("hw_fp4_direct_p", HW_FP4_DIRECT_P),
-        ("hw_fp4_direct_p_mitchell", HW_FP4_DIRECT_P_MITCHELL),
-    ):
-        for norm in (Normalization.CONSISTENT, Normalization.MISMATCHED):
-            e = error_summary(
-                attention_forward(q, k, v, recipe.replace(normalization=norm)).out, ref
-            )
-            out[f"{name}/{norm.name}"] = {"cosine": float(e.cosine), "rel_l2": float(e.rel_l2)}
-    return {"seq_len": s, "errors": out}
+    per_seed: dict[str, list[dict[str, float]]] = {}
+    for seed in sizes.seed_values:
+        q, k, v = gaussian_qkv(s, sizes.head_dim, seed + s)
+        ref = attention_reference(*(a.astype(np.float64) for a in (q, k, v))).out
+        for name, recipe in (
+            ("hw_fp4_direct_p", HW_FP4_DIRECT_P),
+            ("hw_fp4_direct_p_mitchell", HW_FP4_DIRECT_P_MITCHELL),
+        ):
+            for norm in (Normalization.CONSISTENT, Normalization.MISMATCHED):
+                out = attention_forward(q, k, v, recipe.replace(normalization=norm)).out
+                per_seed.setdefault(f"{name}/{norm.name}", []).append(output_errors(out, ref))
+    errors = {key: over_seeds(m) for key, m in per_seed.items()}
+    return {"seq_len": s, "errors": errors, "seeds": list(sizes.seed_values)}
 
 
 # --- converters: code maps and code-match rates -----------------------------------------------------
@@ -323,9 +333,10 @@ def code_match_grid(n: int) -> np.ndarray:
     return uniform_grid(n)
 
 
-def attention_like_t(sizes: Sizes) -> np.ndarray:
-    """Log2-domain scores t = fl(u − max u), u = fl(log2(e)·q·k/√d), of Gaussian Q and K."""
-    rng = np.random.default_rng(sizes.seed)
+def attention_like_t(sizes: Sizes, seed: int | None = None) -> np.ndarray:
+    """Log2-domain scores t = fl(u − max u), u = fl(log2(e)·q·k/√d), of Gaussian Q and K drawn
+    with ``seed`` (default ``sizes.seed``, the first of :attr:`Sizes.seed_values`)."""
+    rng = np.random.default_rng(sizes.seed if seed is None else seed)
     q = rng.standard_normal((sizes.attn_rows, sizes.head_dim)).astype(np.float32)
     k = rng.standard_normal((sizes.attn_keys, sizes.head_dim)).astype(np.float32)
     z = (q @ k.T) * np.float32(1.0 / math.sqrt(sizes.head_dim))
@@ -333,12 +344,12 @@ def attention_like_t(sizes: Sizes) -> np.ndarray:
     return (u - u.max(axis=-1, keepdims=True)).astype(np.float32)
 
 
-def attention_like_x(sizes: Sizes) -> tuple[np.ndarray, np.ndarray]:
+def attention_like_x(sizes: Sizes, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Direct-P coordinates x of :func:`attention_like_t` with the exact route's block exponents
     (k_B = ceil of each 32-key block's max, from ``convert_tile``), and the exact codes."""
     from fp4sim.attention import HW_FP4_DIRECT_P, ExactP, convert_tile, direct_p_coordinate
 
-    t = attention_like_t(sizes)
+    t = attention_like_t(sizes, seed)
     tile = convert_tile(HW_FP4_DIRECT_P.replace(converter=ExactP()), t)
     tb = t.reshape(t.shape[0], -1, 32)
     x = np.asarray(direct_p_coordinate(tb, np.asarray(tile.k)[..., None])).reshape(t.shape)
@@ -348,7 +359,11 @@ def attention_like_x(sizes: Sizes) -> tuple[np.ndarray, np.ndarray]:
 @functools.cache
 def experiment_code_match(sizes: Sizes) -> dict[str, Any]:
     """Code-match rates of the Direct-P family against the exact converter (grid and attention-like
-    inputs), Schraudolph's 8-bit P against exact rounding, and the affine behaviour table."""
+    inputs), Schraudolph's 8-bit P against exact rounding, and the affine behaviour table.
+
+    The grid is deterministic; the attention-like rates are measured on each seed of
+    :attr:`Sizes.seed_values` (``"attention"`` etc. hold the means, ``"*_spread"`` the
+    :func:`~fp4sim.report.tables.spread` with the per-seed values)."""
     from fp4sim.attention import (
         AttentionRecipe,
         ExactP,
@@ -364,12 +379,18 @@ def experiment_code_match(sizes: Sizes) -> dict[str, Any]:
     x = code_match_grid(sizes.grid_points)
     grid = {name: code_match_rate(convs[name], convs["exact"], x) for name in CONVERTER_LABELS}
 
-    xa, exact_codes = attention_like_x(sizes)
-    nonzero = exact_codes != 0
-    attn = {name: code_match_rate(convs[name], convs["exact"], xa) for name in CONVERTER_LABELS}
-    attn_nz = {
-        name: code_match_rate(convs[name], convs["exact"], xa[nonzero]) for name in CONVERTER_LABELS
-    }
+    attn_seeds: dict[str, list[float]] = {name: [] for name in CONVERTER_LABELS}
+    attn_nz_seeds: dict[str, list[float]] = {name: [] for name in CONVERTER_LABELS}
+    zero_fractions = []
+    for seed in sizes.seed_values:
+        xa, exact_codes = attention_like_x(sizes, seed)
+        nonzero = exact_codes != 0
+        zero_fractions.append(float(np.mean(~nonzero)))
+        for name in CONVERTER_LABELS:
+            attn_seeds[name].append(code_match_rate(convs[name], convs["exact"], xa))
+            attn_nz_seeds[name].append(code_match_rate(convs[name], convs["exact"], xa[nonzero]))
+    attn_spread = {name: spread(v) for name, v in attn_seeds.items()}
+    attn_nz_spread = {name: spread(v) for name, v in attn_nz_seeds.items()}
 
     schraudolph = {}
     n = sizes.grid_points - sizes.grid_points % 128
@@ -378,7 +399,7 @@ def experiment_code_match(sizes: Sizes) -> dict[str, Any]:
         .astype(np.float32)
         .reshape(-1, 128)
     )
-    t = attention_like_t(sizes)
+    ts = [attention_like_t(sizes, seed) for seed in sizes.seed_values]
     for fmt in (PFormat.FP8, PFormat.BF16):
         exact = AttentionRecipe(converter=ExactP(), p_format=fmt)
         approx = exact.replace(converter=SchraudolphP())
@@ -392,7 +413,12 @@ def experiment_code_match(sizes: Sizes) -> dict[str, Any]:
                 )
             )
 
-        schraudolph[fmt.name] = {"grid": same(tg), "attention": same(t)}
+        att = spread([same(t) for t in ts])
+        schraudolph[fmt.name] = {
+            "grid": same(tg),
+            "attention": att["mean"],
+            "attention_spread": att,
+        }
 
     table = []
     for xv, exact_v, affine_v in EXPECTED["affine_table"]:
@@ -420,14 +446,17 @@ def experiment_code_match(sizes: Sizes) -> dict[str, Any]:
         bands[name] = [(float(x[a]), float(x[b - 1])) for a, b in zip(edges[::2], edges[1::2])]
     return {
         "grid": grid,
-        "attention": attn,
-        "attention_nonzero": attn_nz,
+        "attention": {name: d["mean"] for name, d in attn_spread.items()},
+        "attention_spread": attn_spread,
+        "attention_nonzero": {name: d["mean"] for name, d in attn_nz_spread.items()},
+        "attention_nonzero_spread": attn_nz_spread,
         "schraudolph": schraudolph,
         "table": table,
         "map_x": xm,
         "maps": maps,
         "bands": bands,
-        "exact_zero_fraction": float(np.mean(~nonzero)),
+        "exact_zero_fraction": float(np.mean(zero_fractions)),
+        "seeds": list(sizes.seed_values),
     }
 
 
@@ -451,12 +480,41 @@ def _jitted_forward_out(recipe: AttentionRecipe) -> Any:
     return jax.jit(lambda q, k, v: attention_forward(q, k, v, recipe).out)
 
 
-def _route_error_case(case: tuple[str, int, int, Sizes, tuple[str, ...]]) -> dict[str, Any]:
-    """One job of the route-error sweep: every preset at one (sequence length, key tile)."""
-    from fp4sim.attention import PRESETS, attention_forward, attention_reference, error_summary
+ERROR_METRICS = ("cosine", "rel_l2", "norm_ratio")
+"""What the error tables report per output: cosine similarity and relative L2 error against the
+float64 reference (:func:`fp4sim.attention.error_summary`) and the norm ratio ‖O‖ / ‖O_ref‖."""
 
-    kind, s, tile, sizes, presets = case
-    q, k, v = gaussian_qkv(s, sizes.head_dim, sizes.seed + s)
+
+def output_errors(out: Any, ref: Any) -> dict[str, float]:
+    """:data:`ERROR_METRICS` of ``out`` against ``ref``. They are tied by the identity
+    ``rel_l2² = (1 − r)² + 2r(1 − cosine)`` for the norm ratio ``r`` (expand ‖O − O_ref‖²)."""
+    from fp4sim.attention import error_summary
+
+    out, ref = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    e = error_summary(out, ref)
+    return {
+        "cosine": float(e.cosine),
+        "rel_l2": float(e.rel_l2),
+        "norm_ratio": float(np.linalg.norm(out) / np.linalg.norm(ref)),
+    }
+
+
+def over_seeds(per_seed: list[dict[str, float]]) -> dict[str, Any]:
+    """The means of per-seed metric dicts, and ``"spread"``: each metric's
+    :func:`~fp4sim.report.tables.spread` (std, min, max and the per-seed values)."""
+    if not per_seed:
+        raise ValueError("per_seed is empty")
+    keys = list(per_seed[0])
+    spreads = {k: spread([d[k] for d in per_seed]) for k in keys}
+    return {**{k: spreads[k]["mean"] for k in keys}, "spread": spreads}
+
+
+def _route_error_case(case: tuple[int, int, int, Sizes, tuple[str, ...]]) -> dict[str, Any]:
+    """One job of the route-error sweep: every preset at one (seed, sequence length, key tile)."""
+    from fp4sim.attention import PRESETS, attention_forward, attention_reference
+
+    seed, s, tile, sizes, presets = case
+    q, k, v = gaussian_qkv(s, sizes.head_dim, seed + s)
     ref = np.asarray(
         attention_reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64)).out
     )
@@ -467,17 +525,19 @@ def _route_error_case(case: tuple[str, int, int, Sizes, tuple[str, ...]]) -> dic
             out = np.asarray(_jitted_forward_out(recipe)(q, k, v))
         else:
             out = np.asarray(attention_forward(q, k, v, recipe).out)
-        e = error_summary(out, ref)
-        row[name] = {"cosine": float(e.cosine), "rel_l2": float(e.rel_l2)}
+        row[name] = output_errors(out, ref)
     return row
 
 
 @functools.cache
 def experiment_route_errors(sizes: Sizes) -> dict[str, Any]:
-    """Cosine and relative L2 error of every preset recipe against the float64 reference, over
-    sequence length (tile 128) and over the key-tile size (at the middle sequence length).
+    """Cosine, relative L2 error and norm ratio of every preset recipe against the float64
+    reference, over sequence length (tile 128) and over the key-tile size (at the middle
+    sequence length), each on every seed of :attr:`Sizes.seed_values`: an entry
+    ``by_len[preset][S]`` holds the means and their ``"spread"`` (:func:`over_seeds`).
 
-    The jobs are mapped over the devices of :func:`use_devices` (none: one by one)."""
+    The jobs (one per seed and distinct (S, tile)) are mapped over the devices of
+    :func:`use_devices` (none: one by one)."""
     from tqdm import tqdm
 
     from fp4sim.attention import PRESETS
@@ -487,17 +547,29 @@ def experiment_route_errors(sizes: Sizes) -> dict[str, Any]:
     by_len: dict[str, dict[int, Any]] = {n: {} for n in presets}
     by_tile: dict[str, dict[int, Any]] = {n: {} for n in presets}
     mid = sizes.seq_lens[len(sizes.seq_lens) // 2]
-    jobs = [("len", s, 128, sizes, presets) for s in sizes.seq_lens] + [
-        ("tile", mid, b, sizes, presets) for b in sizes.block_sizes
-    ]
+    shapes = list(
+        dict.fromkeys([(s, 128) for s in sizes.seq_lens] + [(mid, b) for b in sizes.block_sizes])
+    )
+    jobs = [(seed, s, tile, sizes, presets) for seed in sizes.seed_values for s, tile in shapes]
     with tqdm(
         total=len(jobs), desc="route errors", leave=False, disable=not _PROGRESS[0], file=sys.stderr
     ) as bar:
         rows = map_cases(_route_error_case, jobs, devices=_DEVICES, progress=bar.update)
-    for (kind, s, tile, _, _), row in zip(jobs, rows):
-        for name, e in row.items():
-            (by_len if kind == "len" else by_tile)[name][s if kind == "len" else tile] = e
-    return {"presets": list(presets), "by_len": by_len, "by_tile": by_tile, "mid": mid}
+    got: dict[tuple[int, int], list[dict[str, Any]]] = {shape: [] for shape in shapes}
+    for (_, s, tile, _, _), row in zip(jobs, rows):  # jobs in seed order
+        got[(s, tile)].append(row)
+    for name in presets:
+        for s in sizes.seq_lens:
+            by_len[name][s] = over_seeds([row[name] for row in got[(s, 128)]])
+        for b in sizes.block_sizes:
+            by_tile[name][b] = over_seeds([row[name] for row in got[(mid, b)]])
+    return {
+        "presets": list(presets),
+        "by_len": by_len,
+        "by_tile": by_tile,
+        "mid": mid,
+        "seeds": list(sizes.seed_values),
+    }
 
 
 # --- causal leak ----------------------------------------------------------------------------------

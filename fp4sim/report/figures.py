@@ -4,8 +4,11 @@ Each figure is made by one named function ``fig_*(fig, sizes)`` that draws on a 
 ``Figure`` from the numbers of the report's experiments (:mod:`fp4sim.report.experiments`, cached
 per size), so a figure and the report's tables always show the same data. :data:`FIGURES` maps a
 figure's name to its function, file name and caption. matplotlib is imported only inside
-:func:`render`, with the non-interactive Agg backend, a fixed style and fixed file names, so
-rendering is deterministic and works without a display; importing fp4sim never loads matplotlib.
+:func:`render` and :func:`draw`. :func:`render` writes a PNG with the non-interactive Agg backend,
+a fixed style and a fixed file name, so rendering is deterministic and works without a display;
+:func:`draw` returns the same figure unsaved, in the current backend (inline in a Jupyter
+notebook: the notebooks show the report's figures this way). Importing fp4sim never loads
+matplotlib.
 This module also holds the ``figures`` command line (:func:`add_arguments`, :func:`run`); it
 writes into ``--out`` or ``./figures``, never into the package.
 
@@ -17,6 +20,7 @@ writes into ``--out`` or ``./figures``, never into the package.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Callable, Sequence
@@ -28,7 +32,7 @@ import numpy as np
 from fp4sim.report import experiments
 from fp4sim.report.sizes import DEFAULT, SIZES
 
-__all__ = ["FigureSpec", "FIGURES", "render", "render_all", "write_index", "DEFAULT_DIR"]
+__all__ = ["FigureSpec", "FIGURES", "draw", "render", "render_all", "write_index", "DEFAULT_DIR"]
 
 DEFAULT_DIR = Path("figures")
 """Where ``python -m fp4sim figures`` writes without ``--out``: ``./figures`` in the working
@@ -73,24 +77,65 @@ _STYLE = {
 }
 
 
-def render(name: str, out_dir: str | Path = DEFAULT_DIR, *, sizes: Any = None) -> Path:
-    """Draw the figure ``name`` at ``sizes`` (default: the report's DEFAULT) into ``out_dir``."""
+def _spec(name: str) -> FigureSpec:
     if name not in FIGURES:
         raise ValueError(f"name={name!r} is not a figure; known: {sorted(FIGURES)}")
+    return FIGURES[name]
+
+
+def _draw(spec: FigureSpec, sizes: Any) -> Any:
+    """``spec`` drawn on a new pyplot figure (call inside the report's style); closed on error."""
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=spec.size, layout="constrained")
+    try:
+        spec.draw(fig, DEFAULT if sizes is None else sizes)
+    except BaseException:
+        plt.close(fig)
+        raise
+    return fig
+
+
+def _style() -> Any:
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    style = contextlib.ExitStack()
+    style.enter_context(plt.style.context("default"))
+    style.enter_context(matplotlib.rc_context(_STYLE))
+    return style
+
+
+def draw(name: str, *, sizes: Any = None) -> Any:
+    """The figure ``name`` at ``sizes`` (default: the report's DEFAULT) as a matplotlib
+    ``Figure``, drawn in the report's style and not saved: the current backend shows it (in a
+    Jupyter notebook, inline at the end of the cell). No backend is switched and no file written;
+    ``matplotlib.pyplot.close(fig)`` releases it."""
+    spec = _spec(name)
+    import matplotlib.pyplot as plt
+
+    # Load pyplot's backend before the style context: loading Jupyter's inline backend turns on
+    # interactive mode (which queues new figures for display), and leaving the style context
+    # would undo that, so that the figures of later cells were never shown.
+    plt.draw_if_interactive()
+    with _style():
+        return _draw(spec, sizes)
+
+
+def render(name: str, out_dir: str | Path = DEFAULT_DIR, *, sizes: Any = None) -> Path:
+    """Draw the figure ``name`` at ``sizes`` (default: the report's DEFAULT) into ``out_dir``."""
+    spec = _spec(name)
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    sizes = DEFAULT if sizes is None else sizes
-    spec = FIGURES[name]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / spec.filename
-    with plt.style.context("default"), matplotlib.rc_context(_STYLE):
-        fig = plt.figure(figsize=spec.size, layout="constrained")
+    with _style():
+        fig = _draw(spec, sizes)
         try:
-            spec.draw(fig, sizes)
             fig.savefig(path, metadata={"Software": None})
         finally:
             plt.close(fig)
@@ -343,6 +388,64 @@ def fig_route_errors(fig, sizes) -> None:
     ax1.set_title("over sequence length (key tile 128)", fontsize=8)
     ax2.set_title(f"over the key tile (block_kv), S = {r['mid']}", fontsize=8)
     ax1.set_ylabel("relative L2 error vs exact")
+
+
+@_figure(
+    "direct_p_norm",
+    "Direct-P norm study: cosine, relative L2 error and norm ratio ‖O‖/‖O_ref‖ over the "
+    "score spread (Q scaled) for the affine preset, the affine route with the exact-sum "
+    "normalizer and the exact converter (mean ± std over the seeds; dashed: the "
+    "article's cosine and rel-L2; grey band: the norm ratios they imply)",
+    size=(9.0, 3.8),
+)
+def fig_direct_p_norm(fig, sizes) -> None:
+    from fp4sim.report import norm_study
+
+    r = norm_study.experiment_direct_p_norm(sizes)
+    art = r["article"]
+    scales = r["scales"]
+    only_scaled = {"key_correlation": 0.0, "v_mean": 0.0, "sink_logit": 0.0}
+    by = {
+        (d["route"], d["inputs"]["score_scale"]): d
+        for d in r["rows"]
+        if d["route"] in norm_study.SWEEP_ROUTES
+        and all(d["inputs"][k] == v for k, v in only_scaled.items())
+    }
+    axes = fig.subplots(1, 3, sharex=True)
+    for ax, key, label in zip(
+        axes,
+        ("cosine", "rel_l2", "norm_ratio"),
+        ("cosine", "relative L2 error", "norm ratio ‖O‖ / ‖O_ref‖"),
+    ):
+        for i, route in enumerate(norm_study.SWEEP_ROUTES):
+            ds = [by[(route, s)] for s in scales]
+            ax.errorbar(
+                scales,
+                [d[key] for d in ds],
+                yerr=[d["spread"][key]["std"] for d in ds],
+                marker="os^"[i],
+                ms=4,
+                capsize=2,
+                lw=1.0,
+                color=f"C{i}",
+                label=route,
+            )
+        ax.set_title(label, fontsize=8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(scales, [f"{s:g}" for s in scales], fontsize=7)
+        ax.set_xlabel("score scale (std of q·k/√D)")
+    axes[0].axhline(art["cosine"], color="k", ls="--", lw=0.8, label="article")
+    axes[1].axhline(art["rel_l2"], color="k", ls="--", lw=0.8, label="article")
+    lo, hi = art["norm_ratio_band"]["upper"]
+    axes[2].axhspan(lo, hi, color="0.75", alpha=0.6, lw=0, label="implied by the article")
+    axes[2].axhline(1.0, color="0.4", ls=":", lw=0.8)
+    handles, labels = [], []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), fontsize=7)
 
 
 @_figure(

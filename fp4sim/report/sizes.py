@@ -2,11 +2,15 @@
 
 :data:`QUICK` (CI, well under a minute), :data:`DEFAULT` (``make demo``, a few minutes on two
 CPU cores; the 8,000,000-point code-match grid) and :data:`FULL` (longer sequences, more blocks).
+``seeds`` is how many independent random draws the error and code-match tables (and the Direct-P
+norm study) average over; :attr:`Sizes.seed_values` are the seeds themselves, the first one
+``seed`` (so a one-seed run gives the numbers of the first seed of a longer one).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 __all__ = ["Sizes", "QUICK", "DEFAULT", "FULL", "SIZES"]
 
@@ -25,7 +29,17 @@ class Sizes:
     scale_blocks: int  # blocks of the scale-rule clipping-rate experiment
     leak_tokens: int  # N of the causal-leak probe
     jit_presets: int  # attention presets whose forward is compared NumPy vs jax.jit (compiles)
+    seeds: int  # independent random draws of the error and code-match tables (mean ± std)
+    study_seq_len: int  # sequence length of the Direct-P norm study (the article's 1024)
+    study_scales: tuple[float, ...]  # score-spread factors of the Direct-P norm study
     seed: int = 20261129
+
+    SEED_STRIDE = 10_000  # seed i is seed + i·SEED_STRIDE (inputs add their length, < 10,000)
+
+    @property
+    def seed_values(self) -> tuple[int, ...]:
+        """The ``seeds`` seeds: ``seed + i·SEED_STRIDE`` for i = 0 .. seeds − 1."""
+        return tuple(self.seed + i * self.SEED_STRIDE for i in range(self.seeds))
 
     def __post_init__(self) -> None:
         for f in (
@@ -36,6 +50,8 @@ class Sizes:
             "scale_blocks",
             "leak_tokens",
             "jit_presets",
+            "seeds",
+            "study_seq_len",
         ):
             v = getattr(self, f)
             if not isinstance(v, int) or v <= 0:
@@ -48,6 +64,26 @@ class Sizes:
                 or not all(isinstance(n, int) and n > 0 for n in v)
             ):
                 raise ValueError(f"Sizes.{f}={v!r} must be a non-empty tuple of positive ints")
+        v = self.study_scales
+        if (
+            not isinstance(v, tuple)
+            or not v
+            or not all(
+                isinstance(x, (int, float))
+                and not isinstance(x, bool)
+                and math.isfinite(x)
+                and x > 0
+                for x in v
+            )
+        ):
+            raise ValueError(
+                f"Sizes.study_scales={v!r} must be a non-empty tuple of positive finite floats"
+            )
+        if any(s >= self.SEED_STRIDE for s in (*self.seq_lens, self.study_seq_len)):
+            raise ValueError(
+                f"Sizes: sequence lengths {self.seq_lens}, {self.study_seq_len} must be below "
+                f"{self.SEED_STRIDE} (the seed stride)"
+            )
 
 
 QUICK = Sizes(
@@ -61,6 +97,9 @@ QUICK = Sizes(
     scale_blocks=2_000,
     leak_tokens=128,
     jit_presets=2,
+    seeds=2,
+    study_seq_len=128,
+    study_scales=(1.0, 4.0),
 )
 
 
@@ -75,6 +114,9 @@ DEFAULT = Sizes(
     scale_blocks=20_000,
     leak_tokens=128,
     jit_presets=10,
+    seeds=3,
+    study_seq_len=1024,
+    study_scales=(0.5, 1.0, 2.0, 3.0, 4.0, 6.0),
 )
 
 
@@ -89,6 +131,9 @@ FULL = Sizes(
     scale_blocks=200_000,
     leak_tokens=256,
     jit_presets=10,
+    seeds=5,
+    study_seq_len=1024,
+    study_scales=(0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0),
 )
 
 

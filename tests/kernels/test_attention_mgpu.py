@@ -10,7 +10,6 @@ bitwise checks on the H200 at larger sizes.
 from __future__ import annotations
 
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -23,15 +22,6 @@ from hypothesis import strategies as st
 from fp4sim.attention.recipe import Normalization
 from fp4sim.kernels import attention_mgpu as am
 from fp4sim.kernels import harness
-
-# These interpret-mode cases deadlock in Pallas' GPU interpreter on hosts with fewer than 4 CPUs
-# (seen on the 2-core CI machine, every run: two warpgroup threads wait forever to start their
-# XLA:CPU computations while the others are blocked at a barrier inside io_callbacks).
-_NEEDS_4_CPUS = pytest.mark.skipif(
-    (os.cpu_count() or 1) < 4,
-    reason="deadlocks in Pallas' GPU interpreter on hosts with fewer than 4 CPUs (two warpgroup "
-    "threads never start their XLA:CPU computations); runs on machines with more cores",
-)
 
 F8 = ml_dtypes.float8_e4m3fn
 U32 = 2.0**-24  # float32 unit roundoff
@@ -302,11 +292,6 @@ def _dequantize(ops):
     )
 
 
-# Interpret mode on this project's 2-core CI host: a run with a debug dump of the masked tail tile
-# in a grid of several CTAs occasionally deadlocks inside the interpreter (observed 2 of 4 runs;
-# never on the H200), so the tail tile's debug dump is checked with one head and the
-# multi-head GQA case without a debug dump.
-@_NEEDS_4_CPUS
 @pytest.mark.parametrize(
     "hq,debug_step,block_sums",
     [(3, None, True), (1, 2, True), (1, 2, False)],
@@ -360,7 +345,6 @@ def test_interpret_zero_blocks_and_tail_lengths(hq, debug_step, block_sums):
     assert err <= 2 * U8, err
 
 
-@_NEEDS_4_CPUS
 def test_interpret_causal_tail_and_nan_policy():
     """Causal T = S = 80 (tail tile, padded query rows) with a NaN in V at token 40: rows that
     see token block 1 (r >= 32) are NaN in O and LSE, the others are finite and close."""

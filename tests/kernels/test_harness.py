@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -161,3 +163,17 @@ def test_gpu_detection_is_consistent():
 @pytest.mark.gpu
 def test_device_is_hopper_or_newer():
     assert harness.device_arch() >= (9, 0)
+
+
+def test_small_xla_cpu_pool_warns_before_interpreting(monkeypatch):
+    """Fewer than MIN_CPU_THREADS XLA:CPU threads (NPROC or the CPU count) is where the GPU
+    interpreter deadlocks on multi-warpgroup kernels: interpret() says so instead of hanging
+    silently; the suite itself runs with NPROC=8 (tests/conftest.py)."""
+    monkeypatch.setenv("NPROC", "2")
+    assert harness.xla_cpu_threads() == 2
+    with pytest.warns(RuntimeWarning, match="NPROC=8"):
+        harness.warn_if_small_cpu_pool()
+    monkeypatch.setenv("NPROC", str(harness.MIN_CPU_THREADS))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        harness.warn_if_small_cpu_pool()
