@@ -6,11 +6,10 @@
 
 Compiles and warms up the function (``forward``: the Direct-P forward emulator
 ``attention_forward`` of ``--recipe``; ``training``: jit(grad) of ``emulated_attention`` with
-``--training-recipe``), traces ``--calls`` calls with ``jax.profiler.trace`` into ``DIR``, reads
-the XSpace back (``jax.profiler.ProfileData``) and prints, for every line of every GPU plane
-("XLA Ops", "XLA Modules", the streams), the events with the most total time: time, share of
-the line, count. Also writes the table as JSON (``DIR/summary.json``) and the optimized HLO of
-the function (``DIR/optimized_hlo.txt``) to map fusion names back to the emulator's steps.
+``--training-recipe``), traces ``--calls`` calls and prints the per-kernel table of
+:func:`fp4sim.benchmarks.profile.profile_calls` (also ``DIR/profile.txt``: the kernels with the
+most total time, their share and count, and the emulator source line of each), and writes the
+optimized HLO of the function (``DIR/optimized_hlo.txt``).
 ``row-chunks`` (an experiment) times the forward with other query-row chunk sizes of the jitted
 forward on the GPU (its private ``_GPU_ROW_CHUNK``, set here for the experiment only), median
 of 5 calls each, and compares the bits with the first size's.
@@ -19,8 +18,6 @@ of 5 calls each, and compares the bits with the first size's.
 from __future__ import annotations
 
 import argparse
-import collections
-import glob
 import json
 import os
 import time
@@ -54,36 +51,6 @@ def build(args):
             )
         )
     return fn, (q, k, v)
-
-
-def summarize(trace_dir: str, top: int) -> dict:
-    from jax.profiler import ProfileData
-
-    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True))
-    if not files:
-        return {"error": f"no .xplane.pb under {trace_dir}"}
-    data = ProfileData.from_file(files[-1])
-    out = {}
-    for plane in data.planes:
-        if "GPU" not in plane.name and "gpu" not in plane.name:
-            continue
-        for line in plane.lines:
-            agg: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
-            for ev in line.events:
-                a = agg[ev.name]
-                a[0] += ev.duration_ns
-                a[1] += 1
-            total = sum(a[0] for a in agg.values())
-            if not total:
-                continue
-            rows = sorted(agg.items(), key=lambda kv: -kv[1][0])[:top]
-            out[f"{plane.name} :: {line.name}"] = {
-                "total_ms": total / 1e6,
-                "top": [
-                    {"name": n, "ms": t / 1e6, "share": t / total, "count": c} for n, (t, c) in rows
-                ],
-            }
-    return out
 
 
 def row_chunks(args) -> int:
@@ -151,35 +118,16 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     if args.what == "row-chunks":
         return row_chunks(args)
+    from fp4sim.benchmarks.profile import profile_calls
+
     fn, xs = build(args)
     t0 = time.perf_counter()
-    jax.block_until_ready(fn(*xs))
+    compiled = fn.lower(*xs).compile()
+    jax.block_until_ready(compiled(*xs))
     print(f"compile + first call {time.perf_counter() - t0:.1f} s")
-    jax.block_until_ready(fn(*xs))
     with open(os.path.join(args.out, "optimized_hlo.txt"), "w") as f:
-        f.write(fn.lower(*xs).compile().as_text())
-    trace_dir = os.path.join(args.out, "trace")
-    t0 = time.perf_counter()
-    with jax.profiler.trace(trace_dir):
-        for _ in range(args.calls):
-            jax.block_until_ready(fn(*xs))
-    print(
-        f"{args.calls} traced calls: {(time.perf_counter() - t0) * 1e3 / args.calls:.3f} ms "
-        f"each (with the profiler's overhead)"
-    )
-    summary = summarize(trace_dir, args.top)
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    for line, s in summary.items():
-        if not isinstance(s, dict):
-            print(line, s)
-            continue
-        print(f"\n== {line}: {s['total_ms'] / args.calls:.3f} ms per call")
-        for r in s["top"]:
-            print(
-                f"  {r['ms'] / args.calls:9.4f} ms {100 * r['share']:5.1f} %  x{r['count']:<5d} "
-                f"{r['name'][:110]}"
-            )
+        f.write(compiled.as_text())
+    profile_calls(lambda: compiled(*xs), compiled, args.out, calls=args.calls, top=args.top)
     return 0
 
 

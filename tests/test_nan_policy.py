@@ -57,3 +57,40 @@ def test_nan_into_a_format_without_nan_is_max_on_both_backends(fmt):
     got = jax.jit(fp4sim.encode, static_argnums=1)(jnp.asarray(x), fmt)
     np.testing.assert_array_equal(np.asarray(got), want)
     assert want[0] == want[1] == fp4sim.max_code(fmt)
+
+
+def _bits_of(x):
+    x = np.asarray(x)
+    return x.view(np.uint32) if x.dtype == np.float32 else x
+
+
+@pytest.mark.parametrize(
+    "name", ["flamia_nvfp4", "hw_fp4_direct_p", "hao_log_mxfp8", "sage3_two_level"]
+)
+def test_intermediates_follow_one_nan_policy_on_both_backends(name):
+    """A NaN in one key (one NaN score per row, inside a P block that also holds numbers): the
+    block's max is NaN on both backends (XLA CPU's vectorized max dropped it, NumPy's kept it),
+    so every intermediate (P codes, scales, block exponents, numerator, normalizer) has the
+    same bits under jax.jit as on NumPy, not only O and LSE."""
+    recipe = fp4sim.PRESETS[name]
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((1, 64, 64)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 128, 64)).astype(np.float32) for _ in range(2))
+    k[0, 5, 3] = np.nan
+    with np.errstate(all="ignore"):
+        want = fp4sim.attention_forward(q, k, v, recipe, return_intermediates=True)
+    got = jax.jit(
+        lambda q, k, v: fp4sim.attention_forward(q, k, v, recipe, return_intermediates=True)
+    )(q, k, v)
+    for field in ("out", "lse"):
+        np.testing.assert_array_equal(_bits_of(getattr(got, field)), _bits_of(getattr(want, field)))
+    wi, gi = want.intermediates, got.intermediates
+    for field in ("anchors", "p_codes", "p_scales", "p_k", "numerator", "normalizer"):
+        w, g = getattr(wi, field), getattr(gi, field)
+        assert (w is None) == (g is None), field
+        if w is not None:
+            np.testing.assert_array_equal(_bits_of(g), _bits_of(w), err_msg=field)
+    assert np.isnan(np.asarray(want.out)).all()  # a NaN key: every row NaN
+    if recipe.p_format is fp4sim.attention.recipe.PFormat.NVFP4 and wi.p_scales is not None:
+        # the P block of key 5 (16 keys per UE4M3 scale): the scale format's NaN code, every row
+        assert (np.asarray(wi.p_scales)[..., 0] == 0x7F).all()

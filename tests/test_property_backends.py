@@ -16,7 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from jax.experimental import checkify
 
@@ -264,4 +264,47 @@ def test_attention_forward(name, seed, where, n_special, zero_rows, scale_exp):
     with np.errstate(all="ignore"):
         want = _outcome(lambda *a: tuple(fp4sim.attention_forward(*a, recipe))[:2], *qkv)
     got = _outcome(_jit_forward(recipe), *map(jnp.asarray, qkv))
+    _same(want, got)
+
+
+def _intermediates(q, k, v, recipe):
+    """O, LSE and every intermediate array of the forward (the quantized operands' values,
+    exponents and factors; anchors, P codes, scales, block exponents, numerator, normalizer)."""
+    res = fp4sim.attention_forward(q, k, v, recipe, return_intermediates=True)
+    it = res.intermediates
+    ops = [
+        getattr(op, f) for op in (it.q, it.k, it.v) for f in ("values", "exps", "post", "post_exp")
+    ]
+    rest = [it.anchors, it.p_codes, it.p_scales, it.p_k, it.numerator, it.normalizer]
+    return tuple(x for x in [res.out, res.lse, *ops, *rest] if x is not None)
+
+
+@functools.cache
+def _jit_intermediates(recipe):
+    return jax.jit(lambda q, k, v: _intermediates(q, k, v, recipe))
+
+
+@settings(max_examples=6, **SETTINGS)
+@given(
+    name=st.sampled_from(sorted(fp4sim.PRESETS)),
+    seed=st.integers(0, 2**16),
+    where=st.sampled_from([1, 0, 2]),  # K first: its specials reach every row's P blocks
+    n_special=st.integers(1, 3),
+    scale_exp=st.integers(-20, 20),
+)
+# a NaN in K inside P blocks that hold numbers (the intermediates once differed there)
+@example(name="flamia_nvfp4", seed=0, where=1, n_special=2, scale_exp=0)
+def test_attention_forward_intermediates(name, seed, where, n_special, scale_exp):
+    """With ``return_intermediates=True`` every intermediate, not only O and LSE: 128 keys, so
+    that a special value in K lands in P blocks that also hold numbers (where XLA CPU's
+    vectorized max reductions once dropped a NaN that NumPy's kept)."""
+    recipe = fp4sim.PRESETS[name]
+    shapes = [(32, 64), (128, 64), (128, 64)]
+    qkv = [
+        _values(s, seed + i, n_special if i == where else 0, 0, scale_exp)
+        for i, s in enumerate(shapes)
+    ]
+    with np.errstate(all="ignore"):
+        want = _outcome(lambda *a: _intermediates(*a, recipe), *qkv)
+    got = _outcome(_jit_intermediates(recipe), *map(jnp.asarray, qkv))
     _same(want, got)

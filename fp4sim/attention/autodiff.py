@@ -13,7 +13,8 @@ This module owns:
   of a logarithm and an exponential). For Attn-QAT-style recipes also O_hp.
 * :func:`rebuild_p` — the backward's P: scores of the saved quantized Q/K
   (:func:`fp4sim.attention.forward.scores`, independent of the tiling), the running-max anchors
-  for the rebuild recipe's key tiles (the forward's rule, recomputed), ``t = u − m`` per tile,
+  for the rebuild recipe's key tiles (recomputed by the forward's own step,
+  :func:`fp4sim.attention.forward.running_max`), ``t = u − m`` per tile,
   and :func:`fp4sim.attention.converters.convert_tile`: bit-identical codes, block scales and
   block exponents to the forward's when the recipes match. The normalized represented P̃ is
   ``P̃_ij = fl(fl(w̃_ij · 2^(m_tile − m)) / L)`` with ``w̃`` the represented weight in the
@@ -62,6 +63,7 @@ from fp4sim.attention.forward import (
     attention_forward,
     log2_scores,
     masked_tile,
+    running_max,
     score_scale,
     scores,
 )
@@ -311,23 +313,6 @@ def training_forward(
     return res.out, saved
 
 
-def _tile_anchors(xp: ModuleType, u: Array, recipe: AttentionRecipe) -> list[Array]:
-    """The running max used by each key tile (the forward's rule, step 2 of its docstring)."""
-    tile = recipe.block_kv
-    m = xp.full(u.shape[:-1], -np.inf, dtype=np.float32)
-    out = []
-    for i in range(u.shape[-1] // tile):
-        ut = u[..., i * tile : (i + 1) * tile]
-        mt = xp.max(xp.where(xp.isnan(ut), np.float32(-np.inf), ut), axis=-1)
-        if recipe.rescale_threshold == 0:
-            m = xp.maximum(m, mt)
-        else:
-            move = (m == -np.inf) | (mt > f32.add_ftz(m, np.float32(recipe.rescale_threshold)))
-            m = xp.where(move, xp.maximum(m, mt), m)
-        out.append(m)
-    return out
-
-
 def _mask(
     xp: ModuleType, sq: int, skv: int, skv_pad: int, is_causal: bool, segment_ids: Array | None
 ) -> Array:
@@ -374,9 +359,9 @@ def rebuild_p(
     valid = _mask(xp, sq, skv, skv_pad, saved.causal, saved.segment_ids)
     u = log2_scores(scores(qop, kop), c, valid)
     u = materialize(u)
-    anchors = xp.stack(_tile_anchors(xp, u, recipe), axis=-1)  # (..., Sq, n_tiles)
     # every tile at once: t (..., Sq, n_tiles, tile), one converter call (it works per tile)
     ut = xp.reshape(u, u.shape[:-1] + (n_tiles, tile))
+    anchors = running_max(ut, recipe)[0]  # (..., Sq, n_tiles): the forward's rule
     finite = anchors > -np.inf
     t = xp.where(
         finite[..., None],

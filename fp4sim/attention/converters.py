@@ -117,8 +117,18 @@ def _unblock(xp: ModuleType, tb: Array) -> Array:
 
 
 def _block_max(xp: ModuleType, tb: Array) -> Array:
-    """Max over each block, NaN-propagating (−inf for fully masked blocks)."""
-    return xp.max(tb, axis=-1)
+    """Max over each block, NaN-propagating (−inf for fully masked blocks): a block holding a
+    NaN gives NaN on every backend (XLA CPU's vectorized float max drops a NaN in a block that
+    also holds numbers; NumPy's keeps it). One integer max reduction: each float's bits as a
+    key ordered like the floats, NaN above +Inf, mapped back (−0 and +0 give +0: only
+    exponents and positive values are taken from a block max). Also lowered by the Direct-P
+    GPU kernel (:mod:`fp4sim.attention.direct_p_gpu`)."""
+    bits = bitcast(xp.asarray(tb, dtype=np.float32), np.int32)
+    flip = np.int32(0x7FFFFFFF)
+    key = xp.where(xp.isnan(tb), flip, bits ^ ((bits >> np.int32(31)) & flip))
+    top = xp.max(key, axis=-1)
+    m = bitcast(top ^ ((top >> np.int32(31)) & flip), np.float32)
+    return xp.where(top == flip, np.float32(np.nan), m)
 
 
 def _ceil_exp(xp: ModuleType, m: Array, lo: int = -127, hi: int = 127) -> Array:

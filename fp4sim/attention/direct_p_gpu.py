@@ -16,6 +16,13 @@ nothing the kernels cannot do exactly is inside them (the correctly rounded exp2
    added in order, and per 32-key block the payload tree sum and ``k_B`` (the forward turns them
    into the tile denominators and ``L``, then O and LSE, with its own code).
 
+Parallelism (:func:`key_chunk`): one program per row block walking every key tile leaves most
+of the GPU idle when there are few row blocks (S4096, one head: 128 programs of 32 rows on 132
+SMs). Then the key tiles are split into chunks, one program per (row block, chunk): the maxima
+are per tile anyway; the accumulator's programs write each tile's PV group sums (in memory,
+bounded by ``_MAX_SPLIT_BYTES``) and a third kernel (the fold) walks the tiles in order,
+``A ← fl(A·r)`` and the group sums added, the same float32 operations in the same order.
+
 Each step is the forward's float32 operation sequence (the emulator's functions where they
 lower to Triton: :func:`fp4sim.attention.converters.direct_p_payload`,
 :func:`fp4sim.formats.codec.decode`, :mod:`fp4sim.formats.f32`); the score block partials and
@@ -103,30 +110,33 @@ def _maxima_kernel(
     nan_ref: Any,
     *,
     d: int,
-    ntu: int,
+    chunk: int,
     tile: int,
     post: bool,
     **score: Any,
 ) -> None:
     import jax.numpy as jnp
     from jax import lax
+    from jax.experimental import pallas as pl
 
     qbs = _q_blocks(q_ref, d)
     rows = ids_ref[0, :]
     qpost = qp_ref[0, :] if post else None
+    first = pl.program_id(2) * chunk  # this program's first key tile
 
-    def body(i: Any, nan: Any) -> Any:
+    def body(j: Any, nan: Any) -> Any:
         mt = None
         for s in range(tile // SUB):
-            u = _log2_scores(qbs, k_ref, kp_ref, qpost, rows, i * tile + s * SUB, **score)
+            key0 = (first + j) * tile + s * SUB
+            u = _log2_scores(qbs, k_ref, kp_ref, qpost, rows, key0, **score)
             bad = jnp.isnan(u) | (u == np.float32(np.inf))
             nan = jnp.maximum(nan, jnp.max(bad.astype(jnp.int32), axis=-1))
             m = jnp.max(jnp.where(bad, np.float32(-np.inf), u), axis=-1)
             mt = m if mt is None else jnp.maximum(mt, m)
-        mt_ref[0, i, :] = mt
+        mt_ref[0, j, :] = mt
         return nan
 
-    nan_ref[0, :] = lax.fori_loop(0, ntu, body, jnp.zeros(rows.shape, jnp.int32))
+    nan_ref[0, 0, :] = lax.fori_loop(0, chunk, body, jnp.zeros(rows.shape, jnp.int32))
 
 
 def _tree_sum(x: Any) -> Any:
@@ -149,12 +159,13 @@ def _accumulate_kernel(
     safe_ref: Any,
     fin_ref: Any,
     r_ref: Any,
-    acc_ref: Any,
+    out_ref: Any,
     sums_ref: Any,
     kb_ref: Any,
     *,
     d: int,
-    ntu: int,
+    chunk: int,
+    split: bool,
     tile: int,
     post: bool,
     converter: Any,
@@ -172,11 +183,15 @@ def _accumulate_kernel(
     rows = ids_ref[0, :]
     qpost = qp_ref[0, :] if post else None
     nsub = tile // SUB
+    ngt = nsub // per_group  # PV groups per key tile
+    first = pl.program_id(2) * chunk  # this program's first key tile
 
-    def body(i: Any, acc: Any) -> Any:
-        safe = safe_ref[0, i, :]
-        fin = fin_ref[0, i, :] != 0
-        acc = f32.mul_ftz(acc, r_ref[0, i, :][:, None])
+    def body(j: Any, acc: Any) -> Any:
+        i = first + j
+        safe = safe_ref[0, j, :]
+        fin = fin_ref[0, j, :] != 0
+        if not split:
+            acc = f32.mul_ftz(acc, r_ref[0, j, :][:, None])
         g = None
         for s in range(nsub):
             key0 = i * tile + s * SUB
@@ -188,8 +203,8 @@ def _accumulate_kernel(
                 kb = jnp.zeros(rows.shape, jnp.int32)
             codes = direct_p_payload(converter, direct_p_coordinate(t, kb[:, None]))
             vals = decode(codes, E2M1)
-            sums_ref[0, i * nsub + s, :] = _tree_sum(vals)
-            kb_ref[0, i * nsub + s, :] = kb
+            sums_ref[0, j * nsub + s, :] = _tree_sum(vals)
+            kb_ref[0, j * nsub + s, :] = kb
             pv = f32.ldexp_ftz(vals, (kb + np.int32(factor_exp))[:, None])
             vv = v_ref[0, pl.ds(key0, SUB), :]
             part = f32.ftz(
@@ -202,23 +217,68 @@ def _accumulate_kernel(
             )
             g = part if s % per_group == 0 else f32.add_ftz(g, part)
             if s % per_group == per_group - 1:
-                acc = f32.add_ftz(acc, g)
+                if split:  # the group sum, added in order by _fold_kernel
+                    out_ref[0, j * ngt + s // per_group, :, :] = g
+                else:
+                    acc = f32.add_ftz(acc, g)
         return acc
 
-    acc_ref[0] = lax.fori_loop(0, ntu, body, jnp.zeros((rows.shape[0], dv), jnp.float32))
+    acc = lax.fori_loop(0, chunk, body, jnp.zeros((rows.shape[0], dv), jnp.float32))
+    if not split:
+        out_ref[0] = acc
+
+
+def _fold_kernel(r_ref: Any, g_ref: Any, acc_ref: Any, *, ntu: int, ngt: int) -> None:
+    """``A ← fl(A·r_i)`` then tile i's group sums added in order (flushed), i = 0 … ntu−1:
+    the accumulator of :func:`_accumulate_kernel` from the group sums its split programs wrote."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    def body(i: Any, acc: Any) -> Any:
+        acc = f32.mul_ftz(acc, r_ref[0, i, :][:, None])
+        for gi in range(ngt):
+            acc = f32.add_ftz(acc, g_ref[0, i * ngt + gi, :, :])
+        return acc
+
+    init = jnp.zeros(acc_ref.shape[1:], jnp.float32)
+    acc_ref[0] = lax.fori_loop(0, ntu, body, init)
 
 
 def _specs(bm: int, d: int, ku: int, post: bool) -> list:
-    """Q (a row block), K (every key), the per-token factors and the row ids."""
+    """Q (a row block), K (every key), the per-token factors and the row ids, on the grid
+    (batch, row block, key chunk)."""
     from jax.experimental import pallas as pl
 
     del post  # the factors' placeholders have the same shapes
-    q = pl.BlockSpec((1, bm, d), lambda n, i: (n, i, 0))
-    k = pl.BlockSpec((1, ku, d), lambda n, i: (n, 0, 0))
-    qp = pl.BlockSpec((1, bm), lambda n, i: (n, i))
-    kp = pl.BlockSpec((1, ku), lambda n, i: (n, 0))
-    ids = pl.BlockSpec((1, bm), lambda n, i: (n, i))
+    q = pl.BlockSpec((1, bm, d), lambda n, i, c: (n, i, 0))
+    k = pl.BlockSpec((1, ku, d), lambda n, i, c: (n, 0, 0))
+    qp = pl.BlockSpec((1, bm), lambda n, i, c: (n, i))
+    kp = pl.BlockSpec((1, ku), lambda n, i, c: (n, 0))
+    ids = pl.BlockSpec((1, bm), lambda n, i, c: (n, i))
     return [q, k, qp, kp, ids]
+
+
+_TARGET_PROGRAMS = 1024  # about 8 per H200 SM: the key tiles are split until there are this many
+_MAX_SPLIT_BYTES = 1 << 28  # the split accumulator's group sums in memory at most (256 MiB)
+
+
+def key_chunk(nb: int, rows: int, ntu: int, per_tile: int = 0) -> int:
+    """Key tiles per program: the largest divisor of ``ntu`` that still gives
+    :data:`_TARGET_PROGRAMS` programs over (batch, row block, key chunk), ``ntu`` (no split)
+    when the row blocks alone give them or none does. ``per_tile`` (bytes of one key tile's
+    split output, the accumulator's group sums; 0 for the maxima) bounds a split by
+    :data:`_MAX_SPLIT_BYTES`."""
+    bm = rows_block(rows)
+    programs = nb * (rows // bm)
+    if programs >= _TARGET_PROGRAMS or per_tile * ntu > _MAX_SPLIT_BYTES:
+        return ntu
+    best = ntu
+    for c in range(ntu, 0, -1):
+        if ntu % c == 0:
+            best = c
+            if programs * (ntu // c) >= _TARGET_PROGRAMS:
+                break
+    return best
 
 
 def _params() -> Any:
@@ -266,10 +326,12 @@ def tile_maxima(
     args, post = _common(qv, kv, qpost, kpost, row_ids)
     nb, rows, d = qv.shape
     bm = rows_block(rows)
+    chunk = key_chunk(nb, rows, ntu)
+    nc = ntu // chunk
     kern = functools.partial(
         _maxima_kernel,
         d=d,
-        ntu=ntu,
+        chunk=chunk,
         tile=tile,
         post=post,
         c=float(c),
@@ -277,22 +339,23 @@ def tile_maxima(
         sq=sq,
         causal=causal,
     )
-    return pl.pallas_call(
+    mt, nan = pl.pallas_call(
         kern,
-        grid=(nb, rows // bm),
+        grid=(nb, rows // bm, nc),
         in_specs=_specs(bm, d, kv.shape[-2], post),
         out_specs=[
-            pl.BlockSpec((1, ntu, bm), lambda n, i: (n, 0, i)),
-            pl.BlockSpec((1, bm), lambda n, i: (n, i)),
+            pl.BlockSpec((1, chunk, bm), lambda n, i, c: (n, c, i)),
+            pl.BlockSpec((1, 1, bm), lambda n, i, c: (n, c, i)),
         ],
         out_shape=[
             jax.ShapeDtypeStruct((nb, ntu, rows), jnp.float32),
-            jax.ShapeDtypeStruct((nb, rows), jnp.int32),
+            jax.ShapeDtypeStruct((nb, nc, rows), jnp.int32),
         ],
         interpret=interpret,
         compiler_params=_params(),
         name="fp4sim_direct_p_maxima",
     )(*args)
+    return mt, jnp.max(nan, axis=1)
 
 
 def accumulate(
@@ -326,16 +389,23 @@ def accumulate(
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pltriton
 
     args, post = _common(qv, kv, qpost, kpost, row_ids)
     nb, rows, d = qv.shape
     ku, dv = vv.shape[-2:]
     bm = rows_block(rows)
     nblk = ntu * tile // SUB
+    nsub = tile // SUB
+    ngt = tile // pv_group
+    chunk = key_chunk(nb, rows, ntu, per_tile=nb * rows * ngt * dv * 4)
+    nc = ntu // chunk
+    split = nc > 1
     kern = functools.partial(
         _accumulate_kernel,
         d=d,
-        ntu=ntu,
+        chunk=chunk,
+        split=split,
         tile=tile,
         post=post,
         converter=converter,
@@ -348,19 +418,26 @@ def accumulate(
         sq=sq,
         causal=causal,
     )
-    state = pl.BlockSpec((1, ntu, bm), lambda n, i: (n, 0, i))
-    return pl.pallas_call(
-        kern,
-        grid=(nb, rows // bm),
-        in_specs=_specs(bm, d, ku, post)
-        + [pl.BlockSpec((1, ku, dv), lambda n, i: (n, 0, 0)), state, state, state],
-        out_specs=[
-            pl.BlockSpec((1, bm, dv), lambda n, i: (n, i, 0)),
-            pl.BlockSpec((1, nblk, bm), lambda n, i: (n, 0, i)),
-            pl.BlockSpec((1, nblk, bm), lambda n, i: (n, 0, i)),
-        ],
-        out_shape=[
+    state = pl.BlockSpec((1, chunk, bm), lambda n, i, c: (n, c, i))
+    blocks = pl.BlockSpec((1, chunk * nsub, bm), lambda n, i, c: (n, c, i))
+    if split:  # each program's group sums, folded in tile order by _fold_kernel
+        first = (
+            pl.BlockSpec((1, chunk * ngt, bm, dv), lambda n, i, c: (n, c, i, 0)),
+            jax.ShapeDtypeStruct((nb, ntu * ngt, rows, dv), jnp.float32),
+        )
+    else:
+        first = (
+            pl.BlockSpec((1, bm, dv), lambda n, i, c: (n, i, 0)),
             jax.ShapeDtypeStruct((nb, rows, dv), jnp.float32),
+        )
+    out, sums, kb = pl.pallas_call(
+        kern,
+        grid=(nb, rows // bm, nc),
+        in_specs=_specs(bm, d, ku, post)
+        + [pl.BlockSpec((1, ku, dv), lambda n, i, c: (n, 0, 0)), state, state, state],
+        out_specs=[first[0], blocks, blocks],
+        out_shape=[
+            first[1],
             jax.ShapeDtypeStruct((nb, nblk, rows), jnp.float32),
             jax.ShapeDtypeStruct((nb, nblk, rows), jnp.int32),
         ],
@@ -368,3 +445,24 @@ def accumulate(
         compiler_params=_params(),
         name="fp4sim_direct_p_accumulate",
     )(*args, vv, safe, jnp.asarray(finite, jnp.int32), r)
+    if not split:
+        return out, sums, kb
+    fm, fd = _FOLD_BLOCK
+    fm, fd = min(fm, bm), min(fd, dv)
+    acc = pl.pallas_call(
+        functools.partial(_fold_kernel, ntu=ntu, ngt=ngt),
+        grid=(nb, rows // fm, dv // fd),
+        in_specs=[
+            pl.BlockSpec((1, ntu, fm), lambda n, i, j: (n, 0, i)),
+            pl.BlockSpec((1, ntu * ngt, fm, fd), lambda n, i, j: (n, 0, i, j)),
+        ],
+        out_specs=pl.BlockSpec((1, fm, fd), lambda n, i, j: (n, i, j)),
+        out_shape=jax.ShapeDtypeStruct((nb, rows, dv), jnp.float32),
+        interpret=interpret,
+        compiler_params=pltriton.CompilerParams(num_warps=2, num_stages=3),
+        name="fp4sim_direct_p_fold",
+    )(r, out)
+    return acc, sums, kb
+
+
+_FOLD_BLOCK = (32, 32)  # rows × columns of the accumulator per program of the fold

@@ -121,6 +121,8 @@ __all__ = [
     "quantize_v",
     "scores",
     "log2_scores",
+    "running_max",
+    "running_max_from_tile_maxima",
     "attention_forward",
     "hadamard",
     "score_scale",
@@ -729,7 +731,7 @@ def _row_block(
     ko, kb, ks = _first_tiles(pb, ntu)
     u, nanf = _row_log2_scores(pb, qo, ko, kb, qs, ks, row_ids, ntu)
     ut = xp.reshape(u, (*pb.lead, qo.values.shape[-2], ntu, pb.tile))
-    anchors, prevs, m = _running_max(pb, ut)
+    anchors, prevs, m = running_max(ut, pb.recipe)
     finite = anchors > -np.inf
     safe = xp.where(finite, anchors, np.float32(0.0))
     r = xp.where(prevs > -np.inf, exp2_rn(prevs - safe), np.float32(0.0))
@@ -792,20 +794,26 @@ def _row_log2_scores(
     return u, nanf
 
 
-def _running_max(pb: _Problem, ut: Array) -> tuple[Array, Array, Array]:
-    """Step 2's running max over the tiles of ``ut`` (..., rows, tiles, tile): the anchor
-    ``m'`` each tile uses, the anchor before it, and the final one."""
+def running_max(ut: Array, recipe: AttentionRecipe) -> tuple[Array, Array, Array]:
+    """Step 2's running max over the key tiles of ``ut`` (..., rows, tiles, tile) log2 scores,
+    the one rule of the forward and the backward's rebuild of P: each tile's max of its finite
+    scores (NaN and +Inf scores are left out: those rows are NaN rows), then
+    :func:`running_max_from_tile_maxima`. Returns the anchor ``m'`` each tile uses, the anchor
+    before it, and the final one ((..., rows, tiles), (..., rows, tiles), (..., rows))."""
     xp = namespace(ut)
-    return _anchors(
-        pb, xp.max(xp.where(xp.isnan(ut) | (ut == np.inf), np.float32(-np.inf), ut), axis=-1)
+    bad = xp.isnan(ut) | (ut == np.inf)
+    return running_max_from_tile_maxima(
+        xp.max(xp.where(bad, np.float32(-np.inf), ut), axis=-1), recipe
     )
 
 
-def _anchors(pb: _Problem, mt: Any) -> tuple[Any, Any, Any]:
-    """:func:`_running_max` from the tile maxima ``mt`` (..., rows, tiles) of the finite
-    scores."""
+def running_max_from_tile_maxima(mt: Any, recipe: AttentionRecipe) -> tuple[Any, Any, Any]:
+    """:func:`running_max` from the tile maxima ``mt`` (..., rows, tiles) of the finite scores:
+    from ``m = −inf``, tile by tile ``m' = max(m, mt)`` when ``mt`` exceeds
+    ``m + rescale_threshold`` (always when the threshold is 0, or while ``m`` is −inf), else
+    ``m`` stays."""
     xp = namespace(mt)
-    threshold = pb.recipe.rescale_threshold
+    threshold = recipe.rescale_threshold
     m = xp.full(mt.shape[:-1], -np.inf, dtype=np.float32)
     anchors, prevs = [], []
     for i in range(mt.shape[-1]):
@@ -949,7 +957,7 @@ def _direct_p_rows(pb: _Problem, qo: Operand, row_ids: Any, ntu: int, interpret:
         interpret=interpret,
     )
     mt, nan = direct_p_gpu.tile_maxima(qv, kv, qp, kp, row_ids, **consts)
-    anchors, prevs, m = _anchors(pb, jnp.swapaxes(mt, 1, 2))  # (nb, rows, ntu)
+    anchors, prevs, m = running_max_from_tile_maxima(jnp.swapaxes(mt, 1, 2), rec)  # (nb, rows, ntu)
     finite = anchors > -np.inf
     safe = jnp.where(finite, anchors, np.float32(0.0))
     r = jnp.where(prevs > -np.inf, exp2_rn(prevs - safe), np.float32(0.0))

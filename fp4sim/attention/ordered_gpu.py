@@ -209,6 +209,9 @@ def ordered_product_kernel(
     hi: Any = None,
     tile: tuple[int, int] | None = None,
     interpret: bool = False,
+    num_warps: int | None = None,
+    unroll: int | None = None,
+    num_stages: int = 1,
 ) -> Any:
     """The ordered sum of products as one Pallas (Triton) call: float32 (B, I, J) with
     ``out[n] = fl(…fl(P_0 + P_1)… + P_{G−1})`` over the ``groups`` axis, each
@@ -219,7 +222,10 @@ def ordered_product_kernel(
     J/bn), G = 1, ``plain`` only): each output block sums only the terms ``lo ≤ k < hi`` (the
     caller proves the others are ±0: skipping them changes only the sign of zeros, which the
     final flush sets to +0), rounded outward to whole unroll steps by the caller. ``tile``:
-    (bm, bn), by default :func:`tile_shape`."""
+    (bm, bn), by default :func:`tile_shape`. ``num_warps`` (default ``bm·bn/1024``, at least 1),
+    ``unroll`` (terms per loop step, dividing K; default :func:`_unroll`: with ``lo``/``hi``
+    the caller rounds them to the same steps) and ``num_stages`` tune the Triton program only:
+    every output element sums the same terms in the same order."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
@@ -231,7 +237,9 @@ def ordered_product_kernel(
     bm, bn = tile or tile_shape(nb, n_i, n_j)
     ni, nj = n_i // bm, n_j // bn
     ranged = lo is not None
-    unroll = _unroll(k)
+    unroll = _unroll(k) if unroll is None else unroll
+    if k % unroll:
+        raise ValueError(f"unroll={unroll} must divide the contraction length {k}")
     kern = functools.partial(
         _kernel,
         groups=groups,
@@ -263,7 +271,9 @@ def ordered_product_kernel(
         in_specs=specs,
         out_specs=o_spec,
         interpret=interpret,
-        compiler_params=pltriton.CompilerParams(num_warps=max(1, bm * bn // 1024), num_stages=1),
+        compiler_params=pltriton.CompilerParams(
+            num_warps=num_warps or max(1, bm * bn // 1024), num_stages=num_stages
+        ),
         name="fp4sim_ordered_product",
     )(*args)
 
@@ -280,6 +290,8 @@ def backward_product(
     transposed: bool = False,
     *,
     interpret: bool = False,
+    tile: tuple[int, int] | None = None,
+    **tuning: Any,
 ) -> Any:
     """The backward's SEQUENTIAL ``a @ b`` (``transposed``: ``aᵀ @ b`` of ``a`` stored
     (..., K, I)) on the kernel: what :mod:`fp4sim.attention.backward`'s jnp loop computes,
@@ -297,7 +309,7 @@ def backward_product(
     nb = int(np.prod(lead, dtype=np.int64))
     a3 = jnp.reshape(a, (nb, 1) + a.shape[-2:])
     b3 = jnp.reshape(b, (nb, 1) + b.shape[-2:])
-    bm, bn = tile_shape(nb, n_i, n_j)
+    bm, bn = tile or tile_shape(nb, n_i, n_j)
     ni, nj = n_i // bm, n_j // bn
     lo = hi = None
     if plain:
@@ -308,7 +320,7 @@ def backward_product(
             live = jnp.any(jnp.reshape(a3[:, 0], (nb, ni, bm, n_k)) != 0, axis=-2)
             live = jnp.swapaxes(live, 1, 2)
         idx = jnp.arange(n_k, dtype=jnp.int32)[None, :, None]
-        u = _unroll(n_k)
+        u = tuning.get("unroll") or _unroll(n_k)
         lo1 = jnp.min(jnp.where(live, idx, np.int32(n_k)), axis=1)  # (nb, ni)
         hi1 = jnp.max(jnp.where(live, idx + 1, np.int32(0)), axis=1)
         lo1 = (jnp.minimum(lo1, hi1) // u) * u  # outward to whole unroll steps
@@ -321,7 +333,15 @@ def backward_product(
             busy = jnp.any(nd, axis=(2, 4))
             hi = jnp.where(busy, hi, lo)
     out = ordered_product_kernel(
-        a3, b3, plain=plain, transposed=transposed, lo=lo, hi=hi, tile=(bm, bn), interpret=interpret
+        a3,
+        b3,
+        plain=plain,
+        transposed=transposed,
+        lo=lo,
+        hi=hi,
+        tile=(bm, bn),
+        interpret=interpret,
+        **tuning,
     )
     return jnp.reshape(out, lead + (n_i, n_j))
 

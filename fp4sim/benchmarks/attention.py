@@ -57,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and compare O and LSE bit for bit",
     )
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="after the timings, trace 3 calls of the emulator and print its per-kernel time "
+        "table (fp4sim.benchmarks.profile), also written to DIR/profile.txt",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -jnp.inf)
         return jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(sc, axis=-1), v)
 
-    emu = emulator(recipe)
+    emu_jit = emulator(recipe)
     cpu_job = None
     if args.check_cpu and platform == "gpu":
         import concurrent.futures
@@ -121,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         cpu_job = pool.submit(lambda: emulator(recipe).lower(*cpu_args).compile())
     t0 = time.perf_counter()
+    emu = emu_jit.lower(q, k, v).compile()
     gpu_out = jax.block_until_ready(emu(q, k, v))
     result["compile_s"] = time.perf_counter() - t0
     jax.block_until_ready(plain(q, k, v))
@@ -164,6 +172,10 @@ def run(args: argparse.Namespace) -> int:
     for side, sec in t.items():
         print(f"{side:28s} {sec * 1e3:10.3f} {t['emulator'] / sec:16.2f}", flush=True)
     save()
+    if args.profile:
+        from fp4sim.benchmarks.profile import profile_calls
+
+        profile_calls(lambda: emu(q, k, v), emu, args.profile, calls=3, top=30)
     if cpu_job is not None:
         cpu_out = jax.block_until_ready(cpu_job.result()(*cpu_args))
         pool.shutdown()

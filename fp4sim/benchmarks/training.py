@@ -60,6 +60,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default 2 on a GPU, 0 on the CPU)",
     )
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="after the timings, trace 3 calls of the emulated fwd+bwd per shape and print its "
+        "per-kernel time table (fp4sim.benchmarks.profile), written to DIR/sSEQ_dHEAD_DIM/",
+    )
 
 
 def _second_shape(text: str) -> tuple[int, int] | None:
@@ -100,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
                 args.seed,
                 args.check_heads,
                 args.targets_only,
+                args.profile,
             )
         )
         if args.json:
@@ -125,6 +133,7 @@ def _measure(
     seed: int,
     check_heads: int | None = None,
     targets_only: bool = False,
+    profile_dir: str | None = None,
 ) -> dict:
     """Time every side on one shape (interleaved), print the table, return the results."""
     import jax
@@ -245,6 +254,15 @@ def _measure(
         )
         print(f"  ratio forward only, emulated / jnp f32       {result['ratio_fwd']:7.2f} x")
     print(end="", flush=True)
+    if profile_dir:
+        import os
+
+        from fp4sim.benchmarks.profile import profile_calls
+
+        fn = compiled["emulated_fwd_bwd"]
+        profile_calls(
+            lambda: fn(*args_j), fn, os.path.join(profile_dir, f"s{n}_d{d}"), calls=3, top=30
+        )
 
     identical = None
     if n_check:

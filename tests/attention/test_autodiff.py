@@ -105,3 +105,24 @@ def test_emulated_attention_rejects_bad_arguments():
         emulated_attention(x, x, x, RECIPE, causal=1)
     with pytest.raises(ValueError, match="softmax_scale"):
         emulated_attention(x, x, x, RECIPE, softmax_scale=-1.0)
+
+
+@pytest.mark.parametrize("name", ["float32", "direct_p_fp8_training"])
+def test_rebuilt_anchors_are_the_forwards_also_with_an_inf_score(name):
+    """The backward's rebuild of P takes each tile's anchor from the forward's own running-max
+    step (``forward.running_max``): the same anchors as the forward kept, also in a row whose
+    scores hold +Inf (left out of the tile max; the rebuild's former copy of the rule kept
+    them for the float32 route)."""
+    from fp4sim.attention.autodiff import rebuild_p
+
+    rec = TRAINING_PRESETS[name]
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((64, 64)).astype(np.float32)
+    k, v = (rng.standard_normal((128, 64)).astype(np.float32) for _ in range(2))
+    q[3, 0] = np.inf
+    with np.errstate(all="ignore"):
+        _, saved = training_forward(q, k, v, rec, causal=False)
+        rebuilt = rebuild_p(saved, rec.forward)
+    np.testing.assert_array_equal(
+        np.asarray(rebuilt.anchors).view(np.uint32), np.asarray(saved.fwd_anchors).view(np.uint32)
+    )

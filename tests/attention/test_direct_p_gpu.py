@@ -4,7 +4,7 @@ With ``FP4SIM_GPU_KERNELS=interpret`` the jitted forward of the Direct-P family 
 AffineP or MitchellP into MXFP4 P, MXFP4 V, consistent normalization) runs its rows on the two
 kernels in Pallas interpret mode; O and LSE must equal the NumPy emulator's bits, with masked
 and padded keys (−inf scores), causal masks, several GPU row chunks, an Inf key (saturated) and
-a NaN query row. The kernels are also lowered for cuda (Triton MLIR) at the benchmark's shape,
+a NaN query row, with the key tiles split over programs and not. The kernels are also lowered for cuda (Triton MLIR) at the benchmark's shape,
 with ``FP4SIM_GPU_KERNELS=all`` (on the GPU they are opt-in). The GPU run is
 tests/test_gpu_bit_identity.py.
 """
@@ -35,16 +35,24 @@ def _same(a, b):
         ("hw_fp4_direct_p_mitchell", True, 128, 128, None),
     ],
 )
+@pytest.mark.parametrize("split", [True, False])
 def test_direct_p_forward_through_the_kernels_equals_numpy(
-    monkeypatch, preset, causal, sq, skv, gpu_chunk
+    monkeypatch, preset, causal, sq, skv, gpu_chunk, split
 ):
+    """``split``: the key tiles spread over several programs per row block (the group sums
+    folded by a second kernel), or (too many programs asked for: none) one program per row
+    block walking every tile."""
     monkeypatch.setenv(og.ENV, "interpret")
+    if not split:
+        monkeypatch.setattr(direct_p_gpu, "_TARGET_PROGRAMS", 1)
     if gpu_chunk is not None:
         monkeypatch.setattr(forward, "_GPU_ROW_CHUNK_FUSED", gpu_chunk)
     calls = []
     kernel = direct_p_gpu.accumulate
     monkeypatch.setattr(
-        direct_p_gpu, "accumulate", lambda *a, **kw: calls.append(kw["ntu"]) or kernel(*a, **kw)
+        direct_p_gpu,
+        "accumulate",
+        lambda *a, **kw: calls.append(a[0].shape[:2] + (kw["ntu"],)) or kernel(*a, **kw),
     )
     rec = PRESETS[preset]
     rng = np.random.default_rng(8)
@@ -55,6 +63,8 @@ def test_direct_p_forward_through_the_kernels_equals_numpy(
     got = jax.jit(lambda q, k, v: attention_forward(q, k, v, rec, causal=causal)[:2])(q, k, v)
     want = attention_forward(q, k, v, rec, causal=causal)
     assert calls
+    splits = [direct_p_gpu.key_chunk(*c) < c[2] for c in calls]
+    assert any(splits) == (split and max(c[2] for c in calls) > 1)
     assert _same(got[0], want.out) and _same(got[1], want.lse)
     assert np.isnan(np.asarray(got[0])[1, 7]).all()
 
