@@ -131,9 +131,9 @@ def main() -> None:
     from fp4sim.report import experiments
     from fp4sim.report.sizes import QUICK
 
-    jobs = [
-        ("len", 128, 64, QUICK, ("hw_fp4_direct_p", "flamia_nvfp4")),
-        ("tile", 128, 128, QUICK, ("hw_fp4_direct_p", "flamia_nvfp4")),
+    jobs = [  # (seed, sequence length, key tile, sizes, presets), as route_errors builds them
+        (0, 128, 64, QUICK, ("hw_fp4_direct_p", "flamia_nvfp4")),
+        (1, 128, 128, QUICK, ("hw_fp4_direct_p", "flamia_nvfp4")),
     ]
     experiments.use_devices([])
     numpy_rows = map_cases(experiments._route_error_case, jobs)
