@@ -21,7 +21,8 @@ import math
 import os
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -223,10 +224,11 @@ def measure(
         "fp4sim_directp_mitchell": dp.DirectPConfig(recipe=HW_FP4_DIRECT_P_MITCHELL),
     }
     ok = True
-    for i_shape, (b, s, h, d, causal) in enumerate(shapes):
-        if deadline is not None and time.monotonic() > deadline:
-            results.setdefault("skipped_shapes", []).append([b, s, h, d, causal])
-            continue
+
+    def measure_shape(i_shape: int, b: int, s: int, h: int, d: int, causal: bool) -> None:
+        """Every method at one shape, into ``results`` (the closures below bind this
+        call's arrays, freed when it returns)."""
+        nonlocal ok
         # every variant on the first shape; the main ones (and one ablation) on the others
         variants = {
             k: v
@@ -355,7 +357,13 @@ def measure(
                     }
                 )
         write()
-        del q, k, v, ops
+
+    for i_shape, (b, s, h, d, causal) in enumerate(shapes):
+        if deadline is not None and time.monotonic() > deadline:
+            results.setdefault("skipped_shapes", []).append([b, s, h, d, causal])
+            continue
+        measure_shape(i_shape, b, s, h, d, causal)
+
     results["ok"] = ok
     results["summary"] = _summary(results)
     write()

@@ -429,7 +429,7 @@ def backward_inputs(res: BackwardResiduals, d_out: Any, softmax_scale: float) ->
 def _check_residuals(res: BackwardResiduals, d_out: Any, cfg: BackwardConfig) -> None:
     import jax.numpy as jnp
 
-    from fp4sim.kernels.attention_mgpu import FP8Operands, TOKEN_BLOCK
+    from fp4sim.kernels.attention_mgpu import TOKEN_BLOCK, FP8Operands
 
     if not isinstance(res, BackwardResiduals):
         raise TypeError(f"res must be BackwardResiduals, got {type(res).__name__}")
@@ -523,7 +523,7 @@ def attention_fp8_backward(
     return _jitted()(res, d_out, float(softmax_scale), config)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jitted():
     import jax
 

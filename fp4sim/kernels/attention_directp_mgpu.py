@@ -166,7 +166,7 @@ class DirectPDebug(NamedTuple):
     p: Any
     k: Any
     m: Any
-    l: Any
+    l: Any  # noqa: E741 (the normalizer is l in the FlashAttention papers)
 
 
 def prepare_operands(
@@ -253,7 +253,7 @@ def attention_directp_prepared(
     return _jitted()(ops, softmax_scale, cfg)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jitted():
     import jax
     import jax.numpy as jnp

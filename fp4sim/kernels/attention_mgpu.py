@@ -378,7 +378,7 @@ def _verify_threshold(th: np.float32, level: float, scale: float) -> None:
         assert exact_level(below) < level, (th, level, scale)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def e4m3_exp2_thresholds() -> dict[int, tuple[float, ...]]:
     """Float32 thresholds on ``f = frac(t)`` for the exact converter, keyed by the binade.
 
@@ -455,7 +455,7 @@ class DebugTile(NamedTuple):
     p_codes: Any
     f: Any
     m: Any
-    l: Any
+    l: Any  # noqa: E741 (the normalizer is l in the FlashAttention papers)
 
 
 def attention_fp8(
@@ -538,7 +538,7 @@ def _attention_jit(ops: FP8Operands, softmax_scale: float, cfg: FP8AttentionConf
     return _jitted_forward()(ops, softmax_scale, cfg)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jitted_forward():
     import jax
 
@@ -912,7 +912,7 @@ def reference_forward(
                 steps = min(-(-(r0 + bq) // bkv), n_kv) if cfg.causal else n_kv
                 m = np.full(bq, -np.inf, np.float32)
                 f = np.zeros(bq, np.float32)
-                l = np.zeros(bq)
+                l = np.zeros(bq)  # noqa: E741 (the normalizer, as in the FlashAttention papers)
                 acc = np.zeros((bq, d))
                 qs = q_scale[bi, h, rows]
                 cq = (c * np.where(np.isnan(qs), 0, qs)).astype(np.float32)  # exact scaling of c
@@ -966,7 +966,7 @@ def reference_forward(
                         + (codes.astype(np.float64) @ (vtc[bi, kh][:, cols].T.astype(np.float64)))
                         * unit[:, None]
                     )
-                    l = l * beta + l_add
+                    l = l * beta + l_add  # noqa: E741
                     m, f = m_new, f_tile
                     out["p_codes"][j, bi, h, rows] = codes
                     out["f"][j, bi, h, rows] = f

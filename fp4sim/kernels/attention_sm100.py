@@ -324,7 +324,7 @@ def attention_sm100_prepared(
     return o[:, :t], lse[..., :t]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jitted():
     import jax
 
