@@ -11,7 +11,7 @@ import pytest
 # block at the simulated barriers while holding a pool thread, so with 2 pool threads (a 2-core
 # host) a kernel with two or more warpgroups waits forever for a thread. Eight threads are enough
 # for every kernel the tests interpret; this must be set before jax creates its CPU client.
-os.environ.setdefault("NPROC", str(max(8, os.cpu_count() or 1)))
+os.environ.setdefault("NPROC", str(max(8, os.cpu_count() or 1)))  # harness.MIN_CPU_THREADS
 
 # Hypothesis: deterministic in CI, bounded time on 2 cores.
 try:

@@ -48,6 +48,7 @@ __all__ = [
     "ceil_f32",
     "floor_f32",
     "check_qkv_shapes",
+    "pipeline_recipe_problems",
 ]
 
 
@@ -140,6 +141,20 @@ def floor_f32(x: Any) -> Any:
 
     r = lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN)
     return r - jnp.where(r > x, 1.0, 0.0).astype(x.dtype)
+
+
+def pipeline_recipe_problems(recipe: Any) -> list[str]:
+    """What keeps ``recipe`` (an :class:`~fp4sim.attention.recipe.AttentionRecipe`) from the
+    online-softmax pipeline every attention kernel body shares: consistent normalization,
+    rescale threshold 0 (every tile rescales), no Hadamard rotation. Empty when it fits."""
+    from fp4sim.attention.recipe import Normalization
+
+    problems = []
+    if recipe.normalization is not Normalization.CONSISTENT:
+        problems.append("normalization must be CONSISTENT")
+    if recipe.rescale_threshold != 0.0 or recipe.hadamard:
+        problems.append("rescale_threshold must be 0 and hadamard False")
+    return problems
 
 
 def check_qkv_shapes(qs: tuple, ks: tuple, vs: tuple) -> None:

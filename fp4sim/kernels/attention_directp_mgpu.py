@@ -47,15 +47,16 @@ from fp4sim.attention.recipe import (
     AttentionRecipe,
     BlockExponent,
     MitchellP,
-    Normalization,
     PFormat,
     QKFormat,
     VFormat,
 )
+from fp4sim.kernels.attention_common import pipeline_recipe_problems
 from fp4sim.kernels.attention_mgpu import OutType
 
 __all__ = [
     "DirectPConfig",
+    "direct_p_route_problems",
     "DirectPOperands",
     "DirectPDebug",
     "prepare_operands",
@@ -68,6 +69,24 @@ _LOG2E = float.fromhex("0x1.71547652b82fep+0")
 _LOG2_6 = float(np.float32(math.log2(6.0)))
 _TINY = float.fromhex("0x1p-126")
 _P_BLOCK = 32
+
+
+def direct_p_route_problems(r: AttentionRecipe) -> list[str]:
+    """What keeps ``r`` from being the Direct-P route the FP4 kernels implement (Hopper's and
+    Blackwell's): NVFP4 Q/K without global factor, ``AffineP``/``MitchellP`` into MXFP4 P with
+    ``BLOCK_MAX_CEIL``, ``v=MXFP4_TOKENS``, and what the shared pipeline needs
+    (:func:`~fp4sim.kernels.attention_common.pipeline_recipe_problems`). Empty when it is;
+    the key tile is each kernel's own check."""
+    problems = []
+    if r.qk is not QKFormat.NVFP4 or r.qk_global.name != "NONE":
+        problems.append("qk must be NVFP4 without a global factor")
+    if not isinstance(r.converter, (AffineP, MitchellP)) or r.p_format is not PFormat.MXFP4:
+        problems.append("converter must be AffineP or MitchellP into MXFP4 P")
+    if r.block_exponent is not BlockExponent.BLOCK_MAX_CEIL:
+        problems.append("block_exponent must be BLOCK_MAX_CEIL")
+    if r.v is not VFormat.MXFP4_TOKENS:
+        problems.append("v must be MXFP4_TOKENS")
+    return problems + pipeline_recipe_problems(r)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,19 +111,7 @@ class DirectPConfig:
         r = self.recipe
         if not isinstance(r, AttentionRecipe):
             raise TypeError(f"DirectPConfig.recipe={r!r} must be an AttentionRecipe")
-        problems = []
-        if r.qk is not QKFormat.NVFP4 or r.qk_global.name != "NONE":
-            problems.append("qk must be NVFP4 without a global factor")
-        if not isinstance(r.converter, (AffineP, MitchellP)) or r.p_format is not PFormat.MXFP4:
-            problems.append("converter must be AffineP or MitchellP into MXFP4 P")
-        if r.block_exponent is not BlockExponent.BLOCK_MAX_CEIL:
-            problems.append("block_exponent must be BLOCK_MAX_CEIL")
-        if r.v is not VFormat.MXFP4_TOKENS:
-            problems.append("v must be MXFP4_TOKENS")
-        if r.normalization is not Normalization.CONSISTENT:
-            problems.append("normalization must be CONSISTENT")
-        if r.rescale_threshold != 0.0 or r.hadamard:
-            problems.append("rescale_threshold must be 0 and hadamard False")
+        problems = direct_p_route_problems(r)
         if r.block_kv not in (64, 128):
             problems.append("block_kv must be 64 or 128")
         if problems:

@@ -53,16 +53,14 @@ from fp4sim.attention.recipe import (
     FLAMIA_MXFP8,
     HW_FP4_DIRECT_P,
     HW_FP4_DIRECT_P_MITCHELL,
-    AffineP,
     AttentionRecipe,
-    BlockExponent,
     ExactP,
-    MitchellP,
-    Normalization,
     PFormat,
     QKFormat,
     VFormat,
 )
+from fp4sim.kernels.attention_common import pipeline_recipe_problems
+from fp4sim.kernels.attention_directp_mgpu import direct_p_route_problems
 from fp4sim.kernels.attention_mgpu import OutType
 
 __all__ = [
@@ -129,19 +127,9 @@ class BlackwellAttentionConfig:
                 problems.append("v must be MXFP8_TOKENS or TOKEN_BLOCK_FP8")
             if r.exp2.kind.name != "CORRECTLY_ROUNDED":
                 problems.append("exp2 must be CORRECTLY_ROUNDED")
+            problems += pipeline_recipe_problems(r)
         else:
-            if r.qk is not QKFormat.NVFP4 or r.qk_global.name != "NONE":
-                problems.append("qk must be NVFP4 without a global factor")
-            if not isinstance(r.converter, (AffineP, MitchellP)) or r.p_format is not PFormat.MXFP4:
-                problems.append("converter must be AffineP or MitchellP into MXFP4 P")
-            if r.block_exponent is not BlockExponent.BLOCK_MAX_CEIL:
-                problems.append("block_exponent must be BLOCK_MAX_CEIL")
-            if r.v is not VFormat.MXFP4_TOKENS:
-                problems.append("v must be MXFP4_TOKENS")
-        if r.normalization is not Normalization.CONSISTENT:
-            problems.append("normalization must be CONSISTENT")
-        if r.rescale_threshold != 0.0 or r.hadamard:
-            problems.append("rescale_threshold must be 0 and hadamard False")
+            problems += direct_p_route_problems(r)
         if r.block_kv != _BLOCK:
             problems.append(f"block_kv must be {_BLOCK}")
         if problems:
