@@ -283,3 +283,14 @@ def test_cuda_low_precision_tensors_round_trip(fmt):
     assert isinstance(t, torch.Tensor) and t.device.type == "cuda"
     back, f = fp4sim.from_torch(t)
     assert f is fmt and np.array_equal(back, codes)
+
+
+def test_the_narrow_float_dtypes_are_the_formats_with_an_ml_dtype():
+    """The input check's list of narrow float dtypes (``fp4sim._checks``, below the formats
+    layer) names exactly the dtypes whose codes an fp4sim format stores."""
+    from fp4sim import _checks
+    from fp4sim.formats import spec
+
+    assert set(_checks.NARROW_FLOAT_DTYPES) == set(spec.ML_DTYPE_FORMATS)
+    for name, fmt in spec.ML_DTYPE_FORMATS.items():
+        assert np.dtype(fmt.dtype).name == name

@@ -99,6 +99,7 @@ from fp4sim._xp import (
 )
 from fp4sim.formats.spec import (
     DEFAULT_POLICY,
+    ML_DTYPE_FORMATS,
     FloatFormat,
     NanEncoding,
     NanPolicy,
@@ -309,26 +310,12 @@ def _source_bits(xp: ModuleType, values: Array) -> tuple[Any, _Source]:
                 f"exactly under XLA; pass the same values as a NumPy {dtype} array or as "
                 f"float32, or their codes to decode"
             )
-        fmt = _narrow_format(dtype.name)
+        fmt = ML_DTYPE_FORMATS[dtype.name]
         return bitcast(decode(bitcast(values, np.uint8), fmt), np.uint32), _F32
     raise TypeError(
         f"values has dtype {dtype}; allowed: {_ALLOWED_DTYPES} "
         f"(integer arrays are codes: use decode)"
     )
-
-
-def _narrow_format(name: str) -> FloatFormat:
-    """The fp4sim format whose codes an ml_dtypes narrow float dtype stores, one per byte."""
-    from fp4sim.formats import spec
-
-    return {
-        "float8_e4m3fn": spec.E4M3,
-        "float8_e5m2": spec.E5M2,
-        "float8_e8m0fnu": spec.UE8M0,
-        "float6_e2m3fn": spec.E2M3,
-        "float6_e3m2fn": spec.E3M2,
-        "float4_e2m1fn": spec.E2M1,
-    }[name]
 
 
 def widen_to_f32(values: Array) -> Array:

@@ -28,18 +28,18 @@ import numpy as np
 
 from fp4sim._xp import is_jax, is_torch
 from fp4sim.formats.packing import NibbleOrder, pack, unpack
-from fp4sim.formats.spec import E2M1, E2M3, E3M2, E4M3, E5M2, UE4M3, UE8M0, FloatFormat
+from fp4sim.formats.spec import (
+    E2M1,
+    E4M3,
+    E5M2,
+    ML_DTYPE_FORMATS,
+    UE4M3,
+    UE8M0,
+    FloatFormat,
+)
 
 __all__ = ["to_ml_dtypes", "from_ml_dtypes", "to_torch", "from_torch"]
 
-_ML_DTYPES: dict[str, FloatFormat] = {
-    "float4_e2m1fn": E2M1,
-    "float6_e2m3fn": E2M3,
-    "float6_e3m2fn": E3M2,
-    "float8_e4m3fn": E4M3,
-    "float8_e5m2": E5M2,
-    "float8_e8m0fnu": UE8M0,
-}
 _TORCH: dict[FloatFormat, str] = {
     E4M3: "float8_e4m3fn",
     UE4M3: "float8_e4m3fn",
@@ -70,7 +70,7 @@ def to_ml_dtypes(codes: Any, fmt: FloatFormat) -> np.ndarray:
     if fmt.dtype is None:
         raise ValueError(
             f"fmt={fmt} has no ml_dtypes dtype; allowed: "
-            f"{sorted({f.name for f in (*_ML_DTYPES.values(), UE4M3)})}"
+            f"{sorted({f.name for f in (*ML_DTYPE_FORMATS.values(), UE4M3)})}"
         )
     return c.view(fmt.dtype)
 
@@ -78,13 +78,13 @@ def to_ml_dtypes(codes: Any, fmt: FloatFormat) -> np.ndarray:
 def from_ml_dtypes(arr: np.ndarray) -> tuple[np.ndarray, FloatFormat]:
     """``(codes, fmt)`` of an ml_dtypes low-precision array: its bytes as uint8 codes and the
     fp4sim format that gives them the same meaning (``E4M3`` for ``float8_e4m3fn``)."""
-    if not isinstance(arr, np.ndarray) or arr.dtype.name not in _ML_DTYPES:
+    if not isinstance(arr, np.ndarray) or arr.dtype.name not in ML_DTYPE_FORMATS:
         raise TypeError(
             f"arr must be a NumPy array of an ml_dtypes dtype; got "
             f"{type(arr).__name__} of dtype {getattr(arr, 'dtype', None)}; allowed: "
-            f"{sorted(_ML_DTYPES)}"
+            f"{sorted(ML_DTYPE_FORMATS)}"
         )
-    fmt = _ML_DTYPES[arr.dtype.name]
+    fmt = ML_DTYPE_FORMATS[arr.dtype.name]
     return _codes(arr.view(np.uint8), fmt), fmt
 
 

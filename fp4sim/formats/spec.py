@@ -53,6 +53,7 @@ __all__ = [
     "ELEMENT_FORMATS",
     "SCALE_FORMATS",
     "ALL_FORMATS",
+    "ML_DTYPE_FORMATS",
     "format_by_name",
     "Rounding",
     "Overflow",
@@ -248,6 +249,11 @@ UE5M3 = FloatFormat(
 ELEMENT_FORMATS = (E2M1, E2M3, E3M2, E4M3, E5M2)
 SCALE_FORMATS = (UE8M0, UE4M3, UE5M3)
 ALL_FORMATS = ELEMENT_FORMATS + SCALE_FORMATS
+ML_DTYPE_FORMATS: dict[str, FloatFormat] = {
+    np.dtype(f.dtype).name: f for f in (*ELEMENT_FORMATS, UE8M0)
+}
+"""The format whose codes each ml_dtypes dtype stores, one per byte, by dtype name (UE4M3
+shares E4M3's ``float8_e4m3fn`` and is reached from E4M3 one way only)."""
 
 
 def format_by_name(name: str) -> FloatFormat:
