@@ -3,11 +3,11 @@
 # CPU. Runs the benches the issue's "Must show" names, each with --profile (a jax.profiler trace
 # of the emulated call, summarised per kernel as a text table: fp4sim.benchmarks.profile), and a
 # sweep of the ordered-sum kernel's Triton configurations at the backward's shapes. Total wall
-# time at most 235 s (each part under `timeout`, in this order of priority). Run from the
+# time at most 255 s (each part under `timeout`, in this order of priority). Run from the
 # repository root; everything goes under $OUT, small text files only (raw traces: /tmp, removed):
 #   env.txt                  GPU, clocks, commit
 #   timeline.txt             seconds since start of each part
-#   training.log/.json       bench training --seq 2048 --head-dim 128 --heads 8 --also none
+#   training.log/.json       bench training --seq 512 --head-dim 64 --heads 8 --also 2048x128
 #                            --targets-only --check-heads 1: jnp f32 fwd+bwd vs emulated fwd+bwd
 #                            of direct_p_fp8_training (causal), head 0's gradients recomputed on
 #                            the CPU backend in the same process and compared bit for bit;
@@ -40,24 +40,24 @@ stamp "env"
   git status --short 2>&1 | head -5; } > "$OUT/env.txt"
 
 stamp "bench training S2048 D128 (with --profile)"
-timeout -k 2 "$(left 130)" "$PY" -m fp4sim bench training --seq 2048 --head-dim 128 --heads 8 \
-  --also none --targets-only --check-heads 1 --profile "$OUT/prof_training" \
+timeout -k 2 "$(left 150)" "$PY" -m fp4sim bench training --seq 512 --head-dim 64 --heads 8 \
+  --also 2048x128 --targets-only --check-heads 1 --profile "$OUT/prof_training" \
   --json "$OUT/training.json" > "$OUT/training.log" 2>&1
 echo "rc=$?" >> "$OUT/training.log"
 
 stamp "ordered-sum kernel sweep"
-timeout -k 2 "$(left 180)" "$PY" scripts/emu_kernel_sweep.py --budget 40 --out "$OUT/sweep" \
+timeout -k 2 "$(left 200)" "$PY" scripts/emu_kernel_sweep.py --budget 40 --out "$OUT/sweep" \
   > "$OUT/sweep.log" 2>&1
 echo "rc=$?" >> "$OUT/sweep.log"
 
 stamp "bench attention, FP4SIM_GPU_KERNELS=all (the Direct-P kernels), --check-cpu"
-FP4SIM_GPU_KERNELS=all timeout -k 2 "$(left 212)" "$PY" -m fp4sim bench attention --device gpu \
+FP4SIM_GPU_KERNELS=all timeout -k 2 "$(left 232)" "$PY" -m fp4sim bench attention --device gpu \
   --repeats 7 --check-cpu --profile "$OUT/prof_attention_all" --json "$OUT/attention_all.json" \
   > "$OUT/attention_all.log" 2>&1
 echo "rc=$?" >> "$OUT/attention_all.log"
 
 stamp "bench attention, default kernels"
-timeout -k 2 "$(left 233)" "$PY" -m fp4sim bench attention --device gpu --repeats 7 \
+timeout -k 2 "$(left 253)" "$PY" -m fp4sim bench attention --device gpu --repeats 7 \
   --profile "$OUT/prof_attention_default" --json "$OUT/attention_default.json" \
   > "$OUT/attention_default.log" 2>&1
 echo "rc=$?" >> "$OUT/attention_default.log"
