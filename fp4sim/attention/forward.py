@@ -465,8 +465,10 @@ def _group_partials(
     # computed once: otherwise XLA re-fuses the scaling into every broadcast use of the loop
     pr, vr = materialize((pr, vr))
     per_group = max(1, pv_group // sub)
-    if exact:
-        return _group_sums(f32.ftz(_matmul(xp, pr, vr)), per_group)  # every entry exact
+    if exact:  # every entry exact; on a GPU one kernel (ordered_gpu.exact_pv), the same bits
+        return ordered_gpu.exact_pv_dispatch(
+            lambda pr, vr: _group_sums(f32.ftz(_matmul(xp, pr, vr)), per_group), pr, vr, per_group
+        )
     # each sub-block's ordered float32 sum: the plain loop where it is proven to give the
     # flushed chain's bits (short significands, no tiny product, no overflow; e.g. E4M3 P
     # times an E4M3 V), else the chain: one predicate per call (per row block under jax)

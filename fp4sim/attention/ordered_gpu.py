@@ -20,6 +20,12 @@ products are exact, so a fused multiply-add gives the same bits). Operand layout
 group's ordered product, the products of consecutive groups with flushed float32 adds (the
 forward's PV sub-blocks of one ``pv_group``).
 
+The forward's exact PV step of FP4 P and FP4 V (every sub-block's partial product exact, the
+partials of one ``pv_group`` added in order with flushed adds) is :func:`exact_pv`: one kernel
+that keeps each group's sum in registers instead of writing every sub-block partial (the
+(tiles, sub-blocks, rows, Dv) intermediate of the batched matrix product) to memory and
+reading it back.
+
 The forward's exact score step of FP4 Q/K (NVFP4: E2M1 payload × UE4M3 scale, each head-dim
 block's partial dot product exact, the blocks added in order) is one more kernel
 (:func:`exact_scores`): the block partials on the tensor cores from bfloat16 copies (exact:
@@ -72,14 +78,16 @@ __all__ = [
     "grouped_dispatch",
     "exact_scores",
     "exact_scores_dispatch",
+    "exact_pv",
+    "exact_pv_dispatch",
 ]
 
 ENV = "FP4SIM_GPU_KERNELS"
-FAMILIES = ("ordered", "scores", "direct_p", "rows")
+FAMILIES = ("ordered", "scores", "pv", "direct_p", "rows")
 """What ``FP4SIM_GPU_KERNELS`` can name: the ordered sums (backward products, forward PV
-groups), the exact NVFP4 scores, the Direct-P forward kernels
-(:mod:`fp4sim.attention.direct_p_gpu`), the forward's larger GPU row chunks."""
-DEFAULT_FAMILIES = ("ordered", "scores", "rows")
+groups), the exact NVFP4 scores, the exact FP4 PV partials of the forward, the Direct-P forward
+kernels (:mod:`fp4sim.attention.direct_p_gpu`), the forward's larger GPU row chunks."""
+DEFAULT_FAMILIES = ("ordered", "scores", "pv", "rows")
 """The families of ``FP4SIM_GPU_KERNELS=1`` (the default): those checked bit for bit on the
 H200; ``direct_p`` (not yet run there) is opt-in: ``FP4SIM_GPU_KERNELS=all``."""
 _MIN_BLOCK = 16
@@ -490,3 +498,79 @@ def exact_scores_dispatch(jnp_sum: Callable, qv: Any, kv: Any, kbt: Any, blk: in
         return exact_scores(qv, kv, blk, interpret=interpret)
 
     return on_gpu(gpu, lambda qv, kv, kbt: jnp_sum(qv, kv, kbt, blk), qv, kv, kbt, family="scores")
+
+
+# --- the exact FP4 PV partials of the forward -----------------------------------------------
+def _exact_pv_kernel(p_ref: Any, v_ref: Any, o_ref: Any, *, per_group: int) -> None:
+    import jax.numpy as jnp
+    from jax import lax
+
+    acc = None
+    for j in range(per_group):
+        # every entry of a sub-block's partial is exact (the forward proves it for FP4 P and
+        # V): any summation order, fused or not, gives it; IEEE float32 inputs (HIGHEST), so
+        # no operand is rounded on the way in
+        part = lax.dot_general(
+            p_ref[0, j],
+            v_ref[0, j],
+            (((1,), (0,)), ((), ())),
+            precision=lax.Precision.HIGHEST,
+            preferred_element_type=jnp.float32,
+        )
+        part = f32.ftz(part)
+        acc = part if acc is None else f32.ftz(acc + part)
+    o_ref[0] = acc
+
+
+def exact_pv(pr: Any, vr: Any, per_group: int, *, interpret: bool = False) -> Any:
+    """The forward's exact PV partials summed per group: ``pr`` (..., nt, ns, Sq, sub), ``vr``
+    (..., nt, ns, sub, Dv) -> (..., nt, ns/per_group, Sq, Dv), each sub-block's product
+    ``pr[.., s] @ vr[.., s]`` (exact: FP4 P times FP4 V, :mod:`fp4sim.attention.forward` step
+    4) flushed, the ``per_group`` consecutive products of a group added in order with flushed
+    adds — the bits of ``_group_sums(ftz(pr @ vr), per_group)`` — as one Pallas kernel."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as pltriton
+
+    lead = tuple(np.broadcast_shapes(pr.shape[:-4], vr.shape[:-4]))
+    nt, ns, n_i, sub = pr.shape[-4:]
+    dv = vr.shape[-1]
+    ng = ns // per_group
+    nb = int(np.prod(lead, dtype=np.int64)) * nt * ng
+    a = jnp.reshape(jnp.broadcast_to(pr, lead + pr.shape[-4:]), (nb, per_group, n_i, sub))
+    b = jnp.reshape(jnp.broadcast_to(vr, lead + vr.shape[-4:]), (nb, per_group, sub, dv))
+    bm, bn = _block(n_i), _block(dv)
+    ni, nj = n_i // bm, dv // bn
+
+    def split(p: Any) -> tuple[Any, Any, Any]:
+        return p // (ni * nj), (p // nj) % ni, p % nj
+
+    out = pl.pallas_call(
+        functools.partial(_exact_pv_kernel, per_group=per_group),
+        out_shape=jax.ShapeDtypeStruct((nb, n_i, dv), jnp.float32),
+        grid=(nb * ni * nj,),
+        in_specs=[
+            pl.BlockSpec((1, per_group, bm, sub), lambda p: (split(p)[0], 0, split(p)[1], 0)),
+            pl.BlockSpec((1, per_group, sub, bn), lambda p: (split(p)[0], 0, 0, split(p)[2])),
+        ],
+        out_specs=pl.BlockSpec((1, bm, bn), lambda p: split(p)),
+        interpret=interpret,
+        compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=2),
+        name="fp4sim_exact_pv",
+    )(a, b)
+    return jnp.reshape(out, lead + (nt, ng, n_i, dv))
+
+
+def exact_pv_dispatch(jnp_sums: Callable, pr: Any, vr: Any, per_group: int) -> Any:
+    """``jnp_sums(pr, vr)`` (the forward's exact PV partials and group adds), replaced by
+    :func:`exact_pv` where :func:`on_gpu` picks the kernel and the shapes tile (rows and Dv
+    multiples of 16, sub-blocks of 16 or more, whole groups)."""
+    nt, ns, n_i, sub = pr.shape[-4:]
+    if sub % 16 or ns % per_group or not _block(n_i) or not _block(vr.shape[-1]):
+        return jnp_sums(pr, vr)
+
+    def gpu(pr: Any, vr: Any, *, interpret: bool) -> Any:
+        return exact_pv(pr, vr, per_group, interpret=interpret)
+
+    return on_gpu(gpu, jnp_sums, pr, vr, family="pv")

@@ -154,9 +154,9 @@ def test_mode_and_dispatch(monkeypatch):
     assert og.on_gpu(gpu, lambda a, b: "numpy", np.ones(2), np.ones(2), family="ordered") == "numpy"
     # the default leaves the Direct-P kernels off; "all" turns them on
     monkeypatch.setenv(og.ENV, "1")
-    assert og.mode() == "ordered,rows,scores"
+    assert og.mode() == "ordered,pv,rows,scores"
     monkeypatch.setenv(og.ENV, "all")
-    assert og.mode() == "direct_p,ordered,rows,scores"
+    assert og.mode() == "direct_p,ordered,pv,rows,scores"
     # a subset of the families: the others take the default
     monkeypatch.setenv(og.ENV, "scores, rows")
     assert og.mode() == "rows,scores"
@@ -256,6 +256,9 @@ def test_forward_through_the_kernels_equals_numpy(monkeypatch, preset, causal, g
     scores = []
     kernel = og.exact_scores
     monkeypatch.setattr(og, "exact_scores", lambda *a, **kw: scores.append(1) or kernel(*a, **kw))
+    pvs = []
+    pv_kernel = og.exact_pv
+    monkeypatch.setattr(og, "exact_pv", lambda *a, **kw: pvs.append(1) or pv_kernel(*a, **kw))
     if preset == "hw_fp4_direct_p":  # the exact scores of the XLA path, not the Direct-P kernels
         monkeypatch.setattr(forward, "_fused_direct_p", lambda *a: False)
     rec = PRESETS[preset]
@@ -264,6 +267,7 @@ def test_forward_through_the_kernels_equals_numpy(monkeypatch, preset, causal, g
     fn = jax.jit(lambda q, k, v: attention_forward(q, k, v, rec, causal=causal)[:2])
     got = fn(q, k, v)
     assert scores and (bool(calls) == (preset == "hw_fp4_fp8_pv"))
+    assert bool(pvs) == (preset == "hw_fp4_direct_p")  # FP4 P and V: the exact PV kernel
     want = attention_forward(q, k, v, rec, causal=causal)
     assert _bits_equal(got[0], want.out) and _bits_equal(got[1], want.lse)
 
@@ -311,4 +315,38 @@ def test_exact_scores_kernel():
     assert_same_bits(got, want)
     assert "xla.gpu.triton" in _cuda_text(
         lambda a, b: og.exact_scores(a, b, 16), (2, 128, 128), (2, 256, 128)
+    )
+
+
+@pytest.mark.parametrize("per_group", [1, 2, 4])
+def test_exact_pv_kernel(per_group):
+    """FP4 P (E2M1 × a power of two per sub-block row) times FP4 V (E2M1 × UE4M3): the kernel's
+    group sums equal the exact sub-block partials, flushed, added in group order with flushed
+    adds (what the forward computes on the CPU); lowered for cuda too."""
+    from fp4sim.formats.codec import decode, value_table
+    from fp4sim.formats.spec import E2M1, UE4M3
+
+    rng = np.random.default_rng(11)
+    scales = np.asarray(value_table(UE4M3), np.float32)
+    scales = scales[np.isfinite(scales) & (scales > 0)]
+    nt, ns, sq, sub, dv = 3, 4, 48, 32, 32
+    p = np.asarray(decode(rng.integers(0, 16, (2, nt, ns, sq, sub)).astype(np.uint8), E2M1))
+    # per (row, sub-block) a power of two over 100 binades (every product stays normal: the
+    # forward's operands are flushed below 2^-126 and its P scales keep the products above it)
+    p = (p * np.exp2(rng.integers(-100, 0, (2, nt, ns, sq, 1)))).astype(np.float32)
+    v = np.asarray(decode(rng.integers(0, 16, (2, nt, ns, sub, dv)).astype(np.uint8), E2M1))
+    # one scale per sub-block and column (the forward's sub-blocks never straddle a V block)
+    v = (v * rng.choice(scales, (2, nt, ns, 1, dv))).astype(np.float32)
+    exact = np.matmul(p.astype(np.float64), v.astype(np.float64))
+    assert np.array_equal(exact.astype(np.float32), exact)  # every partial exact in float32
+    parts = ftz(exact.astype(np.float32))
+    assert np.ptp(np.log2(np.abs(parts[parts != 0]))) > 80  # partials over many binades
+    parts = parts.reshape(2, nt, ns // per_group, per_group, sq, dv)
+    want = parts[:, :, :, 0]
+    for j in range(1, per_group):
+        want = ftz(want + parts[:, :, :, j])
+    got = jax.jit(lambda a, b: og.exact_pv(a, b, per_group, interpret=True))(p, v)
+    assert_same_bits(got, want)
+    assert "xla.gpu.triton" in _cuda_text(
+        lambda a, b: og.exact_pv(a, b, per_group), (2, nt, ns, 64, sub), (2, nt, ns, sub, 128)
     )
