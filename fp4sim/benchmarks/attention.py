@@ -7,7 +7,8 @@ default), both compiled and warmed up, median wall time of ``--repeats`` calls m
 (target for the Direct-P route: at most 2x). ``--device gpu`` runs the same jitted emulator on
 the GPU and compares it with cuDNN's bf16 attention
 (``jax.nn.dot_product_attention(implementation="cudnn")``) and the float32 ``jnp`` attention
-there; ``--check-cpu`` also runs the emulator on the CPU backend and compares O and LSE bit
+there (each side's median per synchronized call, and on the GPU also per call of 10 issued
+back to back, which leaves out the host's launch-and-wait latency); ``--check-cpu`` also runs the emulator on the CPU backend and compares O and LSE bit
 for bit. ``--errors`` adds, for every preset in ``fp4sim.attention.recipe.PRESETS``, the output
 error against the float64 reference on the same Gaussian inputs (cosine, relative L2). Results
 are printed as a table (last) and optionally written as JSON (``--json``), updated after every
@@ -21,7 +22,7 @@ import json
 import sys
 import time
 
-from fp4sim.benchmarks import options_positive, time_interleaved
+from fp4sim.benchmarks import median_device_time, options_positive, time_interleaved
 
 __all__ = ["add_arguments", "run"]
 
@@ -149,6 +150,15 @@ def run(args: argparse.Namespace) -> int:
         except Exception as e:  # noqa: BLE001 - report, do not hide
             result["cudnn_error"] = f"{type(e).__name__}: {e}"
     result["times_s"] = time_interleaved(sides, args.repeats)
+    if platform == "gpu":
+        # also back to back (10 calls per synchronization): the GPU's time per call without the
+        # host's launch-and-wait latency of one synchronized call
+        raw = {"emulator": lambda: emu(q, k, v), "float32_jnp": lambda: plain(q, k, v)}
+        if "cudnn_bf16" in sides:
+            raw["cudnn_bf16"] = lambda: cudnn(qb, kb, vb)
+        result["back_to_back_s"] = {
+            name: median_device_time(fn, args.repeats, 10) for name, fn in raw.items()
+        }
     save()
 
     if args.errors:
@@ -171,6 +181,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'side':28s} {'median ms':>10s} {'emulator / side':>16s}")
     for side, sec in t.items():
         print(f"{side:28s} {sec * 1e3:10.3f} {t['emulator'] / sec:16.2f}", flush=True)
+    if "back_to_back_s" in result:
+        b = result["back_to_back_s"]
+        print(f"back to back (10 calls per synchronization, median of {args.repeats}):")
+        for side, sec in b.items():
+            print(f"{side:28s} {sec * 1e3:10.3f} {b['emulator'] / sec:16.2f}", flush=True)
     save()
     if args.profile:
         from fp4sim.benchmarks.profile import profile_calls
