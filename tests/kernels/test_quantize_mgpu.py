@@ -657,7 +657,10 @@ def test_nvfp4_tilings_cross_lower_to_the_intended_vector_accesses(tiling, loads
 def _gpu_case(fmt, x, element_path=None, tiling=None, **kw):
     from fp4sim.formats import blocks
 
-    cfg = Q.QuantKernelConfig.for_array(x, fmt, element_path=element_path, **(tiling or {}))
+    geometry = kw.get("geometry", B.Geometry.BLOCK)  # the config must describe the call
+    cfg = Q.QuantKernelConfig.for_array(
+        x, fmt, geometry=geometry, element_path=element_path, **(tiling or {})
+    )
     q = jax.block_until_ready(
         jax.jit(functools.partial(Q.gpu_quantize, fmt=fmt, config=cfg, **kw))(x)
     )
