@@ -9,7 +9,9 @@ reports the median wall time of each (after compilation, all sides compiled at o
 and a warm-up call), the ratios (target for fwd+bwd: at most 3x on the CPU; on a GPU 5x at S512
 D64, 8x at S2048 D128), and the gradient errors against the float64 reference. Off the CPU
 (``--check-heads``) the emulated gradients of the first heads are recomputed on the CPU backend
-in the same process and compared bit for bit. CPU times are
+in the same process and compared bit for bit, and every side is also timed back to back (10
+calls per synchronization: the device's time per call, without the host's launch-and-wait
+latency that a single synchronized call of a millisecond includes). CPU times are
 for the record only; the ratios are the claim. The chosen shape (``--seq``/``--head-dim``,
 S512 D64 by default) is measured first, then a second, larger one (``--also``, S2048 D128 by
 default; ``none`` skips it): the emulation's elementwise work grows with S² and the float32
@@ -24,7 +26,7 @@ import json
 import sys
 import time
 
-from fp4sim.benchmarks import options_positive, time_interleaved
+from fp4sim.benchmarks import median_device_time, options_positive, time_interleaved
 
 __all__ = ["add_arguments", "run"]
 
@@ -219,6 +221,14 @@ def _measure(
         {key: (lambda fn=compiled[key]: jax.block_until_ready(fn(*args_j))) for key in sides},
         repeats,
     )
+    back = None
+    if platform != "cpu":
+        # also back to back (10 calls per synchronization): the device's time per call without
+        # the host's launch-and-wait latency of one synchronized call
+        back = {
+            key: median_device_time(lambda fn=compiled[key]: fn(*args_j), repeats, 10)
+            for key in sides
+        }
     base = times["jnp_f32_fwd_bwd"]
     target = _target(platform, n, d)
     result = {
@@ -231,6 +241,9 @@ def _measure(
         "ratio_fwd_bwd": times["emulated_fwd_bwd"] / base,
         "target_fwd_bwd": target,
     }
+    if back is not None:
+        result["back_to_back_s"] = back
+        result["ratio_fwd_bwd_back_to_back"] = back["emulated_fwd_bwd"] / back["jnp_f32_fwd_bwd"]
     if not targets_only:
         result["ratio_fwd_bwd_backend_acc"] = times["emulated_fwd_bwd_backend_acc"] / base
         result["ratio_fwd"] = times["emulated_fwd"] / times["jnp_f32_fwd"]
@@ -247,6 +260,14 @@ def _measure(
         f"  ratio fwd+bwd, emulated / jnp f32            {result['ratio_fwd_bwd']:7.2f} x"
         + (f" (target <= {target:g}x)" if target else "")
     )
+    if back is not None:
+        print(f"  back to back (10 calls per synchronization, median of {repeats}):")
+        for key in sides:
+            print(f"  {key:30s} {back[key] * 1e3:9.3f} ms")
+        print(
+            f"  ratio fwd+bwd back to back, emulated / jnp   "
+            f"{result['ratio_fwd_bwd_back_to_back']:7.2f} x"
+        )
     if not targets_only:
         print(
             f"  ratio fwd+bwd, backend accumulation / jnp    "
