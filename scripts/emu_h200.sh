@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # emu (issue 19) on the H200: the emulators fast under jax.jit on the GPU, bit-identical to the
-# CPU. Total wall time at most about 255 s (each part under `timeout`). Run from the repository
+# CPU. Total wall time at most about 165 s (255 s with EMU_PROFILE=1) (each part under `timeout`). Run from the repository
 # root; everything goes under $OUT (small text files; pack them into one archive to bring back):
 #   env.txt                        GPU, clocks, commit
 #   timeline.txt                   seconds since start of each part
@@ -15,6 +15,7 @@
 #   attention_default.log/.json    bench attention --device gpu (Direct-P forward hw_fp4_direct_p
 #                                  vs cuDNN bf16, S4096 D128), O and LSE vs the CPU backend
 #   attention_all.log/.json        the same with FP4SIM_GPU_KERNELS=all (the opt-in Direct-P kernels)
+#   only with EMU_PROFILE=1 (about 90 s more):
 #   attention_nocb.log, prof_attention_nocb/profile.txt
 #                                  the same with XLA's command buffers off and --profile: the
 #                                  emulator's per-kernel time table (with command buffers on, the
@@ -63,6 +64,7 @@ FP4SIM_GPU_KERNELS=all timeout -k 2 "$(left 165)" "$PY" -m fp4sim bench attentio
   --repeats 7 --json "$OUT/attention_all.json" > "$OUT/attention_all.log" 2>&1
 echo "rc=$?" >> "$OUT/attention_all.log"
 
+if [ "${EMU_PROFILE:-0}" = 1 ]; then
 stamp "per-kernel profile of bench attention with XLA's command buffers off (else one entry)"
 XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_command_buffer=" timeout -k 2 "$(left 185)" \
   "$PY" -m fp4sim bench attention --device gpu --repeats 3 --profile "$OUT/prof_attention_nocb" \
@@ -75,4 +77,5 @@ XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_command_buffer=" timeout -k
   --check-heads 0 --repeats 3 --profile "$OUT/prof_training_nocb" > "$OUT/training_nocb.log" 2>&1
 echo "rc=$?" >> "$OUT/training_nocb.log"
 
+fi
 stamp "done"
