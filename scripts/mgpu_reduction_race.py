@@ -1,8 +1,11 @@
 """Smallest reproducer of a Mosaic GPU gap at jax 0.11.2: cross-warp reductions race between
 Pallas threads (warpgroups).
 
-    python scripts/mgpu_reduction_race.py            # on a Hopper GPU
-    python scripts/mgpu_reduction_race.py --interpret  # GPU interpret mode on the CPU (passes)
+    PYTHONPATH=. python scripts/mgpu_reduction_race.py              # on a Hopper GPU
+    PYTHONPATH=. python scripts/mgpu_reduction_race.py --interpret  # interpret mode (passes)
+
+Not yet run on a GPU (the H200 call that was to run it lacked PYTHONPATH); it passes in
+interpret mode and lowers for sm_90a.
 
 A kernel with ``num_threads`` warpgroups; each builds a (64, 64) float32 tile in the WGMMA
 register layout from iota (values differ between warpgroups), takes ``reps`` column maxima
