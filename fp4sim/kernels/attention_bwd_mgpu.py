@@ -531,8 +531,8 @@ def attention_fp8_backward(
             f"BackwardConfig(dkv_warpgroups={config.dkv_warpgroups}, "
             f"dq_warpgroups={config.dq_warpgroups}): two compute warpgroups per CTA give wrong "
             f"gradients on the GPU with jax 0.11.2 (measured on an H200): the 32x32 block "
-            f"scales need cross-warp column reductions, and Mosaic GPU gives every warpgroup "
-            f"the same shared-memory scratch for them, so the two warpgroups race. Use 1 "
+            f"scales need cross-warp column reductions, and Mosaic GPU's lowering gives every "
+            f"warpgroup the same shared-memory scratch for them, so the two warpgroups race. Use 1 "
             f"(the default); 2 runs only in GPU interpret mode (harness.interpret), for study"
         )
     d = res.ops.q_codes.shape[3]
