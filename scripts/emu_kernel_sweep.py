@@ -27,6 +27,12 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument(
+        "--configs",
+        default=None,
+        help="comma-separated BMxBNxWARPSxUNROLLxSTAGES configurations to time after the "
+        "default (e.g. 64x64x1x4x2), instead of the built-in list",
+    )
     args = ap.parse_args()
 
     import jax
@@ -79,6 +85,15 @@ def main() -> int:
         (32, 32, 1, 4, 1),
         (128, 64, 2, 4, 1),
     ]
+    if args.configs:
+        try:
+            configs = [None] + [
+                tuple(int(x) for x in c.split("x")) for c in args.configs.split(",") if c
+            ]
+        except ValueError:
+            ap.error(f"--configs={args.configs!r}: each entry must be BMxBNxWARPSxUNROLLxSTAGES")
+        if any(len(c) != 5 for c in configs[1:]):
+            ap.error(f"--configs={args.configs!r}: each entry must have five numbers")
     results: dict = {}
     for cfg in configs:
         for name, (a, b, needed, transposed) in products.items():

@@ -321,7 +321,7 @@ def _plain_block(a: Array, b: Array, transposed: bool) -> Array:
         return ak * bk
 
     n_k = a.shape[-2] if transposed else a.shape[-1]
-    return lax.fori_loop(1, n_k, lambda k, acc: acc + term(k), term(0), unroll=8)
+    return lax.fori_loop(1, n_k, lambda k, acc: acc + term(k), term(0), unroll=4)
 
 
 def _plain_range(at: Array, b: Array, lo: Array, hi: Array) -> Array:

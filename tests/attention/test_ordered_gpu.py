@@ -120,7 +120,7 @@ def test_backward_product_ranges_and_skipped_blocks(transposed):
 
 
 def test_tile_shape():
-    assert og.tile_shape(8, 2048, 128) == (64, 64)  # 512 programs
+    assert og.tile_shape(8, 2048, 128) == (32, 64)  # at most 32 rows: 1024 programs
     assert og.tile_shape(8, 512, 64) == (16, 32)  # halved towards two programs per SM
     assert og.tile_shape(1, 128, 64) == (16, 16)  # not below 16
     assert og.tile_shape(1, 100, 64) is None  # rows not a multiple of 16: the jnp path
