@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # emu (issue 19) on the H200: the emulators fast under jax.jit on the GPU, bit-identical to the
-# CPU. Total wall time at most about 165 s (255 s with EMU_PROFILE=1) (each part under `timeout`). Run from the repository
+# CPU. Total wall time at most about 210 s (300 s with EMU_PROFILE=1) (each part under `timeout`). Run from the repository
 # root; everything goes under $OUT (small text files; pack them into one archive to bring back):
 #   env.txt                        GPU, clocks, commit
 #   timeline.txt                   seconds since start of each part
@@ -49,30 +49,30 @@ fi
 start=$(date +%s)  # the budgets below count from here
 
 stamp "bench training S512 D64 and S2048 D128, H8"
-timeout -k 2 "$(left 125)" "$PY" -m fp4sim bench training --seq 512 --head-dim 64 --heads 8 \
+timeout -k 2 "$(left 170)" "$PY" -m fp4sim bench training --seq 512 --head-dim 64 --heads 8 \
   --also 2048x128 --targets-only --check-heads 1 --json "$OUT/training.json" \
   > "$OUT/training.log" 2>&1
 echo "rc=$?" >> "$OUT/training.log"
 
 stamp "bench attention, default kernels, --check-cpu"
-timeout -k 2 "$(left 145)" "$PY" -m fp4sim bench attention --device gpu --repeats 7 --check-cpu \
+timeout -k 2 "$(left 190)" "$PY" -m fp4sim bench attention --device gpu --repeats 7 --check-cpu \
   --json "$OUT/attention_default.json" > "$OUT/attention_default.log" 2>&1
 echo "rc=$?" >> "$OUT/attention_default.log"
 
 stamp "bench attention, FP4SIM_GPU_KERNELS=all (the opt-in Direct-P kernels)"
-FP4SIM_GPU_KERNELS=all timeout -k 2 "$(left 165)" "$PY" -m fp4sim bench attention --device gpu \
+FP4SIM_GPU_KERNELS=all timeout -k 2 "$(left 210)" "$PY" -m fp4sim bench attention --device gpu \
   --repeats 7 --json "$OUT/attention_all.json" > "$OUT/attention_all.log" 2>&1
 echo "rc=$?" >> "$OUT/attention_all.log"
 
 if [ "${EMU_PROFILE:-0}" = 1 ]; then
 stamp "per-kernel profile of bench attention with XLA's command buffers off (else one entry)"
-XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_command_buffer=" timeout -k 2 "$(left 185)" \
+XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_command_buffer=" timeout -k 2 "$(left 230)" \
   "$PY" -m fp4sim bench attention --device gpu --repeats 3 --profile "$OUT/prof_attention_nocb" \
   > "$OUT/attention_nocb.log" 2>&1
 echo "rc=$?" >> "$OUT/attention_nocb.log"
 
 stamp "per-kernel profile of the emulated fwd+bwd at S2048 D128 H8, command buffers off"
-XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_command_buffer=" timeout -k 2 "$(left 255)" \
+XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_enable_command_buffer=" timeout -k 2 "$(left 300)" \
   "$PY" -m fp4sim bench training --seq 2048 --head-dim 128 --heads 8 --also none --targets-only \
   --check-heads 0 --repeats 3 --profile "$OUT/prof_training_nocb" > "$OUT/training_nocb.log" 2>&1
 echo "rc=$?" >> "$OUT/training_nocb.log"
