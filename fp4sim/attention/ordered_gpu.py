@@ -205,9 +205,9 @@ def _kernel(
 
         def step(s: Any, carry: Any, load: Callable = load) -> Any:
             # the next step's operands are loaded before this step's products: the loads'
-            # latency overlaps the arithmetic (measured on the H200: 2.3x faster than loading
-            # each step's operands where they are used, whose latency the layout conversions'
-            # barriers then expose on every step); the arithmetic and its order are unchanged
+            # latency overlaps the arithmetic (measured on the H200, a dense 2048-term product
+            # at 64x64 tiles: 0.60 vs 1.15 ms when each step loads its operands where it uses
+            # them and waits for them; see tile_shape); the arithmetic and its order are unchanged
             acc, cols, rows = carry
             nxt = load(lo + (s + 1) * unroll)
             for u in range(unroll):
