@@ -255,7 +255,9 @@ def _convert_tile(recipe: AttentionRecipe, t: Array, need_mismatched: bool) -> P
         return tile_of(codes, (k + 127).astype(np.uint8), decode(codes, E2M1), k, mism, k)
 
     if isinstance(conv, ExactP):
-        p = ex2(t)
+        # p = 2^t itself: for the mismatched normalizer and every format but MXFP8 (which
+        # converts its own block-shifted coordinates); not computed where nothing reads it
+        p = ex2(t) if need_mismatched or fmt is not PFormat.MXFP8 else None
         mism = (
             _group_sum(xp, _blocks(xp, p, 32 if tile % 32 == 0 else tile))
             if need_mismatched

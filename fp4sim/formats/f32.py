@@ -67,6 +67,8 @@ __all__ = [
     "ldexp_ftz",
     "two_sum_ftz",
     "two_prod_ftz",
+    "two_sum",
+    "two_prod",
     "fma_ftz",
     "tree_sum_ftz",
     # exact in both
@@ -373,30 +375,55 @@ def ldexp_ftz(x: Array, k: Array) -> Array:
     return xp.where((field == 0) | (field == 255), xp.where(field == 0, zero, x), out)
 
 
+def _identity(x: Array) -> Array:
+    return x
+
+
+def _two_sum(a: Array, b: Array, fl) -> tuple[Array, Array]:
+    s = fl(a + b)
+    bv = fl(s - a)
+    return s, fl(fl(a - fl(s - bv)) + fl(b - bv))
+
+
 def two_sum_ftz(a: Array, b: Array) -> tuple[Array, Array]:
     """(s, e) with s = fl(a + b) and a + b = s + e exactly (Knuth; no multiplications)."""
-    s = ftz(a + b)
-    bv = ftz(s - a)
-    e = ftz(ftz(a - ftz(s - bv)) + ftz(b - bv))
-    return s, e
+    return _two_sum(a, b, ftz)
 
 
-def _split12(xp: ModuleType, a: Array) -> tuple[Array, Array]:
+def two_sum(a: Array, b: Array) -> tuple[Array, Array]:
+    """:func:`two_sum_ftz` without the flushes, for callers whose every intermediate is provably
+    zero or at least 2^-126 in magnitude (then the flushes are the identity, and leaving them out
+    cannot change a bit on any backend; there is no product to contract)."""
+    return _two_sum(a, b, _identity)
+
+
+def _split12(xp: ModuleType, a: Array, fl) -> tuple[Array, Array]:
     bits = bitcast(xp.asarray(a, dtype=np.float32), np.uint32)
     hi = bitcast(bits & np.uint32(0xFFFFF000), np.float32)
-    return hi, ftz(a - hi)
+    return hi, fl(a - hi)
+
+
+def _two_prod(a: Array, b: Array, fl) -> tuple[Array, Array]:
+    xp = namespace(a, b)
+    p = mul_ftz(a, b)  # flushed in both flavours: the barrier that keeps p a rounded product
+    ah, al = _split12(xp, a, fl)
+    bh, bl = _split12(xp, b, fl)
+    return p, fl(fl(fl(fl(fl(ah * bh) - p) + fl(ah * bl)) + fl(al * bh)) + fl(al * bl))
 
 
 def two_prod_ftz(a: Array, b: Array) -> tuple[Array, Array]:
     """(p, e) with p = fl(a·b) and a·b = p + e exactly (Dekker with an exact bit-mask split;
     every partial product is exact, so fusing them into FMAs cannot change a bit). Exact unless
     an intermediate falls below 2^-126 (then flushed)."""
-    xp = namespace(a, b)
-    p = mul_ftz(a, b)
-    ah, al = _split12(xp, a)
-    bh, bl = _split12(xp, b)
-    e = ftz(ftz(ftz(ftz(ftz(ah * bh) - p) + ftz(ah * bl)) + ftz(al * bh)) + ftz(al * bl))
-    return p, e
+    return _two_prod(a, b, ftz)
+
+
+def two_prod(a: Array, b: Array) -> tuple[Array, Array]:
+    """:func:`two_prod_ftz` without the flushes of the exact partial terms, for callers whose
+    every intermediate is provably zero or at least 2^-126 in magnitude. ``p`` keeps its flush:
+    it is the barrier that stops a compiler from fusing ``a·b`` into the following subtraction
+    (the partial products are exact, so contracting them changes nothing)."""
+    return _two_prod(a, b, _identity)
 
 
 def _round_to_odd_sum(xp: ModuleType, a: Array, b: Array) -> Array:

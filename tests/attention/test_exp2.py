@@ -56,6 +56,49 @@ def test_exp2_rn_random_ranges_and_jit_bits():
     np.testing.assert_array_equal(_bits(jax.jit(exp2_rn)(x)), _bits(y))
 
 
+def test_exp2_rn_where_s_is_smallest():
+    # exp2_rn drops the flushes inside its double-float32 steps because |x| < 2^-30 takes the
+    # path of x = 0 and every other input has s = 0 or |s| >= 2^-30 (module docstring); these are
+    # the inputs nearest that argument's edges: every 16th float32 of the binades on either side
+    # of 2^-30 (both signs), and x = n + j/256 + a few ulps for every n and j
+    mags = (np.arange(0, 2 << 23, 16, dtype=np.uint32) + np.uint32((127 - 31) << 23)).view(
+        np.float32
+    )
+    n = np.arange(-126, 128, dtype=np.float32)[:, None, None]
+    j = np.arange(-128, 129, dtype=np.float32)[None, :, None] / np.float32(256)
+    base = (n + j).astype(np.float32)
+    k = np.array([-3, -1, 1, 2, 5], dtype=np.int32)
+    near = (base.view(np.int32) + k).view(np.float32).ravel()
+    x = np.concatenate([mags, -mags, near, np.array([2.0**-30, -(2.0**-30)], np.float32)])
+    x = x[np.isfinite(x)]
+    y = exp2_rn(x)
+    np.testing.assert_array_equal(_bits(y), _bits(_oracle_exp2(x)))
+    np.testing.assert_array_equal(_bits(jax.jit(exp2_rn)(x)), _bits(y))
+    assert (y[np.abs(x) < 2.0**-30] == 1).all()
+
+
+@pytest.mark.parametrize("flavour", ["flushed", "unflushed"])
+def test_error_free_transforms_are_exact_and_jit_identical(flavour):
+    two_sum = f32.two_sum_ftz if flavour == "flushed" else f32.two_sum
+    two_prod = f32.two_prod_ftz if flavour == "flushed" else f32.two_prod
+    rng = np.random.default_rng(5)
+
+    def sample():  # sign, [1, 2) and 2^[-20, 20]: every intermediate stays far above 2^-126
+        mag = rng.uniform(1, 2, 20_000) * np.exp2(rng.integers(-20, 21, 20_000))
+        return (mag * rng.choice([-1.0, 1.0], 20_000)).astype(np.float32)
+
+    a, b = sample(), sample()
+    s, e = two_sum(a, b)
+    p, pe = two_prod(a, b)
+    exact_sum = [Fraction(float(u)) + Fraction(float(v)) for u, v in zip(a, b)]
+    assert [Fraction(float(u)) + Fraction(float(v)) for u, v in zip(s, e)] == exact_sum
+    # a float32 product is exact in float64 (48 significant bits), and so is p + e here
+    np.testing.assert_array_equal(p.astype(np.float64) + pe, a.astype(np.float64) * b)
+    np.testing.assert_array_equal(_bits(p), _bits(a * b))
+    for got, want in zip(jax.jit(lambda u, v: two_sum(u, v) + two_prod(u, v))(a, b), (s, e, p, pe)):
+        np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
 def test_exp2_rn_special_values():
     x = np.array(
         [
