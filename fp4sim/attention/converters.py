@@ -53,12 +53,13 @@ import numpy as np
 
 from fp4sim._checks import as_f32, check_bool, check_static
 from fp4sim._xp import Array, bitcast, namespace
-from fp4sim.attention.exp2 import exp2_model, exp2_rn
+from fp4sim.attention.exp2 import exp2_model, exp2_rn, exp2_rn_e4m3
 from fp4sim.attention.recipe import (
     AffineP,
     AttentionRecipe,
     BlockExponent,
     ExactP,
+    Exp2Kind,
     Exp2Model,
     FixedScaleP,
     LogGroupP,
@@ -255,9 +256,18 @@ def _convert_tile(recipe: AttentionRecipe, t: Array, need_mismatched: bool) -> P
         return tile_of(codes, (k + 127).astype(np.uint8), decode(codes, E2M1), k, mism, k)
 
     if isinstance(conv, ExactP):
-        # p = 2^t itself: for the mismatched normalizer and every format but MXFP8 (which
-        # converts its own block-shifted coordinates); not computed where nothing reads it
-        p = ex2(t) if need_mismatched or fmt is not PFormat.MXFP8 else None
+        # E4M3 codes of a correctly rounded 2^x straight from x (exp2_rn_e4m3: the same codes
+        # without evaluating the exp2); FA4's polynomial model evaluates it
+        def e4m3_of_exp2(x: Array) -> Array:
+            if recipe.exp2.kind is Exp2Kind.CORRECTLY_ROUNDED:
+                return exp2_rn_e4m3(x)
+            return encode(ex2(x), E4M3)
+
+        # p = 2^t itself: for the mismatched normalizer and the formats whose codes are not
+        # read straight from t (MXFP8 converts its own block-shifted coordinates); not
+        # computed where nothing reads it
+        codes_from_t = fmt in (PFormat.MXFP8, PFormat.FP8)
+        p = ex2(t) if need_mismatched or not codes_from_t else None
         mism = (
             _group_sum(xp, _blocks(xp, p, 32 if tile % 32 == 0 else tile))
             if need_mismatched
@@ -266,8 +276,7 @@ def _convert_tile(recipe: AttentionRecipe, t: Array, need_mismatched: bool) -> P
         if fmt is PFormat.MXFP8:
             tb = _blocks(xp, t, fmt.block)
             e = _ceil_exp(xp, _block_max(xp, tb) - LOG2_448)
-            pb = ex2(tb - e[..., None].astype(np.float32))
-            codes = _unblock(xp, encode(pb, E4M3))
+            codes = _unblock(xp, e4m3_of_exp2(tb - e[..., None].astype(np.float32)))
             if xp is not np:  # a barrier: else XLA re-runs the encoder for each consumer
                 from jax import lax
 
@@ -287,7 +296,7 @@ def _convert_tile(recipe: AttentionRecipe, t: Array, need_mismatched: bool) -> P
             vals = decode(q, E2M1) * sf  # exact: 2 x 4 significant bits
             return tile_of(_unblock(xp, q), sf_codes, _unblock(xp, vals), None, mism, None)
         if fmt is PFormat.FP8:
-            codes = encode(p, E4M3)
+            codes = e4m3_of_exp2(t)
             return tile_of(codes, None, decode(codes, E4M3), None, mism, None)
         if fmt is PFormat.BF16:
             codes = bf16_round(p)

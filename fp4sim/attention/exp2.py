@@ -38,6 +38,7 @@ schedule picks, per fragment and element pair, which elements use the polynomial
 from __future__ import annotations
 
 import decimal
+import functools
 
 import numpy as np
 
@@ -46,7 +47,15 @@ from fp4sim._xp import Array, bitcast, namespace
 from fp4sim.attention.recipe import Exp2Kind, Exp2Model
 from fp4sim.formats import f32
 
-__all__ = ["exp2_rn", "exp2_fa4", "exp2_model", "fa4_emulated_mask", "log2_f32", "POLY_EX2"]
+__all__ = [
+    "exp2_rn",
+    "exp2_rn_e4m3",
+    "exp2_fa4",
+    "exp2_model",
+    "fa4_emulated_mask",
+    "log2_f32",
+    "POLY_EX2",
+]
 
 POLY_EX2 = (
     np.float32(1.0),
@@ -128,6 +137,84 @@ def exp2_rn(x: Array) -> Array:
         xp.where(xp.isnan(x), x, out),
         xp.where(x > 0, np.float32(np.inf), np.float32(0.0)),
     )
+
+
+def _ordered_key(bits: np.ndarray) -> np.ndarray:
+    """int64 keys of float32 bit patterns, ordered like the floats (−0 and +0 both 0)."""
+    b = bits.astype(np.int64)
+    return np.where(b & 0x80000000, -(b & 0x7FFFFFFF), b)
+
+
+def _key_floats(key: np.ndarray) -> np.ndarray:
+    """The float32 values of :func:`_ordered_key` keys."""
+    bits = np.where(key < 0, 0x80000000 | (-key), key).astype(np.uint32)
+    return bits.view(np.float32)
+
+
+@functools.cache
+def e4m3_thresholds() -> np.ndarray:
+    """``τ`` (127 float32, ``τ[0] = −Inf``): ``τ[c]`` is the smallest float32 x (not NaN) with
+    ``encode(exp2_rn(x), E4M3) ≥ c``, for the codes c = 1 … 126 (0x7E = 448, where E4M3's
+    saturating encoder puts every larger value and +Inf). Found by a bisection over the
+    ordered float32 patterns, all codes at once (32 steps of :func:`exp2_rn` on 126 values);
+    exact because that code is a non-decreasing function of x (a correctly rounded exp2 and a
+    round-to-nearest encoder are monotone), which the tests check on every float32."""
+    from fp4sim.formats.codec import encode
+    from fp4sim.formats.spec import E4M3
+
+    def code(key: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return encode(exp2_rn(_key_floats(key)), E4M3).astype(np.int64)
+
+    c = np.arange(1, 127, dtype=np.int64)
+    lo = np.full(c.shape, _ordered_key(np.uint32(0xFF800000)), dtype=np.int64)  # −Inf: code 0
+    hi = np.full(c.shape, _ordered_key(np.uint32(0x7F800000)), dtype=np.int64)  # +Inf: 0x7E
+    while np.any(hi - lo > 1):  # code(lo) < c <= code(hi)
+        mid = (lo + hi) // 2
+        up = code(mid) >= c
+        hi, lo = np.where(up, mid, hi), np.where(up, lo, mid)
+    return np.concatenate([np.float32([-np.inf]), _key_floats(hi)])
+
+
+def exp2_rn_e4m3(x: Array) -> Array:
+    """``encode(exp2_rn(x), E4M3)`` (uint8, the saturating OCP encoder: 0x7E for 2^x above
+    448 and for +Inf, 0x7F or 0xFF for a NaN by its sign, 0 for −Inf) for every float32 x, without evaluating the
+    exp2: the code is a non-decreasing step function of x with the thresholds
+    :func:`e4m3_thresholds`, counted in three ranges.
+
+    * x ≥ 0 or x ≤ −1, above −6: ``x = n + f`` with ``n = floor(x)`` and ``f = x − n`` exact
+      (|x| ≥ 1 or x ∈ [0, 1)); there ``exp2_rn(n + f) = 2^n·exp2_rn(f)`` and the code is
+      ``8·(n + 7)`` plus how many of the thresholds of [0, 1) (``τ[57..64]``: the mantissa
+      steps of 2^f and its carry into 2) are at most f, saturated at 0x7E.
+    * −1 < x < 0, where ``x − floor(x) = 1 + x`` may round: the global thresholds ``τ[49..56]``
+      on x itself (codes 48 … 56).
+    * x < −6 (E4M3's subnormals and zero): ``τ[1..8]`` on x.
+
+    About 30 integer and compare operations per element instead of the exp2's double-float32
+    evaluation and the encoder (3x faster on XLA CPU); checked equal to the composition on all
+    2^32 float32 inputs on XLA CPU (a run, ``tests/test_exp2.py`` keeps the boundaries and a
+    sample), identical on NumPy and under jax."""
+    xp = namespace(x)
+    x = as_f32("x", x, xp)
+    tau = e4m3_thresholds()
+
+    def count(v: Array, lo: int, hi: int) -> Array:  # #{c in [lo, hi] : v >= τ[c]}
+        acc = (v >= tau[lo]).astype(np.int32)
+        for c in range(lo + 1, hi + 1):
+            acc = acc + (v >= tau[c]).astype(np.int32)
+        return acc
+
+    xf = xp.where(xp.isfinite(x), x, np.float32(0.0))
+    n = xp.floor(xf)
+    f = xf - n
+    ni = xp.clip(n, np.float32(-7.0), np.float32(9.0)).astype(np.int32)
+    code = np.int32(8) * (ni + np.int32(7)) + count(f, 57, 64)
+    code = xp.where((x > np.float32(-1.0)) & (x < 0), np.int32(48) + count(x, 49, 56), code)
+    code = xp.where(x < np.float32(-6.0), count(x, 1, 8), code)
+    code = xp.where(x >= tau[126], np.int32(126), xp.minimum(code, np.int32(126)))
+    # a NaN x passes exp2_rn unchanged, and the encoder keeps its sign: 0x7F or 0xFF
+    nan_code = np.int32(0x7F) | ((bitcast(x, np.int32) >> np.int32(24)) & np.int32(0x80))
+    return xp.where(xp.isnan(x), nan_code, code).astype(np.uint8)
 
 
 def exp2_fa4(x: Array) -> Array:

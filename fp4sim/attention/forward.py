@@ -783,7 +783,7 @@ def _row_log2_scores(
     if pb.accumulation is ForwardAccumulation.TCGEN05:
         z = materialize(_tcgen05_scores(pb, qo, ko, row_ids))
     else:
-        z = materialize(_scores(qo, ko, kb))  # (..., rows, ku)
+        z = _scores(qo, ko, kb)  # (..., rows, ku): its last sum fused into u
     rows = row_ids[:, None]
     cols = xp.arange(ku, dtype=np.int32)[None, :]
     valid = (cols < np.int32(pb.skv)) & (rows < np.int32(pb.sq))

@@ -11,14 +11,18 @@ import pytest
 
 from fp4sim.attention.exp2 import (
     POLY_EX2,
+    e4m3_thresholds,
     exp2_fa4,
     exp2_model,
     exp2_rn,
+    exp2_rn_e4m3,
     fa4_emulated_mask,
     log2_f32,
 )
 from fp4sim.attention.recipe import Exp2Kind, Exp2Model
 from fp4sim.formats import f32
+from fp4sim.formats.codec import encode
+from fp4sim.formats.spec import E4M3
 
 TINY = 2.0**-126
 
@@ -39,6 +43,67 @@ def test_exp2_rn_every_float32_in_minus_one_to_minus_half():
     # every float32 in [-1, -1/2): 2^23 inputs, the binade of attention's log2 scores
     x = (np.arange(1 << 23, dtype=np.uint32) | np.uint32(0xBF000000)).view(np.float32)
     np.testing.assert_array_equal(_bits(exp2_rn(x)), _bits(_oracle_exp2(x)))
+
+
+def _neighbours(x: np.ndarray, k: int) -> np.ndarray:
+    """float32 patterns within k ulps of each x (stepping through the float order)."""
+    bits = np.asarray(x, dtype=np.float32).view(np.int32).astype(np.int64)
+    key = np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)[:, None] + np.arange(-k, k + 1)
+    key = np.clip(key, -0x7F800000, 0x7F800000)
+    out = np.where(key < 0, 0x80000000 | (-key), key).astype(np.uint32).view(np.float32)
+    return out.reshape(-1)
+
+
+def test_e4m3_thresholds_are_where_the_code_steps_up():
+    # independent oracle: float64 exp2 rounded to float32, then the encoder
+    tau = e4m3_thresholds()
+    assert tau.dtype == np.float32 and tau.shape == (127,) and tau[0] == -np.inf
+    assert np.all(np.diff(tau[1:]) > 0)
+    below = np.nextafter(tau[1:], np.float32(-np.inf))
+    with np.errstate(invalid="ignore"):
+        at = encode(_oracle_exp2(tau[1:]), E4M3).astype(int)
+        under = encode(_oracle_exp2(below), E4M3).astype(int)
+    codes = np.arange(1, 127)
+    np.testing.assert_array_equal(at >= codes, True)
+    np.testing.assert_array_equal(under < codes, True)
+    # the carry of the mantissa into 2.0 and the saturation point, by value
+    assert encode(_oracle_exp2(tau[64:65]), E4M3)[0] == 0x40  # 2.0
+    # 2^x rounds to 448 (0x7E, saturated above) from the tie at 432 on
+    assert abs(float(tau[126]) - np.log2(432.0)) < 1e-6
+
+
+def test_exp2_rn_e4m3_equals_encode_of_exp2_rn():
+    # the composition it replaces, on: every float32 in [-1, -1/2), [1/2, 1), [-8, -6) and
+    # [8, 16); every threshold's neighbourhood; special values; random bit patterns
+    rng = np.random.default_rng(5)
+    ranges = [
+        (np.arange(1 << 23, dtype=np.uint32) | np.uint32(hi)).view(np.float32)
+        for hi in (0xBF000000, 0x3F000000, 0x41000000)
+    ]
+    ranges.append((np.arange(1 << 22, dtype=np.uint32) + np.uint32(0xC0C00000)).view(np.float32))
+    specials = np.float32(
+        [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-45, -1e-45, 2.0**-126, -(2.0**-30),
+         -1.0, -6.0, -7.0, -10.0, -11.0, 9.0, 128.0, -126.0, 3e38, -3e38]
+    )
+    x = np.concatenate(
+        ranges
+        + [
+            _neighbours(e4m3_thresholds()[1:], 300),
+            _neighbours(np.arange(-12, 11, dtype=np.float32), 300),
+            specials,
+            rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32),
+            rng.uniform(-12, 10, 1 << 20).astype(np.float32),
+        ]
+    )
+    want = np.asarray(jax.jit(lambda v: encode(exp2_rn(v), E4M3))(x))
+    with np.errstate(invalid="ignore"):
+        got_np = exp2_rn_e4m3(x)
+        assert np.array_equal(want[::97], encode(exp2_rn(x[::97]), E4M3))  # the jit is NumPy's
+    got_jit = np.asarray(jax.jit(exp2_rn_e4m3)(x))
+    for got in (got_np, got_jit):
+        bad = np.nonzero(got != want)[0]
+        assert bad.size == 0, (x[bad[:5]], got[bad[:5]], want[bad[:5]])
+    assert got_np.dtype == np.uint8 and got_jit.dtype == np.uint8
 
 
 def test_exp2_rn_random_ranges_and_jit_bits():
