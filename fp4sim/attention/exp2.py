@@ -25,6 +25,9 @@ keeps :func:`~fp4sim.formats.f32.ftz` only as the contraction barrier after an i
 that feeds an addition. The bits are those of the fully flushed formulation; this was checked
 for all 2^32 inputs on XLA CPU, and NumPy gives the same bits. It is 1.5x faster there.
 
+:func:`exp2_rn_e4m3` — the E4M3 code of :func:`exp2_rn`'s result, read from thresholds on x
+(the code is a non-decreasing step function of x); what the exact converter's FP8 P uses.
+
 :func:`exp2_fa4` — FA4's software ex2 (github.com/Dao-AILab/flash-attention ``flash_attn/cute/utils.py``):
 ``xc = max(x, −127)``, ``n = floor(xc)``, ``f = fl(xc − n)``,
 ``p = fma(fma(fma(c3, f, c2), f, c1), f, c0)`` with the degree-3 coefficients ``POLY_EX2``, and
@@ -191,9 +194,11 @@ def exp2_rn_e4m3(x: Array) -> Array:
     * x < −6 (E4M3's subnormals and zero): ``τ[1..8]`` on x.
 
     About 30 integer and compare operations per element instead of the exp2's double-float32
-    evaluation and the encoder (3x faster on XLA CPU); checked equal to the composition on all
-    2^32 float32 inputs on XLA CPU (a run, ``tests/test_exp2.py`` keeps the boundaries and a
-    sample), identical on NumPy and under jax."""
+    evaluation and the encoder: 2.1x faster on XLA CPU (1.5 against 3.2 ns per element over
+    all 2^32 inputs) and 1.8x on the H200. Equal to the composition on all 2^32 float32 inputs
+    on XLA CPU and on the H200, and on NumPy for a 2^26 sample (one-off runs, 2026-12-03);
+    ``tests/attention/test_exp2.py`` keeps every threshold's neighbourhood, whole binades, the
+    special values and a random sample, on NumPy and under jax."""
     xp = namespace(x)
     x = as_f32("x", x, xp)
     tau = e4m3_thresholds()
