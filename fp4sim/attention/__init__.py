@@ -15,6 +15,7 @@ from fp4sim.attention.exp2 import (  # noqa: E402
     exp2_fa4,
     exp2_model,
     exp2_rn,
+    exp2_rn_e4m3,
     fa4_emulated_mask,
     log2_f32,
 )
@@ -61,6 +62,7 @@ __all__ += list(_recipe.__all__) + [
     "exp2_fa4",
     "exp2_model",
     "exp2_rn",
+    "exp2_rn_e4m3",
     "fa4_emulated_mask",
     "log2_f32",
     "PTile",
