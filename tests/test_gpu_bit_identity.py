@@ -171,3 +171,35 @@ def test_direct_p_forward_kernels_gpu_equal_cpu(preset, causal, monkeypatch):
     gpu = _run_on(jax.devices("gpu")[0], fn, q, k, v)
     cpu = _run_on(jax.devices("cpu")[0], fn, q, k, v)
     _assert_same_bits(gpu, cpu, f"{preset} causal={causal} O, LSE")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="measured on the H200 (jax 0.11.2), 2026-12-03: with these wide-range inputs the "
+    "GPU's LSE differs from the CPU's in 63 of 512 rows of hw_fp4_direct_p (non-causal), with "
+    "the default kernels and with the opt-in Direct-P kernels alike, while O is equal; before "
+    "the kernels' flush between block partials, O differed too (18 of 65536). Not yet "
+    "diagnosed; strict, so a fix makes this test fail and the mark must go",
+)
+@pytest.mark.parametrize("kernels", ["default", "all"])
+def test_scores_with_a_wide_range_gpu_equal_cpu(kernels, monkeypatch):
+    """Scores whose ordered block sum rounds: head-dim blocks of Q/K scaled by up to 2^±12
+    (NVFP4 scales far apart within a row) and an Inf key (saturated to the largest code), so
+    the running sum of the 16-element block partials needs more than 24 bits (on the CPU it
+    differs from the exact sum in 163,700 of 163,840 scores). A kernel that lets its matrix unit
+    start a block's product from the running sum rounds inside the block."""
+    if kernels == "all":
+        monkeypatch.setenv("FP4SIM_GPU_KERNELS", "all")
+    rng = np.random.default_rng(8)
+    scale = np.exp2(rng.integers(-12, 13, (2, 1, 128 // 16, 1))).astype(np.float32)
+    q = (rng.standard_normal((2, 256, 8, 16)) * scale).reshape(2, 256, 128).astype(np.float32)
+    k = (rng.standard_normal((2, 320, 8, 16)) * scale).reshape(2, 320, 128).astype(np.float32)
+    v = rng.standard_normal((2, 320, 128)).astype(np.float32)
+    k[0, 5, 3] = np.inf
+    for preset, causal in (("hw_fp4_direct_p", False), ("hw_fp4_direct_p_mitchell", True)):
+        recipe = PRESETS[preset]
+        fn = lambda q, k, v: attention_forward(q, k, v, recipe, causal=causal)[:2]  # noqa: E731
+        gpu = _run_on(jax.devices("gpu")[0], fn, q, k, v)
+        cpu = _run_on(jax.devices("cpu")[0], fn, q, k, v)
+        _assert_same_bits(gpu, cpu, f"{preset} causal={causal} kernels={kernels} O, LSE")
