@@ -199,7 +199,10 @@ def test_scores_with_a_wide_range_gpu_equal_cpu(kernels, monkeypatch):
     k[0, 5, 3] = np.inf
     for preset, causal in (("hw_fp4_direct_p", False), ("hw_fp4_direct_p_mitchell", True)):
         recipe = PRESETS[preset]
-        fn = lambda q, k, v: attention_forward(q, k, v, recipe, causal=causal)[:2]  # noqa: E731
+
+        def fn(q, k, v, recipe=recipe, causal=causal):
+            return attention_forward(q, k, v, recipe, causal=causal)[:2]
+
         gpu = _run_on(jax.devices("gpu")[0], fn, q, k, v)
         cpu = _run_on(jax.devices("cpu")[0], fn, q, k, v)
         _assert_same_bits(gpu, cpu, f"{preset} causal={causal} kernels={kernels} O, LSE")

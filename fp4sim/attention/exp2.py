@@ -181,9 +181,9 @@ def e4m3_thresholds() -> np.ndarray:
 
 def exp2_rn_e4m3(x: Array) -> Array:
     """``encode(exp2_rn(x), E4M3)`` (uint8, the saturating OCP encoder: 0x7E for 2^x above
-    448 and for +Inf, 0x7F or 0xFF for a NaN by its sign, 0 for −Inf) for every float32 x, without evaluating the
-    exp2: the code is a non-decreasing step function of x with the thresholds
-    :func:`e4m3_thresholds`, counted in three ranges.
+    448 and for +Inf, 0x7F or 0xFF for a NaN by its sign, 0 for −Inf) for every float32 x,
+    without evaluating the exp2: the code is a non-decreasing step function of x with the
+    thresholds :func:`e4m3_thresholds`, counted in three ranges.
 
     * x ≥ 0 or x ≤ −1, above −6: ``x = n + f`` with ``n = floor(x)`` and ``f = x − n`` exact
       (|x| ≥ 1 or x ∈ [0, 1)); there ``exp2_rn(n + f) = 2^n·exp2_rn(f)`` and the code is

@@ -82,8 +82,28 @@ def test_exp2_rn_e4m3_equals_encode_of_exp2_rn():
     ]
     ranges.append((np.arange(1 << 22, dtype=np.uint32) + np.uint32(0xC0C00000)).view(np.float32))
     specials = np.float32(
-        [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-45, -1e-45, 2.0**-126, -(2.0**-30),
-         -1.0, -6.0, -7.0, -10.0, -11.0, 9.0, 128.0, -126.0, 3e38, -3e38]
+        [
+            0.0,
+            -0.0,
+            np.inf,
+            -np.inf,
+            np.nan,
+            -np.nan,
+            1e-45,
+            -1e-45,
+            2.0**-126,
+            -(2.0**-30),
+            -1.0,
+            -6.0,
+            -7.0,
+            -10.0,
+            -11.0,
+            9.0,
+            128.0,
+            -126.0,
+            3e38,
+            -3e38,
+        ]
     )
     x = np.concatenate(
         ranges
