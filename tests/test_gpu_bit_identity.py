@@ -179,8 +179,10 @@ def test_direct_p_forward_kernels_gpu_equal_cpu(preset, causal, monkeypatch):
     reason="measured on the H200 (jax 0.11.2), 2026-12-03: with these wide-range inputs the "
     "GPU's LSE differs from the CPU's in 63 of 512 rows of hw_fp4_direct_p (non-causal), with "
     "the default kernels and with the opt-in Direct-P kernels alike, while O is equal; before "
-    "the kernels' flush between block partials, O differed too (18 of 65536). Not yet "
-    "diagnosed; strict, so a fix makes this test fail and the mark must go",
+    "the kernels' flush between block partials, O differed too (18 of 65536). The raw scores "
+    "of the exact-scores kernel differ by one ulp in 11210 of 163840 entries (Q/K values and P "
+    "codes equal, 207 of 1536 tile anchors differ): the gap is inside the score kernel, not yet "
+    "diagnosed further; strict, so a fix makes this test fail and the mark must go",
 )
 @pytest.mark.parametrize("kernels", ["default", "all"])
 def test_scores_with_a_wide_range_gpu_equal_cpu(kernels, monkeypatch):

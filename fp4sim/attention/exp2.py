@@ -53,6 +53,7 @@ from fp4sim.formats import f32
 __all__ = [
     "exp2_rn",
     "exp2_rn_e4m3",
+    "e4m3_thresholds",
     "exp2_fa4",
     "exp2_model",
     "fa4_emulated_mask",
