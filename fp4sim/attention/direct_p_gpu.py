@@ -80,8 +80,9 @@ def _log2_scores(
         kb = k_ref[0, pl.ds(key0, SUB), pl.ds(b * QK_BLOCK, QK_BLOCK)].astype(jnp.bfloat16)
         part = lax.dot_general(qb, kb, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         # exact partials, never subnormal (forward): the flush is the identity on them and
-        # keeps the add out of the MMA's accumulator (ordered_gpu._scores_kernel says why)
-        z = part if z is None else z + f32.ftz(part)
+        # keeps every add out of an MMA's accumulator (ordered_gpu._scores_kernel says why)
+        part = f32.ftz(part)
+        z = part if z is None else z + part
     if qpost is not None:
         kpost = kp_ref[0, pl.ds(key0, SUB)]
         z = f32.mul_ftz(z, f32.mul_ftz(qpost[:, None], kpost[None, :]))

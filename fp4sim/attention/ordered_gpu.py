@@ -91,9 +91,9 @@ DEFAULT_FAMILIES = ("ordered", "scores", "pv", "rows")
 """The families of ``FP4SIM_GPU_KERNELS=1`` (the default): those checked bit for bit on the
 H200; ``direct_p`` is opt-in (``FP4SIM_GPU_KERNELS=all``): on the H200
 (``tests/attention/test_direct_p_gpu.py`` on a GPU host, where its kernels run for real) its O
-equals the NumPy emulator's; its LSE differed in all three cases (one to three rows of 512, one
-or two ulps) until the flush between the score kernels' block partials, and still differs in
-one row of the non-causal case (2026-12-03); not yet diagnosed."""
+equals the NumPy emulator's, and since every block partial of the score kernels is flushed
+before its add its LSE does too (2026-12-03; before, one to three rows of 512 differed by one or
+two ulps in every case)."""
 _MIN_BLOCK = 16
 _MAX_BLOCK = 64
 _MAX_ROWS = 32  # output rows per program: 32x64 blocks measured fastest on the H200 (below)
@@ -464,15 +464,13 @@ def _scores_kernel(q_ref: Any, k_ref: Any, o_ref: Any, *, nb: int, blk: int) -> 
         qb = q_ref[0, :, pl.ds(b * blk, blk)].astype(jnp.bfloat16)
         kb = k_ref[0, :, pl.ds(b * blk, blk)].astype(jnp.bfloat16)
         part = lax.dot_general(qb, kb, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        # in block order, like the CPU; the flush (the identity on these multiples of 2^-20)
-        # keeps the add out of the product: ``acc + dot`` may otherwise be compiled into an
-        # MMA that starts from ``acc`` (Triton combines a dot with a following add), which
-        # rounds the running sum inside the block instead of once after it. On the H200 the
-        # flush made O equal the CPU's on inputs with a wide range (it differed in 18 of
-        # 65,536 elements), and two of three LSE cases of the Direct-P kernels. On those
-        # inputs this kernel's scores still differ by one ulp in 7 % of the entries (a strict
-        # xfail in tests/test_gpu_bit_identity.py, the wide-range test): not yet diagnosed
-        acc = part if acc is None else acc + f32.ftz(part)
+        # in block order, like the CPU. Every partial is flushed (the identity on these
+        # multiples of 2^-20) before it is added: Triton rewrites ``dot + x`` into an MMA
+        # that starts from ``x``, which rounds inside the block instead of once after it.
+        # That pattern matches ``acc + dot`` for the running sum and also ``dot_0 + x`` for
+        # the first partial; flushing each partial leaves no add with a dot operand.
+        part = f32.ftz(part)
+        acc = part if acc is None else acc + part
     o_ref[0] = acc
 
 
