@@ -45,6 +45,7 @@ carried by the forward (a row with a NaN score has NaN output; :mod:`fp4sim.atte
 
 from __future__ import annotations
 
+import functools
 import math
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -76,6 +77,8 @@ __all__ = [
     "PTile",
     "convert_tile",
     "direct_p_payload",
+    "direct_p_payload_definition",
+    "e2m1_payload_thresholds",
     "direct_p_coordinate",
     "bf16_round",
     "block_max_exponent",
@@ -188,7 +191,40 @@ def direct_p_payload(
     converter: Any, x: Array, *, exp2: Exp2Model = Exp2Model(), fragment: int = 32, tile: int = 128
 ) -> Array:
     """E2M1 payload codes (uint8) of the Direct-P family (ExactP, AffineP, MitchellP) from the
-    coordinate ``x`` (float32, any shape; −inf gives code 0)."""
+    coordinate ``x`` (float32, any shape; −inf and NaN give code 0).
+
+    The module docstring's formulas define the codes (:func:`direct_p_payload_definition`
+    evaluates them). Where the payload is an elementwise function of ``x`` (AffineP,
+    MitchellP, ExactP with a correctly rounded exp2) the code is a non-decreasing step function
+    of ``x`` with seven steps, and it is computed as the number of thresholds
+    :func:`e2m1_payload_thresholds` that ``x`` reaches: the same codes, with seven comparisons
+    instead of the value and its encoding."""
+    xp = namespace(x)
+    x = as_f32("x", x, xp)
+    if not _stepwise(converter, exp2):
+        return direct_p_payload_definition(converter, x, exp2=exp2, fragment=fragment, tile=tile)
+    codes = xp.zeros(x.shape, dtype=np.uint8)
+    for th in e2m1_payload_thresholds(converter):
+        if not math.isnan(th):  # a level no input reaches adds nothing
+            codes = codes + (x >= np.float32(th)).astype(np.uint8)
+    return codes
+
+
+def _stepwise(converter: Any, exp2: Exp2Model) -> bool:
+    """Whether the payload is an elementwise function of ``x`` (no exp2 model that depends on
+    the element's position): then it is non-decreasing in ``x`` (``a > 0``; floors, roundings
+    and the flush are monotone)."""
+    if isinstance(converter, (AffineP, MitchellP)):
+        return True
+    return isinstance(converter, ExactP) and exp2.kind is Exp2Kind.CORRECTLY_ROUNDED
+
+
+def direct_p_payload_definition(
+    converter: Any, x: Array, *, exp2: Exp2Model = Exp2Model(), fragment: int = 32, tile: int = 128
+) -> Array:
+    """The Direct-P payload codes evaluated as the module docstring writes them: the value
+    (``exp2``, the affine map or Mitchell's approximation), then ``RN_E2M1_sat``. The
+    definition behind :func:`direct_p_payload` and its thresholds."""
     xp = namespace(x)
     x = as_f32("x", x, xp)
     if isinstance(converter, ExactP):
@@ -206,6 +242,51 @@ def direct_p_payload(
         )
     value = xp.where(xp.isnan(x), np.float32(0.0), value)
     return encode(value, E2M1, _E2M1_POLICY)
+
+
+_KEY_NEG_INF, _KEY_POS_INF = 0x007FFFFF, 0xFF800000
+"""Order keys of −inf and +inf: every float32 between them (both zeros included) is a number."""
+
+
+def _float_of_key(key: int) -> np.float32:
+    """The float32 whose order key is ``key`` (keys order the floats like their values)."""
+    bits = key ^ 0x80000000 if key >= 0x80000000 else ~key & 0xFFFFFFFF
+    return np.array([bits], np.uint32).view(np.float32)[0]
+
+
+@functools.cache
+def e2m1_payload_thresholds(converter: Any) -> tuple[float, ...]:
+    """``(T_1, …, T_7)``: ``T_l`` the smallest float32 ``x`` (from −inf to +inf) whose
+    :func:`direct_p_payload_definition` code (correctly rounded exp2 for ExactP) is at least
+    ``l``, NaN where no input reaches level ``l``. Found by bisection on the order of the
+    floats, so that ``code(x) = #{l : x >= T_l}`` for every float32 ``x`` (NaN: code 0)
+    exactly when the definition is non-decreasing in ``x`` (AffineP with ``a > 0``,
+    MitchellP, ExactP); checked over all 2^32 inputs for the presets' converters."""
+    if not _stepwise(converter, Exp2Model()):
+        raise TypeError(
+            f"converter={converter!r} has no step-function payload; allowed: "
+            f"ExactP, AffineP, MitchellP"
+        )
+
+    def code(key: int) -> int:
+        x = np.array([_float_of_key(key)], np.float32)
+        with np.errstate(all="ignore"):
+            return int(direct_p_payload_definition(converter, x)[0])
+
+    out = []
+    for level in range(1, 8):
+        if code(_KEY_POS_INF) < level:
+            out.append(math.nan)
+            continue
+        lo, hi = _KEY_NEG_INF, _KEY_POS_INF
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if code(mid) >= level:
+                hi = mid
+            else:
+                lo = mid + 1
+        out.append(float(_float_of_key(lo)))
+    return tuple(out)
 
 
 def convert_tile(recipe: AttentionRecipe, t: Array, *, need_mismatched: bool = False) -> PTile:

@@ -15,6 +15,8 @@ from fp4sim.attention.converters import (
     convert_tile,
     direct_p_coordinate,
     direct_p_payload,
+    direct_p_payload_definition,
+    e2m1_payload_thresholds,
     mitchell_exp2,
 )
 from fp4sim.attention.exp2 import exp2_rn
@@ -236,6 +238,112 @@ def test_direct_p_payloads_are_monotone_codes(xs):
         codes = direct_p_payload(conv, x)
         assert codes.max() <= 7  # non-negative E2M1 magnitudes only
         assert np.all(np.diff(_vals(codes)) >= 0), conv
+
+
+_STEP_CONVERTERS = (
+    R.ExactP(),
+    R.AffineP(),
+    R.MitchellP(),
+    R.MitchellP(shift=0.0),
+    R.MitchellP(shift=-3.25),
+    R.AffineP(a=1.0, b=0.0),
+    R.AffineP(a=0.001, b=10.0),
+    R.AffineP(a=3.0, b=-2.0),
+    R.AffineP(a=1e-30, b=0.1),
+)
+
+
+def _oracle_payload(conv, x):
+    """Independent of fp4sim's float32 helpers and encoder: float64 arithmetic rounded once to
+    float32 where the definition rounds, then ml_dtypes' E2M1 (RNE; clipped to 6 first)."""
+    import ml_dtypes
+
+    x = np.asarray(x, np.float32)
+    with np.errstate(all="ignore"):
+        if isinstance(conv, R.ExactP):
+            v = np.exp2(x.astype(np.float64)).astype(np.float32)
+        elif isinstance(conv, R.AffineP):
+            # a float32 product is exact in float64: one rounding, as the definition's
+            prod = (np.float64(np.float32(conv.a)) * x.astype(np.float64)).astype(np.float32)
+            prod = np.where(np.abs(prod) < np.float32(2.0**-126), np.float32(0.0), prod)
+            v = np.maximum(prod + np.float32(conv.b), np.float32(0.0))
+        else:
+            y = (x - np.float32(conv.shift)).astype(np.float64)
+            ys = np.minimum(y, 127.0)
+            n = np.floor(ys)
+            frac = np.floor((ys - n) * 2.0**23) / 2.0**23
+            v = np.where(y >= -126.0, np.exp2(n) * (1.0 + frac), 0.0).astype(np.float32)
+        v = np.where(np.isnan(x), np.float32(0.0), np.clip(v, 0.0, 6.0)).astype(np.float32)
+    return v.astype(ml_dtypes.float4_e2m1fn).view(np.uint8).astype(int)
+
+
+@pytest.mark.parametrize("conv", _STEP_CONVERTERS, ids=repr)
+def test_e2m1_payload_thresholds_are_where_the_code_steps_up(conv):
+    th = np.array(e2m1_payload_thresholds(conv), np.float64)
+    assert th.shape == (7,)
+    finite = th[~np.isnan(th)]
+    assert np.all(np.diff(finite) > 0)
+    top = _oracle_payload(conv, np.float32([np.inf]))[0]
+    for level, t in enumerate(th, start=1):
+        if np.isnan(t):  # never reached: not even by +inf
+            assert top < level, (conv, level)
+            continue
+        t32 = np.float32(t)
+        assert _oracle_payload(conv, [t32])[0] >= level, (conv, level, t)
+        if t32 > -np.inf:
+            below = np.nextafter(t32, np.float32(-np.inf))
+            assert _oracle_payload(conv, [below])[0] < level, (conv, level, t)
+
+
+def _near_thresholds(conv, rng, n_random):
+    th = np.array([t for t in e2m1_payload_thresholds(conv) if np.isfinite(t)], np.float32)
+    bits = th.view(np.int32)
+    steps = np.arange(-300, 301, dtype=np.int32)
+    near = (bits[:, None] + steps[None, :]).ravel().view(np.float32)  # ±300 ulps of each
+    specials = np.float32(
+        [0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-45, -1e-45, 2.0**-126, 6.0, -200.0]
+    )
+    random = rng.integers(0, 2**32, n_random, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    dense = rng.uniform(-12.0, 8.0, n_random).astype(np.float32)
+    return np.concatenate([near, specials, random, dense])
+
+
+@pytest.mark.parametrize("conv", _STEP_CONVERTERS, ids=repr)
+def test_direct_p_payload_equals_its_definition(conv):
+    # the threshold count against the value-then-encode definition, NumPy and jit (all 2^32
+    # inputs agree on XLA CPU for the presets' converters, a one-off check of 2026-12-03)
+    x = _near_thresholds(conv, np.random.default_rng(11), 1 << 18)
+    with np.errstate(all="ignore"):
+        want = direct_p_payload_definition(conv, x)
+    got = direct_p_payload(conv, x)
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(_oracle_payload(conv, x), want)
+    jitted = jax.jit(lambda v: (direct_p_payload(conv, v), direct_p_payload_definition(conv, v)))
+    g, w = (np.asarray(a) for a in jitted(x))
+    np.testing.assert_array_equal(g, want)
+    np.testing.assert_array_equal(w, want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.floats(min_value=2.0**-20, max_value=2.0**20, width=32),
+    st.floats(min_value=-1e4, max_value=1e4, width=32),
+    st.floats(min_value=-50.0, max_value=50.0, width=32),
+)
+def test_direct_p_payload_thresholds_for_any_parameters(a, b, shift):
+    rng = np.random.default_rng(0)
+    for conv in (R.AffineP(a=a, b=b), R.MitchellP(shift=shift)):
+        x = _near_thresholds(conv, rng, 1 << 10)
+        with np.errstate(all="ignore"):
+            want = direct_p_payload_definition(conv, x)
+        np.testing.assert_array_equal(direct_p_payload(conv, x), want)
+        np.testing.assert_array_equal(_oracle_payload(conv, x), want)
+
+
+def test_e2m1_payload_thresholds_refuse_other_converters():
+    with pytest.raises(TypeError, match="converter"):
+        e2m1_payload_thresholds(R.SchraudolphP())
 
 
 _PAIRS = [(R.ExactP(), f) for f in R.PFormat] + [
