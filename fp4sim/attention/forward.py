@@ -422,7 +422,7 @@ def log2_scores(z: Array, c: Array, valid: Array) -> Array:
     return xp.where(valid, f32.mul_ftz(z, c), np.float32(-np.inf))
 
 
-def _group_partials(
+def _pv_numerator(
     xp: ModuleType,
     p: PTile,
     v_vals: Array,
@@ -431,15 +431,18 @@ def _group_partials(
     v_exact: bool,
     pv_group: int,
     p_fp4: bool,
+    r: Array,
     v_stats: Any = None,
 ) -> Array:
-    """PV partial products of every tile, summed per ``pv_group`` (module docstring, step 4).
+    """The PV numerator of every tile (module docstring, steps 4-5): the partial products
+    summed per ``pv_group``, then folded tile by tile, ``A ← fl(A·r_i)`` plus each group sum.
 
     ``p`` holds (..., Sq, n_tiles, T) tiles, ``v_vals`` is (..., n_tiles, T, Dv) and
-    ``v_exps`` (..., n_tiles, T/v_block, Dv or 1) or None. ``v_stats``: the
+    ``v_exps`` (..., n_tiles, T/v_block, Dv or 1) or None, ``r`` (..., Sq, n_tiles or more)
+    each tile's rescale factor. ``v_stats``: the
     :func:`~fp4sim.attention._ordered.operand_stats` of a V holding these values (all keys:
     the predicate is monotone in the stats, so those of a superset only make it stricter), or
-    None to compute them here. Returns (..., n_tiles, n_groups, Sq, Dv) float32."""
+    None to compute them here. Returns A (..., Sq, Dv) float32."""
     *lead, sq, nt, n = p.values.shape
     dv = v_vals.shape[-1]
     pb, vb = p.block, v_block
@@ -465,20 +468,42 @@ def _group_partials(
     # computed once: otherwise XLA re-fuses the scaling into every broadcast use of the loop
     pr, vr = materialize((pr, vr))
     per_group = max(1, pv_group // sub)
-    if exact:  # every entry exact; on a GPU one kernel (ordered_gpu.exact_pv), the same bits
-        return ordered_gpu.exact_pv_dispatch(
-            lambda pr, vr: _group_sums(f32.ftz(_matmul(xp, pr, vr)), per_group), pr, vr, per_group
+    rt = xp.swapaxes(r[..., :nt], -1, -2)  # (..., nt, Sq)
+    if exact:  # every entry exact; on a GPU one kernel (ordered_gpu.exact_pv_fold), same bits
+        return ordered_gpu.exact_pv_fold_dispatch(
+            functools.partial(_exact_pv_fold, per_group=per_group), pr, vr, rt, per_group
         )
     # each sub-block's ordered float32 sum: the plain loop where it is proven to give the
     # flushed chain's bits (short significands, no tiny product, no overflow; e.g. E4M3 P
     # times an E4M3 V), else the chain: one predicate per call (per row block under jax)
-    return ordered_product(
+    g = ordered_product(
         *_pv_group_sums(per_group),
         pr,
         vr,
         operand_stats(pr),
         operand_stats(vr) if v_stats is None else v_stats,
     )
+    return _fold_tiles(materialize(g), rt)
+
+
+def _exact_pv_fold(pr: Array, vr: Array, rt: Array, *, per_group: int) -> Array:
+    """:func:`_fold_tiles` of the exact FP4 partials' group sums (every partial exact)."""
+    xp = namespace(pr, vr)
+    return _fold_tiles(materialize(_group_sums(f32.ftz(_matmul(xp, pr, vr)), per_group)), rt)
+
+
+def _fold_tiles(g: Array, rt: Array) -> Array:
+    """The online-softmax fold of the numerator: ``A = 0``, then for each tile i in order
+    ``A ← fl(A·r_i)`` and tile i's group sums ``g[..., i, j]`` added in order (flushed).
+    ``g`` (..., nt, ng, Sq, Dv), ``rt`` (..., nt, Sq); returns A (..., Sq, Dv)."""
+    xp = namespace(g, rt)
+    shape = np.broadcast_shapes(g.shape[:-4], rt.shape[:-2]) + g.shape[-2:]
+    acc = xp.zeros(shape, dtype=np.float32)
+    for i in range(g.shape[-4]):
+        acc = f32.mul_ftz(acc, rt[..., i, :, None])
+        for j in range(g.shape[-3]):
+            acc = f32.add_ftz(acc, g[..., i, j, :, :])
+    return acc
 
 
 def _group_sums(parts: Any, per_group: int) -> Any:
@@ -861,27 +886,24 @@ def _accumulate(pb: _Problem, p: PTile, r: Array, ntu: int) -> tuple[Array, Arra
         )
     if pb.accumulation is ForwardAccumulation.TCGEN05:
         g = materialize(_tcgen05_partials(xp, p, v_vals, v_exps, vop.block, pb.p_fp4))
+        acc = _fold_tiles(g, xp.swapaxes(r[..., :ntu], -1, -2))
     else:
-        g = materialize(
-            _group_partials(
-                xp,
-                p,
-                v_vals,
-                v_exps,
-                vop.block,
-                vop.exact,
-                pb.recipe.pv_group,
-                pb.p_fp4,
-                pb.v_stats,
-            )
+        acc = _pv_numerator(
+            xp,
+            p,
+            v_vals,
+            v_exps,
+            vop.block,
+            vop.exact,
+            pb.recipe.pv_group,
+            pb.p_fp4,
+            r,
+            pb.v_stats,
         )
+    acc = xp.broadcast_to(acc, lead + (nrows, dv))
     lt = p.mismatched if pb.mismatched else _consistent_denominator(xp, p, tile)  # (..., Sq, nt)
-    acc = xp.zeros(lead + (nrows, dv), dtype=np.float32)
     den = xp.zeros(lead + (nrows,), dtype=np.float32)
     for i in range(ntu):
-        acc = f32.mul_ftz(acc, r[..., i, None])
-        for j in range(g.shape[-3]):
-            acc = f32.add_ftz(acc, g[..., i, j, :, :])
         den = f32.add_ftz(f32.mul_ftz(den, r[..., i]), lt[..., i])
     return _skipped_tiles(pb, acc, ntu), den
 

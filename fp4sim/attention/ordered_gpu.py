@@ -21,10 +21,11 @@ group's ordered product, the products of consecutive groups with flushed float32
 forward's PV sub-blocks of one ``pv_group``).
 
 The forward's exact PV step of FP4 P and FP4 V (every sub-block's partial product exact, the
-partials of one ``pv_group`` added in order with flushed adds) is :func:`exact_pv`: one kernel
-that keeps each group's sum in registers instead of writing every sub-block partial (the
-(tiles, sub-blocks, rows, Dv) intermediate of the batched matrix product) to memory and
-reading it back.
+partials of one ``pv_group`` added in order with flushed adds, then the online-softmax fold
+``A ← fl(A·r_i)`` plus each group sum, tile by tile) is :func:`exact_pv_fold`: one kernel that
+walks the tiles in order and keeps the group sums and the numerator in registers, instead of
+writing every sub-block partial (the (tiles, sub-blocks, rows, Dv) intermediate of the batched
+matrix product) or every group sum to memory and reading it back.
 
 The forward's exact score step of FP4 Q/K (NVFP4: E2M1 payload × UE4M3 scale, each head-dim
 block's partial dot product exact, the blocks added in order) is one more kernel
@@ -78,8 +79,8 @@ __all__ = [
     "grouped_dispatch",
     "exact_scores",
     "exact_scores_dispatch",
-    "exact_pv",
-    "exact_pv_dispatch",
+    "exact_pv_fold",
+    "exact_pv_fold_dispatch",
 ]
 
 ENV = "FP4SIM_GPU_KERNELS"
@@ -93,7 +94,9 @@ H200; ``direct_p`` is opt-in (``FP4SIM_GPU_KERNELS=all``): on the H200
 (``tests/attention/test_direct_p_gpu.py`` on a GPU host, where its kernels run for real) its O
 equals the NumPy emulator's, and since every block partial of the score kernels is flushed
 before its add its LSE does too (2026-12-03; before, one to three rows of 512 differed by one or
-two ulps in every case)."""
+two ulps in every case). It stays opt-in because it is slower: on the H200 at S4096 D128 its
+kernels take 0.65 ms per forward against 0.54 ms for the default families (2026-12-03,
+``bench attention --device gpu --profile`` with command buffers off)."""
 _MIN_BLOCK = 16
 _MAX_BLOCK = 64
 _MAX_ROWS = 32  # output rows per program: 32x64 blocks measured fastest on the H200 (below)
@@ -525,77 +528,101 @@ def exact_scores_dispatch(jnp_sum: Callable, qv: Any, kv: Any, kbt: Any, blk: in
     return on_gpu(gpu, lambda qv, kv, kbt: jnp_sum(qv, kv, kbt, blk), qv, kv, kbt, family="scores")
 
 
-# --- the exact FP4 PV partials of the forward -----------------------------------------------
-def _exact_pv_kernel(p_ref: Any, v_ref: Any, o_ref: Any, *, per_group: int) -> None:
+# --- the exact FP4 PV partials of the forward and their online-softmax fold ----------------
+def _exact_pv_fold_kernel(
+    p_ref: Any, v_ref: Any, r_ref: Any, o_ref: Any, *, ntu: int, ng: int, per_group: int
+) -> None:
     import jax.numpy as jnp
     from jax import lax
 
-    acc = None
-    for j in range(per_group):
-        # every entry of a sub-block's partial is exact (the forward proves it for FP4 P and
-        # V): any summation order, fused or not, gives it; IEEE float32 inputs (HIGHEST), so
-        # no operand is rounded on the way in
-        part = lax.dot_general(
-            p_ref[0, j],
-            v_ref[0, j],
-            (((1,), (0,)), ((), ())),
-            precision=lax.Precision.HIGHEST,
-            preferred_element_type=jnp.float32,
-        )
-        part = f32.ftz(part)
-        acc = part if acc is None else f32.ftz(acc + part)
-    o_ref[0] = acc
+    def tile(i: Any, acc: Any) -> Any:
+        acc = f32.mul_ftz(acc, r_ref[0, i, :][:, None])
+        for grp in range(ng):
+            g = None
+            for j in range(per_group):
+                s = grp * per_group + j
+                # every entry of a sub-block's partial is exact (the forward proves it for FP4
+                # P and V): any summation order, fused or not, gives it. The values have at
+                # most 6 significant bits (E2M1 times a power of two or a UE4M3 scale, zero or
+                # normal), so their bfloat16 copies are exact and the tensor cores multiply
+                # them exactly. The flush comes first, so no add has a dot operand (Triton
+                # would start the dot from the other operand)
+                part = lax.dot_general(
+                    p_ref[0, i, s].astype(jnp.bfloat16),
+                    v_ref[0, i, s].astype(jnp.bfloat16),
+                    (((1,), (0,)), ((), ())),
+                    preferred_element_type=jnp.float32,
+                )
+                part = f32.ftz(part)
+                g = part if g is None else f32.ftz(g + part)
+            acc = f32.ftz(acc + g)
+        return acc
+
+    o_ref[0] = lax.fori_loop(0, ntu, tile, jnp.zeros(o_ref.shape[1:], jnp.float32))
 
 
-def exact_pv(pr: Any, vr: Any, per_group: int, *, interpret: bool = False) -> Any:
-    """The forward's exact PV partials summed per group: ``pr`` (..., nt, ns, Sq, sub), ``vr``
-    (..., nt, ns, sub, Dv) -> (..., nt, ns/per_group, Sq, Dv), each sub-block's product
-    ``pr[.., s] @ vr[.., s]`` (exact: FP4 P times FP4 V, :mod:`fp4sim.attention.forward` step
-    4) flushed, the ``per_group`` consecutive products of a group added in order with flushed
-    adds — the bits of ``_group_sums(ftz(pr @ vr), per_group)`` — as one Pallas kernel."""
+def exact_pv_fold(
+    pr: Any,
+    vr: Any,
+    rt: Any,
+    per_group: int,
+    *,
+    interpret: bool = False,
+    block: tuple[int, int] | None = None,
+    num_warps: int = 4,
+) -> Any:
+    """The forward's PV numerator from its exact FP4 partials, as one Pallas kernel: ``pr``
+    (..., nt, ns, Sq, sub), ``vr`` (..., nt, ns, sub, Dv), ``rt`` (..., nt, Sq) each tile's
+    rescale factor r. For tile i in order: ``A ← fl(A·r_i)``, then each group's sum (its
+    ``per_group`` sub-block products ``pr[.., i, s] @ vr[.., i, s]``, exact, flushed, added in
+    order with flushed adds) added with a flushed add — the bits of
+    :func:`fp4sim.attention.forward`'s step 4-5 loop over ``_group_sums(ftz(pr @ vr))``,
+    without writing the group sums out. Returns A (..., Sq, Dv). ``block``: the (rows, Dv)
+    output block of one program (default: at most 32x64), ``num_warps`` its warps."""
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as pltriton
 
-    lead = tuple(np.broadcast_shapes(pr.shape[:-4], vr.shape[:-4]))
+    lead = tuple(np.broadcast_shapes(pr.shape[:-4], vr.shape[:-4], rt.shape[:-2]))
     nt, ns, n_i, sub = pr.shape[-4:]
     dv = vr.shape[-1]
-    ng = ns // per_group
-    nb = int(np.prod(lead, dtype=np.int64)) * nt * ng
-    a = jnp.reshape(jnp.broadcast_to(pr, lead + pr.shape[-4:]), (nb, per_group, n_i, sub))
-    b = jnp.reshape(jnp.broadcast_to(vr, lead + vr.shape[-4:]), (nb, per_group, sub, dv))
-    bm, bn = _block(n_i), _block(dv)
-    ni, nj = n_i // bm, dv // bn
-
-    def split(p: Any) -> tuple[Any, Any, Any]:
-        return p // (ni * nj), (p // nj) % ni, p % nj
-
+    nb = int(np.prod(lead, dtype=np.int64))
+    a = jnp.reshape(jnp.broadcast_to(pr, lead + pr.shape[-4:]), (nb, nt, ns, n_i, sub))
+    b = jnp.reshape(jnp.broadcast_to(vr, lead + vr.shape[-4:]), (nb, nt, ns, sub, dv))
+    r = jnp.reshape(jnp.broadcast_to(rt, lead + rt.shape[-2:]), (nb, nt, n_i))
+    # at most 32x64 outputs per program, not halved for more programs: measured on the H200 at
+    # S4096 D128 (32 tiles of 4 sub-blocks, bits equal for every block): 32x64 with 4 warps
+    # 0.077 ms, 64x32 0.078, 32x32 0.134 (2 warps: 0.093), 16x64 0.094, 64x128 0.125
+    bm, bn = (min(_block(n_i), _MAX_ROWS), _block(dv)) if block is None else block
+    if n_i % bm or dv % bn:
+        raise ValueError(f"block={block} must divide the output ({n_i}, {dv})")
     out = pl.pallas_call(
-        functools.partial(_exact_pv_kernel, per_group=per_group),
+        functools.partial(_exact_pv_fold_kernel, ntu=nt, ng=ns // per_group, per_group=per_group),
         out_shape=jax.ShapeDtypeStruct((nb, n_i, dv), jnp.float32),
-        grid=(nb * ni * nj,),
+        grid=(nb, n_i // bm, dv // bn),
         in_specs=[
-            pl.BlockSpec((1, per_group, bm, sub), lambda p: (split(p)[0], 0, split(p)[1], 0)),
-            pl.BlockSpec((1, per_group, sub, bn), lambda p: (split(p)[0], 0, 0, split(p)[2])),
+            pl.BlockSpec((1, nt, ns, bm, sub), lambda n, i, j: (n, 0, 0, i, 0)),
+            pl.BlockSpec((1, nt, ns, sub, bn), lambda n, i, j: (n, 0, 0, 0, j)),
+            pl.BlockSpec((1, nt, bm), lambda n, i, j: (n, 0, i)),
         ],
-        out_specs=pl.BlockSpec((1, bm, bn), lambda p: split(p)),
+        out_specs=pl.BlockSpec((1, bm, bn), lambda n, i, j: (n, i, j)),
         interpret=interpret,
-        compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=2),
-        name="fp4sim_exact_pv",
-    )(a, b)
-    return jnp.reshape(out, lead + (nt, ng, n_i, dv))
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=2),
+        name="fp4sim_exact_pv_fold",
+    )(a, b, r)
+    return jnp.reshape(out, lead + (n_i, dv))
 
 
-def exact_pv_dispatch(jnp_sums: Callable, pr: Any, vr: Any, per_group: int) -> Any:
-    """``jnp_sums(pr, vr)`` (the forward's exact PV partials and group adds), replaced by
-    :func:`exact_pv` where :func:`on_gpu` picks the kernel and the shapes tile (rows and Dv
-    multiples of 16, sub-blocks of 16 or more, whole groups)."""
+def exact_pv_fold_dispatch(jnp_fold: Callable, pr: Any, vr: Any, rt: Any, per_group: int) -> Any:
+    """``jnp_fold(pr, vr, rt)`` (the forward's exact PV partials, group adds and tile fold),
+    replaced by :func:`exact_pv_fold` where :func:`on_gpu` picks the kernel and the shapes
+    tile (rows and Dv multiples of 16, sub-blocks of 16 or more, whole groups)."""
     nt, ns, n_i, sub = pr.shape[-4:]
-    if sub % 16 or ns % per_group or not _block(n_i) or not _block(vr.shape[-1]):
-        return jnp_sums(pr, vr)
+    if sub % 16 or ns % per_group or not tile_shape(1, n_i, vr.shape[-1]):
+        return jnp_fold(pr, vr, rt)
 
-    def gpu(pr: Any, vr: Any, *, interpret: bool) -> Any:
-        return exact_pv(pr, vr, per_group, interpret=interpret)
+    def gpu(pr: Any, vr: Any, rt: Any, *, interpret: bool) -> Any:
+        return exact_pv_fold(pr, vr, rt, per_group, interpret=interpret)
 
-    return on_gpu(gpu, jnp_sums, pr, vr, family="pv")
+    return on_gpu(gpu, jnp_fold, pr, vr, rt, family="pv")

@@ -259,8 +259,8 @@ def test_forward_through_the_kernels_equals_numpy(monkeypatch, preset, causal, g
     kernel = og.exact_scores
     monkeypatch.setattr(og, "exact_scores", lambda *a, **kw: scores.append(1) or kernel(*a, **kw))
     pvs = []
-    pv_kernel = og.exact_pv
-    monkeypatch.setattr(og, "exact_pv", lambda *a, **kw: pvs.append(1) or pv_kernel(*a, **kw))
+    pv_kernel = og.exact_pv_fold
+    monkeypatch.setattr(og, "exact_pv_fold", lambda *a, **kw: pvs.append(1) or pv_kernel(*a, **kw))
     if preset == "hw_fp4_direct_p":  # the exact scores of the XLA path, not the Direct-P kernels
         monkeypatch.setattr(forward, "_fused_direct_p", lambda *a: False)
     rec = PRESETS[preset]
@@ -321,10 +321,11 @@ def test_exact_scores_kernel():
 
 
 @pytest.mark.parametrize("per_group", [1, 2, 4])
-def test_exact_pv_kernel(per_group):
+def test_exact_pv_fold_kernel(per_group):
     """FP4 P (E2M1 × a power of two per sub-block row) times FP4 V (E2M1 × UE4M3): the kernel's
-    group sums equal the exact sub-block partials, flushed, added in group order with flushed
-    adds (what the forward computes on the CPU); lowered for cuda too."""
+    numerator equals the exact sub-block partials, flushed, added in group order with flushed
+    adds, folded tile by tile as ``A ← fl(A·r_i)`` plus the group sums (what the forward
+    computes on the CPU); lowered for cuda too."""
     from fp4sim.formats.codec import decode, value_table
     from fp4sim.formats.spec import E2M1, UE4M3
 
@@ -344,11 +345,27 @@ def test_exact_pv_kernel(per_group):
     parts = ftz(exact.astype(np.float32))
     assert np.ptp(np.log2(np.abs(parts[parts != 0]))) > 80  # partials over many binades
     parts = parts.reshape(2, nt, ns // per_group, per_group, sq, dv)
-    want = parts[:, :, :, 0]
+    g = parts[:, :, :, 0]
     for j in range(1, per_group):
-        want = ftz(want + parts[:, :, :, j])
-    got = jax.jit(lambda a, b: og.exact_pv(a, b, per_group, interpret=True))(p, v)
+        g = ftz(g + parts[:, :, :, j])
+    # rescale factors in (0, 1], exact ones and zeros (a row whose earlier tiles were masked)
+    rt = rng.uniform(0.0, 1.0, (2, nt, sq)).astype(np.float32)
+    rt[:, :, :4] = 1.0
+    rt[:, 0, 4:8] = 0.0
+    want = np.zeros((2, sq, dv), np.float32)
+    for i in range(nt):
+        want = ftz(want * rt[:, i, :, None])
+        for j in range(ns // per_group):
+            want = ftz(want + g[:, i, j])
+    got = jax.jit(lambda a, b, r: og.exact_pv_fold(a, b, r, per_group, interpret=True))(p, v, rt)
     assert_same_bits(got, want)
+    other = og.exact_pv_fold(p, v, rt, per_group, interpret=True, block=(16, 16), num_warps=2)
+    assert_same_bits(other, want)  # any program block: the same bits
+    with pytest.raises(ValueError, match="block"):
+        og.exact_pv_fold(p, v, rt, per_group, interpret=True, block=(32, 32))  # 48 rows
     assert "xla.gpu.triton" in _cuda_text(
-        lambda a, b: og.exact_pv(a, b, per_group), (2, nt, ns, 64, sub), (2, nt, ns, sub, 128)
+        lambda a, b, r: og.exact_pv_fold(a, b, r, per_group),
+        (2, nt, ns, 64, sub),
+        (2, nt, ns, sub, 128),
+        (2, nt, 64),
     )
