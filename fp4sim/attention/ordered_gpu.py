@@ -94,9 +94,9 @@ H200; ``direct_p`` is opt-in (``FP4SIM_GPU_KERNELS=all``): on the H200
 (``tests/attention/test_direct_p_gpu.py`` on a GPU host, where its kernels run for real) its O
 equals the NumPy emulator's, and since every block partial of the score kernels is flushed
 before its add its LSE does too (2026-12-03; before, one to three rows of 512 differed by one or
-two ulps in every case). It stays opt-in because it is slower: on the H200 at S4096 D128 its
-kernels take 0.65 ms per forward against 0.54 ms for the default families (2026-12-03,
-``bench attention --device gpu --profile`` with command buffers off)."""
+two ulps in every case). It stays opt-in because it is slower: on the H200 at S4096 D128 a
+forward takes 0.726 ms back to back against 0.464 ms with the default families (2026-12-03,
+``bench attention --device gpu``, both in one call of ``scripts/emu_h200.sh``)."""
 _MIN_BLOCK = 16
 _MAX_BLOCK = 64
 _MAX_ROWS = 32  # output rows per program: 32x64 blocks measured fastest on the H200 (below)
