@@ -54,7 +54,7 @@ import numpy as np
 
 from fp4sim._checks import as_f32, check_bool, check_static
 from fp4sim._xp import Array, bitcast, namespace
-from fp4sim.attention.exp2 import exp2_model, exp2_rn, exp2_rn_e4m3
+from fp4sim.attention.exp2 import exp2_model, exp2_rn, exp2_rn_e4m3, step_thresholds
 from fp4sim.attention.recipe import (
     AffineP,
     AttentionRecipe,
@@ -244,22 +244,13 @@ def direct_p_payload_definition(
     return encode(value, E2M1, _E2M1_POLICY)
 
 
-_KEY_NEG_INF, _KEY_POS_INF = 0x007FFFFF, 0xFF800000
-"""Order keys of −inf and +inf: every float32 between them (both zeros included) is a number."""
-
-
-def _float_of_key(key: int) -> np.float32:
-    """The float32 whose order key is ``key`` (keys order the floats like their values)."""
-    bits = key ^ 0x80000000 if key >= 0x80000000 else ~key & 0xFFFFFFFF
-    return np.array([bits], np.uint32).view(np.float32)[0]
-
-
 @functools.cache
 def e2m1_payload_thresholds(converter: Any) -> tuple[float, ...]:
     """``(T_1, …, T_7)``: ``T_l`` the smallest float32 ``x`` (from −inf to +inf) whose
     :func:`direct_p_payload_definition` code (correctly rounded exp2 for ExactP) is at least
-    ``l``, NaN where no input reaches level ``l``. Found by bisection on the order of the
-    floats, so that ``code(x) = #{l : x >= T_l}`` for every float32 ``x`` (NaN: code 0)
+    ``l``, NaN where no input reaches level ``l``. Found by
+    :func:`fp4sim.attention.exp2.step_thresholds` (a bisection on the order of the floats), so
+    that ``code(x) = #{l : x >= T_l}`` for every float32 ``x`` (NaN: code 0)
     exactly when the definition is non-decreasing in ``x`` (AffineP with ``a > 0``,
     MitchellP, ExactP); checked over all 2^32 inputs for the presets' converters."""
     if not _stepwise(converter, Exp2Model()):
@@ -268,25 +259,11 @@ def e2m1_payload_thresholds(converter: Any) -> tuple[float, ...]:
             f"ExactP, AffineP, MitchellP"
         )
 
-    def code(key: int) -> int:
-        x = np.array([_float_of_key(key)], np.float32)
+    def code(x: np.ndarray) -> np.ndarray:
         with np.errstate(all="ignore"):
-            return int(direct_p_payload_definition(converter, x)[0])
+            return direct_p_payload_definition(converter, x)
 
-    out = []
-    for level in range(1, 8):
-        if code(_KEY_POS_INF) < level:
-            out.append(math.nan)
-            continue
-        lo, hi = _KEY_NEG_INF, _KEY_POS_INF
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if code(mid) >= level:
-                hi = mid
-            else:
-                lo = mid + 1
-        out.append(float(_float_of_key(lo)))
-    return tuple(out)
+    return tuple(float(t) for t in step_thresholds(code, np.arange(1, 8)))
 
 
 def convert_tile(recipe: AttentionRecipe, t: Array, *, need_mismatched: bool = False) -> PTile:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import decimal
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +55,7 @@ __all__ = [
     "exp2_rn",
     "exp2_rn_e4m3",
     "e4m3_thresholds",
+    "step_thresholds",
     "exp2_fa4",
     "exp2_model",
     "fa4_emulated_mask",
@@ -166,18 +168,33 @@ def e4m3_thresholds() -> np.ndarray:
     from fp4sim.formats.codec import encode
     from fp4sim.formats.spec import E4M3
 
-    def code(key: np.ndarray) -> np.ndarray:
+    def code(x: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore", invalid="ignore"):
-            return encode(exp2_rn(_key_floats(key)), E4M3).astype(np.int64)
+            return encode(exp2_rn(x), E4M3)
 
-    c = np.arange(1, 127, dtype=np.int64)
-    lo = np.full(c.shape, _ordered_key(np.uint32(0xFF800000)), dtype=np.int64)  # −Inf: code 0
-    hi = np.full(c.shape, _ordered_key(np.uint32(0x7F800000)), dtype=np.int64)  # +Inf: 0x7E
-    while np.any(hi - lo > 1):  # code(lo) < c <= code(hi)
+    return np.concatenate([np.float32([-np.inf]), step_thresholds(code, np.arange(1, 127))])
+
+
+def step_thresholds(code: Any, levels: Any) -> np.ndarray:
+    """For ``code`` (NumPy float32 array -> integer array) a non-decreasing function of x:
+    the smallest float32 x, from −Inf to +Inf, with ``code(x) >= c`` for each level c
+    (float32; −Inf where −Inf already reaches c, NaN where not even +Inf does). One bisection
+    over the ordered float32 patterns for all levels at once (32 evaluations of ``code``);
+    then ``code(x) = #{c : x >= T_c}`` counted from the lowest code, for every non-NaN x."""
+    c = np.asarray(levels, dtype=np.int64)
+    ends = _ordered_key(np.array([0xFF800000, 0x7F800000], dtype=np.uint32))  # −Inf, +Inf
+
+    def at(key: np.ndarray) -> np.ndarray:
+        return np.asarray(code(_key_floats(key))).astype(np.int64)
+
+    reach = at(ends)
+    lo, hi = np.full(c.shape, ends[0]), np.full(c.shape, ends[1])
+    while np.any(hi - lo > 1):  # code(lo) < c <= code(hi) where the level is reached at all
         mid = (lo + hi) // 2
-        up = code(mid) >= c
+        up = at(mid) >= c
         hi, lo = np.where(up, mid, hi), np.where(up, lo, mid)
-    return np.concatenate([np.float32([-np.inf]), _key_floats(hi)])
+    out = np.where(c <= reach[0], np.float32(-np.inf), _key_floats(hi))
+    return np.where(c > reach[1], np.float32(np.nan), out).astype(np.float32)
 
 
 def exp2_rn_e4m3(x: Array) -> Array:
